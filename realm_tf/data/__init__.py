@@ -1,0 +1,1 @@
+"""realm_tf.data."""

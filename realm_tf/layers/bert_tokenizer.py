@@ -1,0 +1,153 @@
+"""In-graph WordPiece tokenizer and BERT input packing (join_BERT of REALM §3.2).
+
+REALM feeds BERT with ``join_BERT(x1, x2) = [CLS] x1 [SEP] x2 [SEP]`` (Guu et al., 2020, eq. after (2)); a
+knowledge-corpus block is ``[CLS] title [SEP] body [SEP]``. Everything here runs inside a ``tf.function``
+and is saved with a SavedModel (the vocabulary becomes an asset of the FastWordpiece model buffer), so
+serving needs TensorFlow and tensorflow_text only.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import tensorflow as tf
+import tensorflow_text as tf_text
+import tf_keras
+
+from realm_tf import resources
+
+
+def read_vocab(vocab_file: str) -> list[str]:
+    """Reads a BERT vocab.txt (one token a line, id = line number)."""
+    path = resources.resolve(vocab_file)
+    with open(path, encoding="utf-8") as f:
+        vocab = [line.rstrip("\n").rstrip("\r") for line in f]
+    while vocab and vocab[-1] == "":
+        vocab.pop()
+    for special in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"):
+        if special not in vocab:
+            raise ValueError(f"{path}: vocabulary has no {special} token")
+    return vocab
+
+
+class BertTokenizer(tf_keras.layers.Layer):
+    """WordPiece tokenizer over a BERT vocabulary, with REALM's ``join_BERT`` packing.
+
+    Calling the layer on a ``string[batch]`` tensor returns ``int32`` wordpiece ids as a
+    ``RaggedTensor[batch, (num_wordpieces)]`` (no special tokens). ``join_bert`` and ``pack_single``
+    build the dense ``input_word_ids`` / ``input_mask`` / ``input_type_ids`` BERT expects.
+    """
+
+    def __init__(self, vocab_file: str, lower_case: bool = True, **kwargs: Any):
+        super().__init__(**kwargs)
+        self._vocab_file = vocab_file
+        self._lower_case = lower_case
+        self.vocab = read_vocab(vocab_file)
+        self.vocab_hash = hashlib.sha1("\n".join(self.vocab).encode("utf-8")).hexdigest()
+        self._ids = {token: i for i, token in enumerate(self.vocab)}
+        self.pad_id = self._ids["[PAD]"]
+        self.unk_id = self._ids["[UNK]"]
+        self.cls_id = self._ids["[CLS]"]
+        self.sep_id = self._ids["[SEP]"]
+        self.mask_id = self._ids["[MASK]"]
+        self._tokenizer = tf_text.FastBertTokenizer(
+            vocab=self.vocab,
+            suffix_indicator="##",
+            max_bytes_per_word=100,
+            token_out_type=tf.int32,
+            unknown_token="[UNK]",
+            no_pretokenization=False,
+            support_detokenization=True,
+            lower_case_nfd_strip_accents=lower_case,
+        )
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def token_id(self, token: str) -> int:
+        """The id of a vocabulary token (KeyError names the token if absent)."""
+        return self._ids[token]
+
+    def call(self, text: tf.Tensor) -> tf.RaggedTensor:
+        """Tokenizes ``string[batch]`` into ``RaggedTensor[batch, (num_wordpieces)]`` of int32 ids."""
+        text = tf.convert_to_tensor(text, dtype=tf.string)
+        return self._tokenizer.tokenize(text)  # [batch, (num_wordpieces)]
+
+    def tokenize_with_offsets(self, text: tf.Tensor) -> tuple[tf.RaggedTensor, tf.RaggedTensor, tf.RaggedTensor]:
+        """Ids with UTF-8 byte offsets ``(ids, starts, ends)``, each ``[batch, (num_wordpieces)]``."""
+        text = tf.convert_to_tensor(text, dtype=tf.string)
+        return self._tokenizer.tokenize_with_offsets(text)
+
+    def detokenize(self, ids: tf.Tensor | tf.RaggedTensor) -> tf.Tensor:
+        """Joins wordpiece ids back into text ``string[batch]`` (``##`` pieces merged)."""
+        return self._tokenizer.detokenize(ids)
+
+    def join_bert(self, first: tf.RaggedTensor, second: tf.RaggedTensor, seq_length: int) -> dict[str, tf.Tensor]:
+        """``[CLS] first [SEP] second [SEP]`` padded to ``seq_length`` (REALM's join_BERT).
+
+        Truncation keeps both segments: ``second`` (the document) is cut first, but never below half the
+        budget while ``first`` (the query) is too long; ``first`` is then cut to what is left.
+
+        Args:
+          first: ``RaggedTensor[batch, (len_a)]`` of wordpiece ids (or ``string[batch]`` to tokenize).
+          second: ``RaggedTensor[batch, (len_b)]`` of wordpiece ids (or ``string[batch]``).
+          seq_length: total length including the three special tokens.
+
+        Returns:
+          ``input_word_ids``, ``input_mask``, ``input_type_ids``: each ``int32[batch, seq_length]``.
+        """
+        first = self._as_ids(first)  # [batch, (len_a)]
+        second = self._as_ids(second)  # [batch, (len_b)]
+        budget = seq_length - 3
+        if budget < 2:
+            raise ValueError(f"join_bert: seq_length={seq_length} leaves no room for two segments")
+        len_a = tf.cast(first.row_lengths(), tf.int32)  # [batch]
+        len_b = tf.cast(second.row_lengths(), tf.int32)  # [batch]
+        keep_b = tf.minimum(len_b, tf.maximum(budget - len_a, budget // 2))  # [batch]
+        keep_a = tf.minimum(len_a, budget - keep_b)  # [batch]
+        first = _truncate(first, keep_a)
+        second = _truncate(second, keep_b)
+        return self._pack([first, second], seq_length)
+
+    def pack_single(self, ids: tf.RaggedTensor, seq_length: int) -> dict[str, tf.Tensor]:
+        """``[CLS] ids [SEP]`` padded or truncated to ``seq_length`` (a query x on its own)."""
+        ids = self._as_ids(ids)  # [batch, (len)]
+        keep = tf.minimum(tf.cast(ids.row_lengths(), tf.int32), seq_length - 2)  # [batch]
+        return self._pack([_truncate(ids, keep)], seq_length)
+
+    def _as_ids(self, x: tf.Tensor | tf.RaggedTensor) -> tf.RaggedTensor:
+        if isinstance(x, tf.RaggedTensor):
+            return tf.cast(x, tf.int32)
+        x = tf.convert_to_tensor(x)
+        if x.dtype == tf.string:
+            return self(x)
+        raise TypeError(f"expected string[batch] or RaggedTensor of ids, got dense {x.dtype} {x.shape}")
+
+    def _pack(self, segments: list[tf.RaggedTensor], seq_length: int) -> dict[str, tf.Tensor]:
+        batch = segments[0].nrows(out_type=tf.int32)
+        cls = tf.RaggedTensor.from_tensor(tf.fill([batch, 1], self.cls_id))  # [batch, 1]
+        sep = tf.RaggedTensor.from_tensor(tf.fill([batch, 1], self.sep_id))  # [batch, 1]
+        pieces, types = [cls], [tf.zeros_like(cls)]
+        for segment_id, segment in enumerate(segments):
+            pieces += [segment, sep]
+            types += [tf.ones_like(segment) * segment_id, tf.ones_like(sep) * segment_id]
+        word_ids = tf.concat(pieces, axis=1)  # [batch, (len)]
+        type_ids = tf.concat(types, axis=1)  # [batch, (len)]
+        shape = [None, seq_length]
+        return {
+            "input_word_ids": word_ids.to_tensor(default_value=self.pad_id, shape=shape),
+            "input_mask": tf.ones_like(word_ids).to_tensor(default_value=0, shape=shape),
+            "input_type_ids": type_ids.to_tensor(default_value=0, shape=shape),
+        }
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update({"vocab_file": self._vocab_file, "lower_case": self._lower_case})
+        return config
+
+
+def _truncate(ids: tf.RaggedTensor, keep: tf.Tensor) -> tf.RaggedTensor:
+    """Keeps the first ``keep[i]`` ids of row i. ``ids``: [batch, (len)], ``keep``: int32[batch]."""
+    positions = tf.ragged.range(tf.cast(ids.row_lengths(), tf.int32))  # [batch, (len)]
+    return tf.ragged.boolean_mask(ids, positions < tf.expand_dims(keep, 1))

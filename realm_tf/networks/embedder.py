@@ -1,0 +1,68 @@
+"""Embed_input / Embed_doc of REALM's knowledge retriever (Guu et al., 2020, §3.2, eq. (1)).
+
+    Embed(x) = W_proj · BERT_CLS(join_BERT(x))        then LayerNorm, as in ORQA (Lee et al., 2019)
+
+so the relevance f(x, z) = Embed_input(x)ᵀ Embed_doc(z) is an inner product of 128-d vectors that a MIPS
+index can search.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+import tf_keras
+
+
+class Embedder(tf_keras.Model):
+    """BERT → pooled summary ([CLS], or masked mean) → Dense(projection_size) → LayerNorm.
+
+    Args:
+      encoder: a BERT network taking ``input_word_ids``/``input_mask``/``input_type_ids`` and returning a dict
+        with ``sequence_output`` (e.g. :class:`official.nlp.modeling.networks.BertEncoderV2`).
+      projection_size: size of the embedding (REALM: 128).
+      pooling: ``"cls"`` (REALM) or ``"mean"`` (sentence-transformers style, for zero-shot MiniLM).
+      initializer_range: stddev of the projection's truncated-normal initialiser.
+    """
+
+    def __init__(self, encoder: tf_keras.layers.Layer, projection_size: int = 128, pooling: str = "cls",
+                 initializer_range: float = 0.02, **kwargs: Any):
+        super().__init__(**kwargs)
+        if pooling not in ("cls", "mean"):
+            raise ValueError(f"pooling={pooling!r}: expected 'cls' or 'mean'")
+        self.encoder = encoder
+        self._projection_size = projection_size
+        self._pooling = pooling
+        self._initializer_range = initializer_range
+        self.projection = tf_keras.layers.Dense(
+            projection_size,
+            kernel_initializer=tf_keras.initializers.TruncatedNormal(stddev=initializer_range),
+            name="projection")
+        self.layer_norm = tf_keras.layers.LayerNormalization(epsilon=1e-12, name="layer_norm")
+
+    def call(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> tf.Tensor:
+        """Embeds packed BERT inputs (each ``int32[batch, seq_len]``) into ``float32[batch, projection_size]``."""
+        outputs = self.encoder(
+            {k: inputs[k] for k in ("input_word_ids", "input_mask", "input_type_ids")}, training=training)
+        sequence = outputs["sequence_output"]  # [batch, seq_len, hidden]
+        if self._pooling == "cls":
+            pooled = sequence[:, 0, :]  # [batch, hidden]
+        else:
+            mask = tf.cast(inputs["input_mask"], sequence.dtype)[:, :, None]  # [batch, seq_len, 1]
+            pooled = tf.reduce_sum(sequence * mask, axis=1) / tf.maximum(
+                tf.reduce_sum(mask, axis=1), 1.0)  # [batch, hidden]
+        return self.layer_norm(self.projection(pooled))  # [batch, projection_size]
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "encoder": tf_keras.layers.serialize(self.encoder),
+            "projection_size": self._projection_size,
+            "pooling": self._pooling,
+            "initializer_range": self._initializer_range,
+            "name": self.name,
+        }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> "Embedder":
+        config = dict(config)
+        config["encoder"] = tf_keras.layers.deserialize(config["encoder"], custom_objects=custom_objects)
+        return cls(**config)

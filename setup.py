@@ -1,0 +1,33 @@
+"""Packaging for realm_tf: REALM (Guu et al., 2020) in TensorFlow 2 / Keras.
+
+The pins below are the stack named in DEVELOPERS.md; they are known to co-install (ScaNN's TF op and
+pybind module both load against TensorFlow 2.20).
+"""
+import setuptools
+
+STACK = [
+    "tensorflow~=2.20.0",
+    "tensorflow-text~=2.20.0",
+    "tf-models-official==2.20.0",
+    "scann[tf]==1.4.2",
+    "apache-beam==2.77.0",
+    "tensorboard",
+    "safetensors",
+    "numpy",
+    "pyyaml",
+    "tqdm",
+]
+
+setuptools.setup(
+    name="realm-tf",
+    version="0.1.0",
+    description="REALM: Retrieval-Augmented Language Model pre-training in TensorFlow 2 / Keras",
+    python_requires=">=3.11,<3.12",
+    packages=setuptools.find_packages(include=["realm_tf", "realm_tf.*", "beam_jobs", "beam_jobs.*"]),
+    install_requires=STACK,
+    extras_require={
+        "dev": ["pytest", "pytest-timeout", "bm25s"],
+        "gcp": ["apache-beam[gcp]==2.77.0"],
+    },
+    entry_points={"console_scripts": ["realm-tf=realm_tf.cli:main"]},
+)

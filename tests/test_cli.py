@@ -1,0 +1,37 @@
+"""The realm-tf command line: help text, config printing, errors without tracebacks."""
+import os
+import subprocess
+import sys
+
+from realm_tf import cli
+
+
+def _run(*args):
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, "-m", "realm_tf.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_help_lists_every_subcommand_with_one_line():
+    result = _run("--help")
+    assert result.returncode == 0
+    lines = result.stdout.splitlines()
+    for name in cli._COMMANDS:
+        matching = [line for line in lines if line.strip().startswith(name + " ")]
+        assert len(matching) == 1, f"{name} not listed on one line:\n{result.stdout}"
+        assert len(matching[0].split(name, 1)[1].strip()) > 10  # with an explanation
+
+
+def test_config_prints_overrides_and_bad_key_is_a_clean_error():
+    result = _run("config", "--config", "configs/tiny.yaml", "--set", "trainer.steps=77")
+    assert result.returncode == 0 and "steps: 77" in result.stdout
+    result = _run("config", "--config", "configs/tiny.yaml", "--set", "trainer.nope=1")
+    assert result.returncode == 2
+    assert "unknown key 'trainer.nope'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_demo_on_tiny_config_writes_params(tmp_path):
+    result = _run("demo", "--config", "configs/tiny.yaml", "--set", f"trainer.model_dir={tmp_path}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "params.yaml").exists()
+    assert "plan:" in result.stdout

@@ -1,0 +1,87 @@
+"""Config system: strict YAML loading, dotted overrides, params.yaml round trip."""
+import dataclasses
+import pathlib
+
+import pytest
+
+from realm_tf import config
+
+
+def _write(tmp_path: pathlib.Path, text: str) -> str:
+    path = tmp_path / "exp.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_unknown_top_level_key_names_file_line_and_key(tmp_path):
+    path = _write(tmp_path, "name: x\ntrainer:\n  steps: 3\nmodle:\n  pooling: cls\n")
+    with pytest.raises(config.ConfigError) as e:
+        config.load_config(path)
+    assert f"{path}:4" in str(e.value)
+    assert "'modle'" in str(e.value)
+
+
+def test_unknown_nested_key_names_dotted_key_and_line(tmp_path):
+    path = _write(tmp_path, "model:\n  encoder:\n    hidden_size: 32\n    num_layer: 2\n")
+    with pytest.raises(config.ConfigError) as e:
+        config.load_config(path)
+    message = str(e.value)
+    assert f"{path}:4" in message and "'model.encoder.num_layer'" in message
+    assert "num_layers" in message  # the known keys are listed
+
+
+def test_wrong_type_rejected(tmp_path):
+    path = _write(tmp_path, "trainer:\n  steps: many\n")
+    with pytest.raises(config.ConfigError, match=r"exp.yaml:2: 'trainer.steps' must be int"):
+        config.load_config(path)
+    path = _write(tmp_path, "model:\n  share_embedders: 1\n")
+    with pytest.raises(config.ConfigError, match="must be bool"):
+        config.load_config(path)
+
+
+def test_yaml_values_override_defaults_and_the_rest_stay(tmp_path):
+    path = _write(tmp_path, "model:\n  encoder:\n    hidden_size: 64\ntrainer:\n  learning_rate: 1\n"
+                            "refresh:\n  beam_options: ['--runner=DirectRunner']\n")
+    cfg = config.load_config(path)
+    assert cfg.model.encoder.hidden_size == 64
+    assert cfg.model.encoder.num_layers == config.EncoderConfig().num_layers
+    assert cfg.trainer.learning_rate == 1.0 and isinstance(cfg.trainer.learning_rate, float)
+    assert cfg.refresh.beam_options == ("--runner=DirectRunner",)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.trainer.steps = 3  # frozen
+
+
+def test_dotted_overrides_are_typed_and_strict(tmp_path):
+    path = _write(tmp_path, "trainer:\n  steps: 3\n")
+    cfg = config.load_config(path, ["trainer.steps=100", "model.encoder.num_layers=4", "name=abc",
+                                    "index.kind=brute_force"])
+    assert cfg.trainer.steps == 100 and cfg.model.encoder.num_layers == 4
+    assert cfg.name == "abc" and cfg.index.kind == "brute_force"
+    with pytest.raises(config.ConfigError, match="unknown key 'trainer.stepz'"):
+        config.load_config(path, ["trainer.stepz=1"])
+    with pytest.raises(config.ConfigError, match="must be int"):
+        config.load_config(path, ["trainer.steps=1.5"])
+    with pytest.raises(config.ConfigError, match="KEY=VALUE"):
+        config.load_config(path, ["trainer.steps"])
+
+
+def test_params_yaml_round_trip(tmp_path):
+    cfg = config.load_config("configs/minilm.yaml", ["trainer.steps=7", f"trainer.model_dir={tmp_path}"])
+    written = config.save_params(cfg, cfg.trainer.model_dir)
+    assert written == str(tmp_path / "params.yaml")
+    again = config.load_config(written)
+    assert again == cfg
+    assert config.config_hash(again) == config.config_hash(cfg)
+    assert config.config_hash(config.load_config(written, ["trainer.steps=8"])) != config.config_hash(cfg)
+
+
+@pytest.mark.parametrize("name", ["tiny", "minilm", "base"])
+def test_shipped_configs_load(name):
+    cfg = config.load_config(f"configs/{name}.yaml")
+    assert cfg.name == name
+    assert cfg.model.encoder.hidden_size % cfg.model.encoder.num_attention_heads == 0
+
+
+def test_missing_file_is_a_config_error(tmp_path):
+    with pytest.raises(config.ConfigError, match="cannot read config"):
+        config.load_config(str(tmp_path / "nope.yaml"))
