@@ -1,0 +1,119 @@
+"""REALM's neural knowledge retriever p(z|x) (Guu et al., 2020, §3.2, eq. (1)).
+
+    f(x, z) = Embed_input(x)ᵀ Embed_doc(z),      p(z|x) = exp f(x, z) / Σ_z' exp f(x, z')
+
+Each embedding is BERT [CLS] → 128-d projection → LayerNorm (:class:`realm_tf.networks.embedder.Embedder`).
+The two towers have their own BERTs unless ``share_embedders`` is set. The model scores a batch of queries
+against given candidate blocks (REALM pre-training and Open-QA, where the candidates come from the MIPS
+index and are re-embedded with the current weights so gradients reach Embed_doc), or against the batch's
+own blocks (the Inverse Cloze Task warm start of ORQA, Lee et al. 2019).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+import tf_keras
+
+from realm_tf import config as config_lib
+from realm_tf.networks import bert_encoder
+from realm_tf.networks import bert_weight_import
+from realm_tf.networks import embedder
+
+_BERT_KEYS = ("input_word_ids", "input_mask", "input_type_ids")
+
+
+class KnowledgeRetriever(tf_keras.Model):
+    """Embed_input and Embed_doc, and the relevance scores between them.
+
+    Args:
+      query_embedder: Embed_input.
+      doc_embedder: Embed_doc; pass the same object as ``query_embedder`` to share weights.
+
+    Inputs of :meth:`call` (a dict):
+      ``query_*``: the packed query, each ``int32[batch, query_len]`` (``query_input_word_ids``, …).
+      ``candidates_*``: packed candidate blocks, each ``int32[batch, num_candidates, block_len]``.
+
+    Returns a dict of named tensors:
+      ``query_embedding`` ``[batch, dim]``, ``candidate_embeddings`` ``[batch, num_candidates, dim]``,
+      ``retrieval_logits`` ``[batch, num_candidates]`` = f(x, z).
+    """
+
+    def __init__(self, query_embedder: embedder.Embedder, doc_embedder: embedder.Embedder, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.query_embedder = query_embedder
+        self.doc_embedder = doc_embedder
+
+    @property
+    def shares_embedders(self) -> bool:
+        return self.query_embedder is self.doc_embedder
+
+    def embed_queries(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> tf.Tensor:
+        """Embed_input of packed queries (each ``int32[batch, len]``) → ``[batch, dim]``."""
+        return self.query_embedder({k: inputs[k] for k in _BERT_KEYS}, training=training)
+
+    def embed_blocks(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> tf.Tensor:
+        """Embed_doc of packed blocks (each ``int32[batch, len]``) → ``[batch, dim]``."""
+        return self.doc_embedder({k: inputs[k] for k in _BERT_KEYS}, training=training)
+
+    def call(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> dict[str, tf.Tensor]:
+        query = {k: inputs["query_" + k] for k in _BERT_KEYS}  # each [batch, query_len]
+        candidates = {k: inputs["candidates_" + k] for k in _BERT_KEYS}  # each [batch, num_cand, block_len]
+        shape = tf.shape(candidates["input_word_ids"])
+        batch, num_candidates, block_len = shape[0], shape[1], shape[2]
+        flat = {k: tf.reshape(v, [batch * num_candidates, block_len]) for k, v in candidates.items()}
+        query_embedding = self.embed_queries(query, training=training)  # [batch, dim]
+        flat_embeddings = self.embed_blocks(flat, training=training)  # [batch * num_cand, dim]
+        dim = tf.shape(flat_embeddings)[-1]
+        candidate_embeddings = tf.reshape(flat_embeddings, [batch, num_candidates, dim])  # [batch, num_cand, dim]
+        logits = tf.einsum("bd,bkd->bk", query_embedding, candidate_embeddings)  # [batch, num_cand]
+        return {"query_embedding": query_embedding, "candidate_embeddings": candidate_embeddings,
+                "retrieval_logits": logits}
+
+    def in_batch_scores(self, query: dict[str, tf.Tensor], blocks: dict[str, tf.Tensor],
+                        training: bool | None = None) -> dict[str, tf.Tensor]:
+        """Scores every query against every block of the batch (ICT's in-batch softmax).
+
+        Args:
+          query: packed queries, each ``int32[batch, query_len]``.
+          blocks: packed blocks, each ``int32[batch, block_len]``; block i is query i's positive.
+
+        Returns:
+          ``query_embedding`` ``[batch, dim]``, ``block_embedding`` ``[batch, dim]``,
+          ``retrieval_logits`` ``[batch, batch]`` (row i: query i against every block).
+        """
+        query_embedding = self.embed_queries(query, training=training)  # [batch, dim]
+        block_embedding = self.embed_blocks(blocks, training=training)  # [batch, dim]
+        logits = tf.matmul(query_embedding, block_embedding, transpose_b=True)  # [batch, batch]
+        return {"query_embedding": query_embedding, "block_embedding": block_embedding,
+                "retrieval_logits": logits}
+
+    def get_config(self) -> dict[str, Any]:
+        return {"query_embedder": tf_keras.layers.serialize(self.query_embedder),
+                "doc_embedder": None if self.shares_embedders else tf_keras.layers.serialize(self.doc_embedder),
+                "name": self.name}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> "KnowledgeRetriever":
+        query = tf_keras.layers.deserialize(config["query_embedder"], custom_objects=custom_objects)
+        doc = (query if config["doc_embedder"] is None
+               else tf_keras.layers.deserialize(config["doc_embedder"], custom_objects=custom_objects))
+        return cls(query, doc, name=config.get("name"))
+
+
+def build_knowledge_retriever(cfg: config_lib.ModelConfig, restore: bool = True) -> KnowledgeRetriever:
+    """Builds the two towers from ``cfg`` and, with ``restore``, loads ``cfg.init_checkpoint`` into each BERT."""
+    def tower(name: str) -> embedder.Embedder:
+        encoder = bert_encoder.build_bert_encoder(cfg.encoder, name=f"{name}_bert")
+        if restore and cfg.init_checkpoint:
+            bert_weight_import.restore_encoder(encoder, cfg.init_checkpoint)
+        return embedder.Embedder(encoder, projection_size=cfg.projection_size, pooling=cfg.pooling,
+                                 initializer_range=cfg.encoder.initializer_range, name=name)
+
+    query = tower("query_embedder")
+    doc = query if cfg.share_embedders else tower("doc_embedder")
+    retriever = KnowledgeRetriever(query, doc, name="knowledge_retriever")
+    dummy = tf.zeros([1, 2], tf.int32)
+    inputs = {"input_word_ids": dummy, "input_mask": tf.ones_like(dummy), "input_type_ids": dummy}
+    retriever.in_batch_scores(inputs, inputs)  # creates every variable now (inside the caller's strategy scope)
+    return retriever

@@ -1,0 +1,119 @@
+"""SavedModel export of REALM's knowledge retriever, the artefact the asynchronous index refresh consumes.
+
+In REALM (Guu et al., 2020, §3.4 "Asynchronous MIPS refreshes") the trainer periodically hands its current
+Embed_doc to an index builder that re-embeds every block. Here that hand-over is a SavedModel with string
+signatures, tokenization inside the graph (needs only TensorFlow + tensorflow_text to run):
+
+* ``embed_query(text: string[B]) -> {"embedding": float32[B, dim]}``
+* ``embed_block(title: string[B], text: string[B]) -> {"embedding": float32[B, dim]}``
+
+Each export goes to ``export_dir/<global_step>/`` atomically: written to a staging directory, ``export.json``
+(step, time, config hash, embedding dim, vocab hash) written last, then renamed into place.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from typing import Any
+
+import tensorflow as tf
+
+from realm_tf import config as config_lib
+from realm_tf.layers import bert_tokenizer
+from realm_tf.models import knowledge_retriever
+
+EXPORT_JSON = "export.json"
+
+
+class RetrieverExportModule(tf.Module):
+    """A tf.Module holding the tokenizer and both towers, with the two embedding signatures."""
+
+    def __init__(self, retriever: knowledge_retriever.KnowledgeRetriever, tokenizer: bert_tokenizer.BertTokenizer,
+                 query_seq_length: int, block_seq_length: int):
+        super().__init__(name="realm_retriever")
+        self.retriever = retriever
+        self.tokenizer = tokenizer
+        self._query_seq_length = query_seq_length
+        self._block_seq_length = block_seq_length
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    def embed_query(self, text: tf.Tensor) -> dict[str, tf.Tensor]:
+        """Embed_input(x) for raw question / query strings ``[B]`` → ``[B, dim]``."""
+        packed = self.tokenizer.pack_single(self.tokenizer(text), self._query_seq_length, pad_to_seq_length=False)
+        return {"embedding": self.retriever.embed_queries(packed, training=False)}  # [B, dim]
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="title"),
+                                  tf.TensorSpec([None], tf.string, name="text")])
+    def embed_block(self, title: tf.Tensor, text: tf.Tensor) -> dict[str, tf.Tensor]:
+        """Embed_doc(z) for blocks ``[CLS] title [SEP] text [SEP]`` given as strings ``[B]`` → ``[B, dim]``."""
+        packed = self.tokenizer.join_bert(self.tokenizer(title), self.tokenizer(text), self._block_seq_length,
+                                          pad_to_seq_length=False)
+        return {"embedding": self.retriever.embed_blocks(packed, training=False)}  # [B, dim]
+
+
+def export_retriever(retriever: knowledge_retriever.KnowledgeRetriever, cfg: config_lib.ExperimentConfig,
+                     step: int, tokenizer: bert_tokenizer.BertTokenizer | None = None,
+                     export_dir: str | None = None) -> str:
+    """Writes ``<export_dir>/<step>/`` atomically and prunes old exports; returns the export path."""
+    tokenizer = tokenizer or bert_tokenizer.BertTokenizer(cfg.model.vocab_file, cfg.model.lower_case)
+    export_dir = export_dir or cfg.refresh.export_dir
+    module = RetrieverExportModule(retriever, tokenizer, cfg.model.query_seq_length, cfg.model.block_seq_length)
+    final = os.path.join(export_dir, str(int(step)))
+    staging = os.path.join(export_dir, f".staging-{int(step)}-{uuid.uuid4().hex[:8]}")
+    tf.io.gfile.makedirs(export_dir)
+    start = time.time()
+    try:
+        tf.saved_model.save(module, staging, signatures={
+            "embed_query": module.embed_query, "embed_block": module.embed_block,
+            "serving_default": module.embed_query})
+        metadata = {
+            "step": int(step),
+            "exported_at": time.time(),
+            "config_hash": config_lib.config_hash(cfg),
+            "embedding_dim": cfg.model.projection_size,
+            "vocab_hash": tokenizer.vocab_hash,
+            "query_seq_length": cfg.model.query_seq_length,
+            "block_seq_length": cfg.model.block_seq_length,
+            "export_seconds": round(time.time() - start, 3),
+        }
+        with tf.io.gfile.GFile(os.path.join(staging, EXPORT_JSON), "w") as f:
+            f.write(json.dumps(metadata, indent=2))
+        if tf.io.gfile.exists(final):  # a re-export of the same step (e.g. after a resume) replaces it
+            tf.io.gfile.rmtree(final)
+        tf.io.gfile.rename(staging, final)
+    except BaseException:
+        if tf.io.gfile.exists(staging):
+            tf.io.gfile.rmtree(staging)
+        raise
+    _prune(export_dir, cfg.refresh.keep_exports)
+    return final
+
+
+def list_exports(export_dir: str) -> list[int]:
+    """Steps of the complete exports (numeric directory with export.json), oldest first."""
+    if not tf.io.gfile.isdir(export_dir):
+        return []
+    steps = []
+    for name in tf.io.gfile.listdir(export_dir):
+        name = name.rstrip("/")
+        if name.isdigit() and tf.io.gfile.exists(os.path.join(export_dir, name, EXPORT_JSON)):
+            steps.append(int(name))
+    return sorted(steps)
+
+
+def read_export_metadata(export_path: str) -> dict[str, Any]:
+    """The ``export.json`` of one export (FileNotFoundError naming the path if it is incomplete)."""
+    path = os.path.join(export_path, EXPORT_JSON)
+    if not tf.io.gfile.exists(path):
+        raise FileNotFoundError(f"{export_path}: no {EXPORT_JSON}: not a complete retriever export")
+    with tf.io.gfile.GFile(path) as f:
+        return json.load(f)
+
+
+def _prune(export_dir: str, keep: int) -> None:
+    steps = list_exports(export_dir)
+    for step in steps[:-keep] if keep > 0 else []:
+        shutil.rmtree(os.path.join(export_dir, str(step)), ignore_errors=True)

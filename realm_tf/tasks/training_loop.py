@@ -1,0 +1,111 @@
+"""A resumable custom training loop under any tf.distribute strategy.
+
+REALM, ICT and Open-QA fine-tuning share it: the task supplies a per-replica ``step_fn(batch) -> logs``
+(forward, loss, gradients, update); the loop owns the global step, checkpoints (``tf.train.CheckpointManager``
+in ``<model_dir>/checkpoints``, restored on start, so rerunning a killed job resumes), TensorBoard scalars
+(``<model_dir>/train``), progress display and hooks (e.g. exporting the retriever for the index refresh,
+Guu et al., 2020, §3.4).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Callable, Iterable, Mapping
+
+import tensorflow as tf
+import tqdm
+
+from realm_tf import config as config_lib
+from realm_tf.tasks import distribution
+
+StepFn = Callable[[Mapping[str, tf.Tensor]], Mapping[str, tf.Tensor]]
+Hook = Callable[[int, Mapping[str, float]], None]
+
+
+class TrainingLoop:
+    """Runs ``step_fn`` for ``trainer.steps`` steps with checkpoints and summaries.
+
+    Args:
+      cfg: the trainer section of the experiment config.
+      strategy: the strategy the model and optimizer were created under.
+      checkpoint_items: what to checkpoint besides the step (``model=…, optimizer=…``).
+      global_batch_size: examples per step over all replicas (for examples/s).
+    """
+
+    def __init__(self, cfg: config_lib.TrainerConfig, strategy: tf.distribute.Strategy,
+                 checkpoint_items: Mapping[str, tf.Module | tf.Variable], global_batch_size: int):
+        self.cfg = cfg
+        self.strategy = strategy
+        self.global_batch_size = global_batch_size
+        self.chief = distribution.is_chief(strategy)
+        with strategy.scope():
+            self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step",
+                                           aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+        self.checkpoint = tf.train.Checkpoint(global_step=self.global_step, **checkpoint_items)
+        directory = os.path.join(cfg.model_dir, "checkpoints")
+        if not self.chief:  # non-chief workers write to a scratch directory they delete (MWMS convention)
+            directory = os.path.join(cfg.model_dir, "checkpoints-worker-tmp", str(strategy.cluster_resolver.task_id))
+        self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=cfg.keep_checkpoints,
+                                                  step_counter=self.global_step,
+                                                  checkpoint_interval=cfg.checkpoint_every_steps)
+        self.restored_from = self.manager.restore_or_initialize()
+        self.writer = tf.summary.create_file_writer(os.path.join(cfg.model_dir, "train")) if self.chief \
+            else tf.summary.create_noop_writer()
+
+    @property
+    def step(self) -> int:
+        return int(self.global_step.numpy())
+
+    def run(self, dataset: tf.data.Dataset | Iterable, step_fn: StepFn, hooks: Iterable[Hook] = (),
+            distribute_dataset: bool = True) -> dict[str, float]:
+        """Trains until ``trainer.steps``; returns the last step's logs (floats)."""
+        if self.restored_from:
+            print(f"resumed from {self.restored_from} at step {self.step}", flush=True)
+        if distribute_dataset and isinstance(dataset, tf.data.Dataset):
+            dataset = self.strategy.experimental_distribute_dataset(dataset)
+        iterator = iter(dataset)
+
+        @tf.function
+        def train_step(batch):
+            logs = self.strategy.run(step_fn, args=(batch,))
+            self.global_step.assign_add(1)
+            return {k: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None) for k, v in logs.items()}
+
+        last: dict[str, float] = {}
+        total = self.cfg.steps
+        bar = tqdm.tqdm(total=total, initial=self.step, desc="train", unit="step", file=sys.stderr,
+                        disable=not self.chief, dynamic_ncols=True, mininterval=2.0)
+        window_start, window_steps = time.time(), 0
+        while self.step < total:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                print(f"input exhausted at step {self.step}", flush=True)
+                break
+            logs = train_step(batch)
+            window_steps += 1
+            step = self.step
+            last = {k: float(v) for k, v in logs.items()}
+            bar.update(1)
+            if step % self.cfg.summary_every_steps == 0 or step == total:
+                elapsed = max(time.time() - window_start, 1e-9)
+                last["examples_per_second"] = window_steps * self.global_batch_size / elapsed
+                last["steps_per_second"] = window_steps / elapsed
+                self._write_summaries(step, last)
+                bar.set_postfix({k: f"{v:.4g}" for k, v in last.items() if k in ("loss", "accuracy")})
+                window_start, window_steps = time.time(), 0
+            for hook in hooks:
+                hook(step, last)
+            self.manager.save(checkpoint_number=self.global_step)  # no-op between checkpoint intervals
+        bar.close()
+        latest = self.manager.latest_checkpoint
+        if not latest or not latest.endswith(f"-{self.step}"):
+            self.manager.save(checkpoint_number=self.global_step, check_interval=False)
+        self.writer.flush()
+        return last
+
+    def _write_summaries(self, step: int, logs: Mapping[str, float]) -> None:
+        with self.writer.as_default(step=step):
+            for key, value in logs.items():
+                tf.summary.scalar(key, value)
