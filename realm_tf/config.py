@@ -88,7 +88,11 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Where the corpus, pre-training examples and questions live, and how they are cut."""
+    """Where the corpus, pre-training examples and questions live, and how they are cut.
+
+    ``static_padding`` pads every batch to the configured sequence lengths (needed on TPU); by default a batch
+    is padded to its longest row, which gives the same outputs for less compute (most blocks are short).
+    """
 
     corpus_pattern: str = "data/open_qa/passages.jsonl.gz"
     blocks_dir: str = "/tmp/realm_tf/blocks"
@@ -103,6 +107,7 @@ class DataConfig:
     mask_probability: float = 0.15
     batch_size: int = 8
     shuffle_buffer: int = 1024
+    static_padding: bool = False
     seed: int = 0
 
 
@@ -311,6 +316,11 @@ def _coerce(tp: Any, value: Any, dotted: str, where: str, source: str, lines: Ma
     elif tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # PyYAML (YAML 1.1) reads 1e-4 as a string; accept what float() does
+            try:
+                return float(value)
+            except ValueError:
+                pass
     elif tp is str:
         if isinstance(value, str):
             return value

@@ -61,6 +61,9 @@ def test_dotted_overrides_are_typed_and_strict(tmp_path):
         config.load_config(path, ["trainer.stepz=1"])
     with pytest.raises(config.ConfigError, match="must be int"):
         config.load_config(path, ["trainer.steps=1.5"])
+    assert config.load_config(path, ["trainer.learning_rate=1e-4"]).trainer.learning_rate == 1e-4  # YAML 1.1
+    with pytest.raises(config.ConfigError, match="must be float"):
+        config.load_config(path, ["trainer.learning_rate=fast"])
     with pytest.raises(config.ConfigError, match="KEY=VALUE"):
         config.load_config(path, ["trainer.steps"])
 

@@ -113,7 +113,9 @@ def build_knowledge_retriever(cfg: config_lib.ModelConfig, restore: bool = True)
     query = tower("query_embedder")
     doc = query if cfg.share_embedders else tower("doc_embedder")
     retriever = KnowledgeRetriever(query, doc, name="knowledge_retriever")
-    dummy = tf.zeros([1, 2], tf.int32)
+    dummy = tf.zeros([1, 1, 2], tf.int32)  # [batch, num_candidates, len]
     inputs = {"input_word_ids": dummy, "input_mask": tf.ones_like(dummy), "input_type_ids": dummy}
-    retriever.in_batch_scores(inputs, inputs)  # creates every variable now (inside the caller's strategy scope)
+    # Creates every variable now, inside the caller's strategy scope, and marks the Keras model built.
+    retriever({**{"query_" + k: v[:, 0] for k, v in inputs.items()},
+               **{"candidates_" + k: v for k, v in inputs.items()}})
     return retriever

@@ -36,10 +36,10 @@ class IctTask:
 
     def pack(self, records: Mapping[str, tf.RaggedTensor]) -> dict[str, tf.Tensor]:
         """Packs parsed ICT records into ``query_*`` ``[batch, query_len]`` and ``block_*`` ``[batch, block_len]``."""
-        m = self.cfg.model
-        query = self.tokenizer.pack_single(records[example_schemas.QUERY_IDS], m.query_seq_length)
+        m, static = self.cfg.model, self.cfg.data.static_padding
+        query = self.tokenizer.pack_single(records[example_schemas.QUERY_IDS], m.query_seq_length, static)
         block = self.tokenizer.join_bert(records[example_schemas.TITLE_IDS], records[example_schemas.BODY_IDS],
-                                         m.block_seq_length)
+                                         m.block_seq_length, static)
         return {**{"query_" + k: v for k, v in query.items()}, **{"block_" + k: v for k, v in block.items()}}
 
     def build_dataset(self, file_pattern: str, batch_size: int, repeat: bool = True,

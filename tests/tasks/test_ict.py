@@ -58,7 +58,12 @@ def test_loss_matches_numpy_softmax(tiny):
     assert metrics["accuracy"].numpy() == np.mean(logits.argmax(1) == np.arange(8))
     # Block packing is [CLS] title [SEP] body [SEP]; the query [CLS] sentence [SEP].
     assert (batch["block_input_word_ids"].numpy()[:, 0] == task.tokenizer.cls_id).all()
-    assert batch["query_input_word_ids"].shape == (8, tiny.model.query_seq_length)
+    assert batch["query_input_word_ids"].shape[1] <= tiny.model.query_seq_length  # padded to the longest row
+    static = ict.IctTask(config.apply_override(tiny, "data.static_padding=true"))
+    static_batch = next(iter(static.build_dataset(f"{tiny.data.ict_dir}/*.tfrecord", 8, seed=1)))
+    assert static_batch["query_input_word_ids"].shape == (8, tiny.model.query_seq_length)
+    same, _ = static.compute_loss(model, static_batch, training=False)
+    np.testing.assert_allclose(same.numpy(), per_example.numpy(), rtol=1e-4, atol=1e-4)  # padding-invariant
 
 
 def test_gradients_reach_both_towers(tiny):

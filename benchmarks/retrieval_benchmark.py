@@ -1,0 +1,144 @@
+"""Retrieval accuracy@k and gold-block recall@k on the held-out split of the bundled questions.
+
+Compares retrievers over the same blocks (REALM §4.1 corpus format, from ``beam_jobs/preprocess_corpus``):
+dense retrievers given as retriever SavedModel exports (``embed_query`` / ``embed_block``; search is
+exact, so the figures measure the embeddings, not the ANN), and BM25 (``bm25s``) as the classic baseline.
+
+    python benchmarks/retrieval_benchmark.py --blocks runs/bench/blocks \\
+        --dense zero_shot_cls=runs/bench/export_cls/0 --bm25
+
+Block embeddings are cached per export in ``--cache_dir``. Only dev questions are used: those with
+``question_split.is_dev(id, --dev_fraction)`` (the split every realm_tf job holds out).
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tensorflow_text  # noqa: E402,F401  (registers the tokenizer ops of the SavedModel)
+import tqdm  # noqa: E402
+
+from realm_tf.data import example_schemas  # noqa: E402
+from realm_tf.data import question_split  # noqa: E402
+from realm_tf.tasks import retrieval_metrics  # noqa: E402
+
+
+def read_blocks(blocks_dir: str) -> dict[str, list]:
+    files = sorted(tf.io.gfile.glob(os.path.join(blocks_dir, "blocks-*.tfrecord*")))
+    if not files:
+        raise FileNotFoundError(f"no blocks-*.tfrecord in {blocks_dir}")
+    spec = {k: example_schemas.block_feature_spec()[k] for k in
+            (example_schemas.BLOCK_ID, example_schemas.TITLE, example_schemas.TEXT, example_schemas.DOC_ID)}
+    rows: dict[int, tuple[str, str, str]] = {}
+    for batch in tf.data.TFRecordDataset(files).batch(1024).map(lambda s: tf.io.parse_example(s, spec)):
+        for i, t, x, d in zip(*(batch[k].numpy() for k in (example_schemas.BLOCK_ID, example_schemas.TITLE,
+                                                            example_schemas.TEXT, example_schemas.DOC_ID))):
+            rows[int(i)] = (t.decode(), x.decode(), d.decode())
+    if sorted(rows) != list(range(len(rows))):
+        raise ValueError(f"{blocks_dir}: block ids are not dense 0..{len(rows) - 1}")
+    return {"title": [rows[i][0] for i in range(len(rows))], "text": [rows[i][1] for i in range(len(rows))],
+            "doc_id": [rows[i][2] for i in range(len(rows))]}
+
+
+def read_dev_questions(path: str, dev_fraction: float) -> list[dict]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        questions = [json.loads(line) for line in f]
+    return [q for q in questions if question_split.is_dev(q["id"], dev_fraction)]
+
+
+def embed_blocks(export_path: str, blocks: dict[str, list], batch_size: int, cache_dir: str) -> np.ndarray:
+    with open(os.path.join(export_path, "export.json")) as f:
+        meta = json.load(f)
+    key = hashlib.sha1(f"{os.path.abspath(export_path)}|{meta['exported_at']}|{len(blocks['text'])}".encode())
+    cache = os.path.join(cache_dir, f"blocks-{key.hexdigest()[:16]}.npy")
+    if os.path.exists(cache):
+        return np.load(cache, allow_pickle=False)
+    model = tf.saved_model.load(export_path)
+    fn = model.signatures["embed_block"]
+    order = np.argsort([len(t) + len(x) for t, x in zip(blocks["title"], blocks["text"])])  # similar lengths
+    out = np.zeros([len(order), meta["embedding_dim"]], np.float32)
+    start = time.time()
+    for i in tqdm.trange(0, len(order), batch_size, desc=f"embed {os.path.basename(export_path)}", mininterval=10):
+        rows = order[i:i + batch_size]
+        out[rows] = fn(title=tf.constant([blocks["title"][r] for r in rows]),
+                       text=tf.constant([blocks["text"][r] for r in rows]))["embedding"].numpy()
+    print(f"embedded {len(order)} blocks in {time.time() - start:.0f}s "
+          f"({len(order) / (time.time() - start):.1f} blocks/s)", flush=True)
+    os.makedirs(cache_dir, exist_ok=True)
+    np.save(cache, out, allow_pickle=False)
+    return out
+
+
+def dense_retrieve(export_path: str, questions: list[dict], block_embeddings: np.ndarray, k: int) -> np.ndarray:
+    model = tf.saved_model.load(export_path)
+    fn = model.signatures["embed_query"]
+    queries = np.concatenate([fn(text=tf.constant([q["question"] for q in questions[i:i + 64]]))["embedding"].numpy()
+                              for i in range(0, len(questions), 64)])  # [num_questions, dim]
+    scores = queries @ block_embeddings.T  # [num_questions, num_blocks]
+    top = np.argpartition(-scores, k, axis=1)[:, :k]
+    return np.take_along_axis(top, np.argsort(-np.take_along_axis(scores, top, 1), axis=1), 1)
+
+
+def bm25_retrieve(questions: list[dict], blocks: dict[str, list], k: int) -> np.ndarray:
+    import bm25s  # dev extra
+
+    corpus = [f"{t} {x}" for t, x in zip(blocks["title"], blocks["text"])]
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize(corpus, stopwords="en", show_progress=False), show_progress=False)
+    rows, _ = retriever.retrieve(bm25s.tokenize([q["question"] for q in questions], stopwords="en",
+                                                show_progress=False), k=k, show_progress=False)
+    return np.asarray(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--blocks", required=True, help="output dir of beam_jobs/preprocess_corpus")
+    parser.add_argument("--questions", default="data/open_qa/qa_qed_train.jsonl.gz")
+    parser.add_argument("--dev_fraction", type=float, default=0.1)
+    parser.add_argument("--dense", action="append", default=[], metavar="NAME=EXPORT_DIR",
+                        help="a retriever export to evaluate (repeatable)")
+    parser.add_argument("--bm25", action="store_true", help="also evaluate BM25 (bm25s)")
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--cache_dir", default="runs/bench/cache")
+    parser.add_argument("--max_k", type=int, default=100)
+    args = parser.parse_args(argv)
+
+    blocks = read_blocks(args.blocks)
+    questions = read_dev_questions(args.questions, args.dev_fraction)
+    matcher = retrieval_metrics.AnswerMatcher(blocks["text"])
+    answers = [q["answers"] for q in questions]
+    gold = [q.get("gold_passage_ids", []) for q in questions]
+    print(f"{len(blocks['text'])} blocks, {len(questions)} dev questions (dev_fraction={args.dev_fraction})")
+    results = []
+    if args.bm25:
+        start = time.time()
+        rows = bm25_retrieve(questions, blocks, args.max_k)
+        results.append(("bm25", rows, time.time() - start))
+    for spec in args.dense:
+        name, _, path = spec.partition("=")
+        start = time.time()
+        emb = embed_blocks(path, blocks, args.batch_size, args.cache_dir)
+        rows = dense_retrieve(path, questions, emb, args.max_k)
+        results.append((name, rows, time.time() - start))
+    ks = [k for k in retrieval_metrics.DEFAULT_KS if k <= args.max_k]
+    header = f"{'retriever':<22}" + "".join(f"{'acc@' + str(k):>9}" for k in ks) + \
+        "".join(f"{'gold@' + str(k):>9}" for k in ks) + f"{'seconds':>9}"
+    print(header)
+    for name, rows, seconds in results:
+        m = retrieval_metrics.retrieval_metrics(rows, matcher, answers, blocks["doc_id"], gold, ks)
+        print(f"{name:<22}" + "".join(f"{m[f'accuracy@{k}']:>9.3f}" for k in ks)
+              + "".join(f"{m[f'gold_recall@{k}']:>9.3f}" for k in ks) + f"{seconds:>9.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Retrieval metrics for Open-QA: accuracy@k and gold-block recall@k.
+
+Following ORQA/REALM (Lee et al., 2019; Guu et al., 2020, §4.4 "retrieval recall"), a retrieval is
+correct at k when any of the top-k blocks contains a (normalised) answer string; with gold passages
+available, gold recall@k is the fraction of questions whose top-k holds a block cut from a gold passage.
+Containment is on SQuAD-normalised *tokens*, so "1973" does not match inside "19730".
+"""
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from realm_tf.data import answer_normalization
+
+DEFAULT_KS = (1, 5, 20, 100)
+
+
+def normalized_answers(answers: Iterable[str]) -> list[str]:
+    """Answers as `` token token `` strings (space-delimited on both sides), empty ones dropped."""
+    out = []
+    for answer in answers:
+        norm = answer_normalization.normalize_answer(answer)
+        if norm:
+            out.append(f" {norm} ")
+    return out
+
+
+class AnswerMatcher:
+    """Tells whether a block's text contains any answer, caching each block's normalised text."""
+
+    def __init__(self, block_texts: Sequence[str]):
+        self._texts = block_texts
+        self._normalized: dict[int, str] = {}
+
+    def normalized(self, row: int) -> str:
+        if row not in self._normalized:
+            self._normalized[row] = f" {answer_normalization.normalize_answer(self._texts[row])} "
+        return self._normalized[row]
+
+    def has_answer(self, row: int, answers: Sequence[str]) -> bool:
+        """``answers`` as returned by :func:`normalized_answers`."""
+        text = self.normalized(row)
+        return any(a in text for a in answers)
+
+
+def retrieval_metrics(retrieved: np.ndarray, matcher: AnswerMatcher, answers: Sequence[Sequence[str]],
+                      block_doc_ids: Sequence[str] | None = None,
+                      gold_doc_ids: Sequence[Sequence[str]] | None = None,
+                      ks: Sequence[int] = DEFAULT_KS) -> dict[str, float]:
+    """accuracy@k (and gold_recall@k when gold ids are given) over questions.
+
+    Args:
+      retrieved: ``int [num_questions, max_k]`` block rows, best first (``-1`` pads a short list).
+      matcher: answer containment over the block texts.
+      answers: per question, the raw answer strings.
+      block_doc_ids: per block row, the id of the passage it was cut from.
+      gold_doc_ids: per question, the ids of its gold passages.
+    """
+    num_questions = retrieved.shape[0]
+    if num_questions == 0:
+        raise ValueError("no questions to evaluate")
+    hit_at = np.full(num_questions, np.inf)  # rank (1-based) of the first block with an answer
+    gold_at = np.full(num_questions, np.inf)
+    for q in range(num_questions):
+        norm = normalized_answers(answers[q])
+        gold = {str(g) for g in gold_doc_ids[q]} if gold_doc_ids is not None else set()
+        for rank, row in enumerate(retrieved[q], 1):
+            if row < 0:
+                break
+            if np.isinf(hit_at[q]) and norm and matcher.has_answer(int(row), norm):
+                hit_at[q] = rank
+            if np.isinf(gold_at[q]) and gold and block_doc_ids is not None and str(block_doc_ids[row]) in gold:
+                gold_at[q] = rank
+            if not np.isinf(hit_at[q]) and (not gold or not np.isinf(gold_at[q])):
+                break
+    metrics = {"num_questions": float(num_questions)}
+    for k in ks:
+        metrics[f"accuracy@{k}"] = float(np.mean(hit_at <= k))
+        if gold_doc_ids is not None:
+            metrics[f"gold_recall@{k}"] = float(np.mean(gold_at <= k))
+    return metrics

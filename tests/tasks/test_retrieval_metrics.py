@@ -1,0 +1,36 @@
+"""accuracy@k / gold_recall@k against a brute-force reference; token-boundary answer matching."""
+import random
+
+import numpy as np
+
+from realm_tf.tasks import retrieval_metrics
+
+
+def test_token_boundary_matching():
+    matcher = retrieval_metrics.AnswerMatcher(["The oil crisis of 1973, (October).", "In 19730 nothing"])
+    norm = retrieval_metrics.normalized_answers(["1973", "  "])
+    assert norm == [" 1973 "]
+    assert matcher.has_answer(0, norm) and not matcher.has_answer(1, norm)
+    assert matcher.has_answer(0, retrieval_metrics.normalized_answers(["the October"]))  # article + punctuation
+    assert not matcher.has_answer(0, retrieval_metrics.normalized_answers(["crisis 1973"]))
+
+
+def test_matches_brute_force_reference():
+    rng = random.Random(0)
+    words = ["alpha", "beta", "gamma", "delta", "eps"]
+    texts = [" ".join(rng.choice(words) for _ in range(6)) for _ in range(40)]
+    doc_ids = [str(i // 3) for i in range(40)]
+    questions = [([rng.choice(words) + " " + rng.choice(words)], [str(rng.randrange(14))]) for _ in range(50)]
+    retrieved = np.array([rng.sample(range(40), 20) for _ in range(50)])
+    retrieved[3, 10:] = -1  # a short list
+    got = retrieval_metrics.retrieval_metrics(
+        retrieved, retrieval_metrics.AnswerMatcher(texts), [a for a, _ in questions], doc_ids,
+        [g for _, g in questions], ks=(1, 5, 20))
+    for k in (1, 5, 20):
+        acc = gold = 0
+        for q, (answers, gold_ids) in enumerate(questions):
+            rows = [r for r in retrieved[q][:k] if r >= 0]
+            acc += any(f" {answers[0]} " in f" {texts[r]} " for r in rows)
+            gold += any(doc_ids[r] in gold_ids for r in rows)
+        assert got[f"accuracy@{k}"] == acc / 50 and got[f"gold_recall@{k}"] == gold / 50
+    assert got["num_questions"] == 50
