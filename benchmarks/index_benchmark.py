@@ -1,0 +1,151 @@
+"""MIPS index benchmark: ScaNN vs exact brute force (REALM §3.4; ScaNN, Guo et al. 2020).
+
+REALM searches Embed_doc(z) for the top-k blocks of every query at every training step, so the index's
+throughput bounds the trainer's and its recall bounds how often the true top-k reaches the model. On
+synthetic clustered vectors (``--num-blocks`` x ``--dim``, Gaussian clusters around ``--clusters`` random
+centres, like block embeddings of a topical corpus) this reports, for ScannIndex (IndexConfig defaults,
+scaled to the corpus), ScaNN's TF-op searcher loaded from the same saved directory, and BruteForceIndex:
+
+* build time and resident-memory growth of the build;
+* batched QPS (one ``search_batched`` call over ``--num-queries`` queries) and single-query QPS;
+* recall@10 against BruteForceIndex.
+
+Usage: python benchmarks/index_benchmark.py [--num-blocks 1000000] [--dim 128] [--num-queries 1000]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+
+import realm_tf  # pylint: disable=wrong-import-position,unused-import  # sets TF env vars before TF loads
+from realm_tf import config  # pylint: disable=wrong-import-position
+
+import numpy as np  # pylint: disable=wrong-import-position
+import tensorflow as tf  # pylint: disable=wrong-import-position
+
+from realm_tf.index import brute_force_index  # pylint: disable=wrong-import-position
+from realm_tf.index import scann_index  # pylint: disable=wrong-import-position
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status", encoding="ascii") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def _clustered(num: int, centers: np.ndarray, rng: np.random.Generator, noise: float) -> np.ndarray:
+    out = np.empty([num, centers.shape[1]], np.float32)
+    step = 100_000
+    for i in range(0, num, step):  # chunked, so float64 temporaries stay small
+        n = min(step, num - i)
+        out[i:i + n] = centers[rng.integers(0, len(centers), n)] + noise * rng.standard_normal(
+            (n, centers.shape[1]), dtype=np.float32)
+    return out
+
+
+def _recall(rows: np.ndarray, exact_rows: np.ndarray) -> float:
+    return float(np.mean([len(set(a) & set(b)) / len(b) for a, b in zip(rows, exact_rows)]))
+
+
+def _time(fn, repeat: int = 1) -> float:
+    start = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    return (time.perf_counter() - start) / repeat
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--num-blocks", type=int, default=1_000_000)
+    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--clusters", type=int, default=1000)
+    parser.add_argument("--noise", type=float, default=0.5)
+    parser.add_argument("--num-queries", type=int, default=1000)
+    parser.add_argument("--single-queries", type=int, default=200)
+    parser.add_argument("--k", type=int, default=10)
+    args = parser.parse_args()
+
+    rng = np.random.default_rng(0)
+    centers = rng.standard_normal((args.clusters, args.dim), dtype=np.float32)
+    embeddings = _clustered(args.num_blocks, centers, rng, args.noise)  # [N, dim]
+    queries = _clustered(args.num_queries, centers, rng, args.noise)  # [Q, dim]
+    k = args.k
+    print(f"corpus: {args.num_blocks} x {args.dim} float32 ({embeddings.nbytes / 2**20:.0f} MiB), "
+          f"{args.clusters} Gaussian clusters (noise {args.noise}); {args.num_queries} queries; k={k}; "
+          f"{os.cpu_count()} CPUs; TF {tf.__version__}")
+
+    results = []
+
+    # ---- exact -----------------------------------------------------------------------------------------
+    rss = _rss_mb()
+    exact = brute_force_index.BruteForceIndex()
+    exact.build(embeddings)
+    bf_mem = _rss_mb() - rss
+    exact.search_batched(queries[:4], k)  # warm-up
+    start = time.perf_counter()
+    exact_rows, _ = exact.search_batched(queries, k)
+    bf_batch = time.perf_counter() - start
+    n_single = min(args.single_queries, 50)  # ~0.1 s per exact query on 1M x 128
+    bf_single = _time(lambda: [exact.search_batched(queries[i:i + 1], k) for i in range(n_single)]) / n_single
+    results.append(("BruteForceIndex (TF matmul+top_k)", exact.build_seconds, bf_mem,
+                    args.num_queries / bf_batch, 1.0 / bf_single, 1.0))
+
+    # ---- ScaNN -----------------------------------------------------------------------------------------
+    rss = _rss_mb()
+    index = scann_index.ScannIndex(config.IndexConfig())
+    index.build(embeddings)
+    scann_mem = _rss_mb() - rss
+    print(f"ScaNN params: {index.params}")
+    index.search_batched(queries[:4], k)
+    start = time.perf_counter()
+    rows, _ = index.search_batched(queries, k)  # multi-threaded batch search
+    sc_batch = time.perf_counter() - start
+    n_single = args.single_queries
+    sc_single = _time(lambda: [index.search_batched(queries[i:i + 1], k) for i in range(n_single)]) / n_single
+    results.append(("ScannIndex (pybind)", index.build_seconds, scann_mem, args.num_queries / sc_batch,
+                     1.0 / sc_single, _recall(rows, exact_rows)))
+
+    # ---- ScaNN TF op, from the same saved directory --------------------------------------------------------
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        index.save(tmp)
+        save_seconds = time.perf_counter() - start
+        size_mb = sum(os.path.getsize(os.path.join(tmp, f)) for f in os.listdir(tmp)) / 2**20
+        rss = _rss_mb()
+        start = time.perf_counter()
+        tf_searcher = scann_index.load_tf_searcher(tmp)
+        tf_load = time.perf_counter() - start
+        tf_mem = _rss_mb() - rss
+    pre = max(index.params.get("reorder_num_neighbors", k), 4 * k)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, args.dim], tf.float32)])
+    def tf_search(q):
+        return tf_searcher.search_batched_parallel(q, final_num_neighbors=k, pre_reorder_num_neighbors=pre)
+
+    tf_search(tf.constant(queries[:4]))
+    q_tensor = tf.constant(queries)
+    start = time.perf_counter()
+    tf_rows, _ = tf_search(q_tensor)
+    tf_batch = time.perf_counter() - start
+    singles = [tf.constant(queries[i:i + 1]) for i in range(n_single)]
+    tf_single = _time(lambda: [tf_search(s) for s in singles]) / n_single
+    results.append(("ScaNN TF op (load_tf_searcher)", tf_load, tf_mem, args.num_queries / tf_batch,
+                    1.0 / tf_single, _recall(tf_rows.numpy(), exact_rows)))
+
+    print(f"ScaNN saved directory: {size_mb:.0f} MiB, save {save_seconds:.1f} s")
+    print(f"{'index':36s} {'build_s':>8s} {'mem_MiB':>8s} {'batch_qps':>10s} {'single_qps':>10s} "
+          f"{'recall@' + str(k):>9s}")
+    for name, build_s, mem, batch_qps, single_qps, recall in results:
+        print(f"{name:36s} {build_s:8.1f} {mem:8.0f} {batch_qps:10.1f} {single_qps:10.1f} {recall:9.4f}")
+    print("(TF op row: build_s is the load time from the saved directory, mem_MiB the RSS growth of loading)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""Atomic, versioned publication of a MIPS index: the producer half of REALM's asynchronous refresh.
+
+REALM (Guu et al., 2020, §3.4) re-embeds the corpus with a recent Embed_doc snapshot and rebuilds the MIPS
+index "asynchronously": the trainer keeps searching the old index while the new one is built, then
+switches. For the switch to be safe a reader must never see half an index. Layout::
+
+    <index_dir>/
+      0000000042/                   a complete version (10-digit zero-padded, so names sort like numbers)
+        embeddings.npy              float32 [num_blocks, dim], row i = block i (no pickles)
+        searcher/                   MipsIndex.save() output (ScaNN assets, relative paths)
+        index.json                  written LAST: version, kind, counts, dim, vocab_hash, export_step, timings
+      .staging-0000000043-1f2e.../  a version being written (or left by a crash): never read
+
+:func:`publish` writes everything into a fresh staging directory, ``index.json`` last, then renames the
+staging directory to its version name. On a local (POSIX) filesystem the rename is atomic, so the version
+appears complete or not at all. Object stores (gs://) have no atomic directory rename; there the files are
+moved one by one, ``index.json`` again last, and **a version is complete iff its ``index.json`` exists**,
+which is the rule :func:`complete_versions` (and so the loader) applies everywhere.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+import uuid
+from typing import Any, Mapping
+
+import numpy as np
+import tensorflow as tf
+
+from realm_tf import errors
+from realm_tf.index import mips_index
+
+INDEX_JSON = "index.json"
+EMBEDDINGS_NPY = "embeddings.npy"
+SEARCHER_DIR = "searcher"
+STAGING_PREFIX = ".staging-"
+FORMAT_VERSION = 1
+
+_VERSION_RE = re.compile(r"^\d+$")
+_RESERVED = ("format", "version", "kind", "num_blocks", "dim", "embeddings", "searcher", "index",
+             "published_at", "write_seconds")
+
+
+class IndexVersionExistsError(errors.UserError, FileExistsError):
+    """A complete index version with this number is already published; versions are immutable."""
+
+
+def version_name(version: int) -> str:
+    """Directory name of ``version``: 10-digit zero-padded, so lexicographic order is numeric order."""
+    return f"{version:010d}"
+
+
+def version_dir(index_dir: str, version: int) -> str:
+    return os.path.join(index_dir, version_name(version))
+
+
+def is_complete(path: str) -> bool:
+    """True when the version directory ``path`` holds its ``index.json`` (written last)."""
+    return tf.io.gfile.exists(os.path.join(path, INDEX_JSON))
+
+
+def complete_versions(index_dir: str) -> list[int]:
+    """Version numbers in ``index_dir`` that are complete, ascending.
+
+    A version counts only when its directory name is all digits and its ``index.json`` exists; staging
+    directories (``.staging-*``) and versions whose ``index.json`` was never written are ignored.
+    """
+    if not tf.io.gfile.isdir(index_dir):
+        return []
+    versions = []
+    for name in tf.io.gfile.listdir(index_dir):
+        name = name.rstrip("/")
+        if _VERSION_RE.match(name) and is_complete(os.path.join(index_dir, name)):
+            versions.append(int(name))
+    return sorted(set(versions))
+
+
+def read_index_json(path: str) -> dict[str, Any]:
+    """The ``index.json`` of the version directory ``path``."""
+    with tf.io.gfile.GFile(os.path.join(path, INDEX_JSON), "r") as f:
+        return json.loads(f.read())
+
+
+def publish(index_dir: str, version: int, embeddings: np.ndarray, index: mips_index.MipsIndex,
+            metadata: Mapping[str, Any], keep_versions: int) -> str:
+    """Publishes ``index`` (built over ``embeddings``) as ``<index_dir>/<version>`` and returns that path.
+
+    Args:
+      index_dir: root of the versioned index (local or gs://).
+      version: a new, non-negative version number; readers switch to the highest complete one.
+      embeddings: float32 ``[num_blocks, dim]`` the index was built from, in block_id order.
+      index: a built :class:`MipsIndex` over ``embeddings``.
+      metadata: recorded in ``index.json``; must contain ``vocab_hash`` (str, the tokenizer vocabulary the
+        embeddings were computed with) and ``export_step`` (int, the trainer step of the Embed_doc
+        snapshot); anything else JSON-serialisable is kept too (e.g. ``embed_seconds``).
+      keep_versions: complete versions to keep (>= 1); older ones are deleted after publishing. The
+        version just published is never deleted, even if higher versions exist.
+
+    Raises:
+      IndexVersionExistsError: ``version`` is already published (complete).
+      ValueError: inconsistent embeddings/index, or missing or reserved metadata keys.
+    """
+    start = time.perf_counter()
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"version must be a non-negative int, got {version!r}")
+    if keep_versions < 1:
+        raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
+    embeddings = mips_index.check_embeddings(embeddings)
+    if (index.num_blocks, index.dim) != embeddings.shape:
+        raise ValueError(f"index covers [{index.num_blocks}, {index.dim}] but embeddings are "
+                         f"{list(embeddings.shape)}")
+    _check_metadata(metadata)
+    final = version_dir(index_dir, version)
+    if tf.io.gfile.exists(final):
+        if is_complete(final):
+            raise IndexVersionExistsError(f"{final}: index version {version} is already published")
+        logging.warning("%s: removing an incomplete version left by an interrupted publish", final)
+        tf.io.gfile.rmtree(final)
+
+    staging = os.path.join(index_dir, f"{STAGING_PREFIX}{version_name(version)}-{uuid.uuid4().hex}")
+    tf.io.gfile.makedirs(staging)
+    try:
+        with tf.io.gfile.GFile(os.path.join(staging, EMBEDDINGS_NPY), "wb") as f:
+            np.save(f, embeddings, allow_pickle=False)
+        index.save(os.path.join(staging, SEARCHER_DIR))
+        content = {**dict(metadata), "format": FORMAT_VERSION, "version": version, "kind": index.kind,
+                   "num_blocks": index.num_blocks, "dim": index.dim, "embeddings": EMBEDDINGS_NPY,
+                   "searcher": SEARCHER_DIR, "index": index.describe(),
+                   "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   "write_seconds": round(time.perf_counter() - start, 3)}
+        _write_index_json(staging, content)
+        _commit(staging, final)
+    except BaseException:
+        _remove_quietly(staging)
+        raise
+    logging.info("published index version %d (%s, %d blocks) at %s", version, index.kind, index.num_blocks,
+                 final)
+    delete_old_versions(index_dir, keep_versions, protect=version)
+    return final
+
+
+def delete_old_versions(index_dir: str, keep_versions: int, protect: int | None = None) -> list[int]:
+    """Deletes all but the newest ``keep_versions`` complete versions (never ``protect``); returns them.
+
+    Only complete versions are considered: staging directories and incomplete versions may belong to a
+    publish in progress and are left alone. Readers hold a loaded index in memory, so deleting the files
+    of a version still being served is harmless.
+    """
+    versions = complete_versions(index_dir)
+    doomed = [v for v in versions[:-keep_versions] if v != protect] if keep_versions > 0 else []
+    for v in doomed:
+        path = version_dir(index_dir, v)
+        try:
+            # index.json first, so a reader listing concurrently sees the version as incomplete, not torn.
+            tf.io.gfile.remove(os.path.join(path, INDEX_JSON))
+            tf.io.gfile.rmtree(path)
+        except tf.errors.NotFoundError:
+            pass  # deleted concurrently by another publisher
+    return doomed
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Implementation.
+
+
+def _check_metadata(metadata: Mapping[str, Any]) -> None:
+    reserved = sorted(set(metadata) & set(_RESERVED))
+    if reserved:
+        raise ValueError(f"metadata keys {reserved} are set by publish() itself")
+    if not isinstance(metadata.get("vocab_hash"), str) or not metadata["vocab_hash"]:
+        raise ValueError("metadata['vocab_hash'] (non-empty str) is required")
+    step = metadata.get("export_step")
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise ValueError(f"metadata['export_step'] (int) is required, got {step!r}")
+    json.dumps(dict(metadata))  # fails early (before any file is written) on non-JSON values
+
+
+def _write_index_json(directory: str, content: Mapping[str, Any]) -> None:
+    """Writes ``index.json``: the completeness marker, so always the last file of a version."""
+    with tf.io.gfile.GFile(os.path.join(directory, INDEX_JSON), "w") as f:
+        f.write(json.dumps(content, indent=2, sort_keys=True))
+
+
+def _commit(staging: str, final: str) -> None:
+    """Makes the staged version visible under its final name."""
+    if mips_index.is_local(staging):
+        src, dst = mips_index.local_path(staging), mips_index.local_path(final)
+        _fsync_tree(src)
+        try:
+            os.rename(src, dst)  # atomic
+        except OSError as e:  # dst appeared meanwhile: a concurrent publish of the same version won
+            if is_complete(final):
+                raise IndexVersionExistsError(f"{final}: index version already published concurrently") from e
+            raise
+        _fsync_dir(os.path.dirname(dst))
+        return
+    # Object stores: move every object, index.json last, then drop the staging prefix.
+    for parent, _, files in tf.io.gfile.walk(staging):
+        rel = os.path.relpath(parent, staging)
+        target = final if rel == "." else os.path.join(final, rel)
+        tf.io.gfile.makedirs(target)
+        for name in files:
+            if rel == "." and name == INDEX_JSON:
+                continue
+            tf.io.gfile.rename(os.path.join(parent, name), os.path.join(target, name), overwrite=True)
+    tf.io.gfile.rename(os.path.join(staging, INDEX_JSON), os.path.join(final, INDEX_JSON), overwrite=False)
+    _remove_quietly(staging)
+
+
+def _fsync_tree(root: str) -> None:
+    """Flushes every file and directory under ``root`` so the rename never exposes unwritten data."""
+    for parent, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(parent, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(parent)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        if tf.io.gfile.exists(path):
+            tf.io.gfile.rmtree(path)
+    except Exception:  # pylint: disable=broad-except
+        logging.exception("could not remove %s", path)

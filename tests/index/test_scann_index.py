@@ -1,0 +1,121 @@
+"""ScannIndex: recall against the exact index, parameter scaling, save/load, and the TF-op searcher."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from realm_tf import config
+from realm_tf.index import brute_force_index
+from realm_tf.index import scann_index
+
+
+def _clustered(num, dim, centers, rng, noise=0.5):
+    """Gaussian clusters, like block embeddings of a topical corpus."""
+    return (centers[rng.integers(0, len(centers), num)]
+            + noise * rng.normal(size=(num, dim))).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(100, 128))
+    embeddings = _clustered(20_000, 128, centers, rng)  # [20000, 128]
+    queries = _clustered(300, 128, centers, rng)  # [300, 128]
+    exact = brute_force_index.BruteForceIndex()
+    exact.build(embeddings)
+    return embeddings, queries, exact.search_batched(queries, 10)
+
+
+@pytest.fixture(scope="module")
+def built(corpus):
+    embeddings, _, _ = corpus
+    index = scann_index.ScannIndex(config.IndexConfig(num_neighbors=10))
+    index.build(embeddings)
+    return index
+
+
+def _recall(rows, exact_rows):
+    return np.mean([len(set(a) & set(b)) / len(b) for a, b in zip(rows, exact_rows)])
+
+
+def test_tree_ah_recall_at_10(corpus, built):
+    embeddings, queries, (exact_rows, _) = corpus
+    assert built.params["mode"] == "tree_ah"  # 20k blocks: above TREE_MIN_BLOCKS, so tree + AH + reorder
+    rows, scores = built.search_batched(queries, 10)
+    assert rows.shape == scores.shape == (300, 10) and rows.dtype == np.int64 and scores.dtype == np.float32
+    assert _recall(rows, exact_rows) >= 0.95
+    # Scores are exact inner products of the returned rows (re-ordering in float32), best first.
+    np.testing.assert_allclose(scores, np.einsum("bd,bkd->bk", queries, embeddings[rows]), rtol=1e-4, atol=1e-3)
+    assert (np.diff(scores, axis=1) <= 1e-6).all()
+
+
+def test_single_query_and_small_batches_agree_with_parallel_batch(corpus, built):
+    _, queries, _ = corpus
+    big_rows, _ = built.search_batched(queries, 10)  # >= PARALLEL_MIN_BATCH: multi-threaded path
+    one_rows, _ = built.search_batched(queries[:1], 10)
+    np.testing.assert_array_equal(one_rows, big_rows[:1])
+
+
+def test_save_load_round_trip_is_identical_even_after_moving_the_directory(corpus, built, tmp_path):
+    _, queries, _ = corpus
+    built.save(str(tmp_path / "a"))
+    (tmp_path / "a").rename(tmp_path / "b")  # asset paths are relative: publishing renames the directory
+    loaded = scann_index.ScannIndex.load(str(tmp_path / "b"))
+    assert (loaded.num_blocks, loaded.dim, loaded.params) == (20_000, 128, built.params)
+    for a, b in zip(built.search_batched(queries, 10), loaded.search_batched(queries, 10)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_tf_op_searcher_from_saved_directory_matches_pybind(corpus, built, tmp_path):
+    _, queries, _ = corpus
+    built.save(str(tmp_path / "s"))
+    tf_searcher = scann_index.load_tf_searcher(str(tmp_path / "s"))
+    q = queries[:16]
+    rows, _ = built.search_batched(q, 10)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 128], tf.float32)])
+    def search(x):
+        return tf_searcher.search_batched(x, final_num_neighbors=10, pre_reorder_num_neighbors=100)
+
+    tf_rows, tf_scores = search(tf.constant(q))
+    np.testing.assert_array_equal(tf_rows.numpy().astype(np.int64), rows)
+    assert tf_scores.shape == (16, 10)
+
+
+def test_small_corpus_uses_exact_brute_force(tmp_path):
+    rng = np.random.default_rng(5)
+    embeddings = rng.normal(size=(500, 32)).astype(np.float32)
+    queries = rng.normal(size=(20, 32)).astype(np.float32)
+    index = scann_index.ScannIndex()
+    index.build(embeddings)
+    assert index.params == {"mode": "brute_force", "num_neighbors": 100}
+    exact = brute_force_index.BruteForceIndex()
+    exact.build(embeddings)
+    rows, scores = index.search_batched(queries, 7)
+    exact_rows, exact_scores = exact.search_batched(queries, 7)
+    np.testing.assert_array_equal(rows, exact_rows)
+    np.testing.assert_allclose(scores, exact_scores, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="exceeds"):
+        index.search_batched(queries, 501)
+    # The TF-op searcher also loads a brute-force directory (no partitioner / codebook assets).
+    index.save(str(tmp_path / "bf"))
+    tf_rows, _ = scann_index.load_tf_searcher(str(tmp_path / "bf")).search_batched(queries, final_num_neighbors=7)
+    np.testing.assert_array_equal(tf_rows.numpy().astype(np.int64), exact_rows)
+
+
+def test_resolve_params_scales_zeros_and_keeps_explicit_values():
+    # 13M blocks as in REALM: ~sqrt(N) leaves, a tenth searched, reorder 10x num_neighbors.
+    p = scann_index.resolve_params(13_000_000, 128, config.IndexConfig())
+    assert p["num_leaves"] == 3606 and p["num_leaves_to_search"] == 361
+    assert p["reorder_num_neighbors"] == 1000 and p["training_sample_size"] == 100_000
+    # 1M blocks: ORQA/REALM's 1000 leaves / 100 searched.
+    p = scann_index.resolve_params(1_000_000, 128, config.IndexConfig())
+    assert (p["num_leaves"], p["num_leaves_to_search"]) == (1000, 100)
+    # Small trees get the floor of leaves searched; sample size is capped by the corpus.
+    p = scann_index.resolve_params(20_000, 128, config.IndexConfig())
+    assert (p["num_leaves"], p["num_leaves_to_search"], p["training_sample_size"]) == (141, 16, 20_000)
+    explicit = config.IndexConfig(num_leaves=1000, num_leaves_to_search=100, reorder_num_neighbors=250)
+    p = scann_index.resolve_params(13_000_000, 128, explicit)
+    assert (p["num_leaves"], p["num_leaves_to_search"], p["reorder_num_neighbors"]) == (1000, 100, 250)
+    assert scann_index.resolve_params(9_999, 128, config.IndexConfig())["mode"] == "brute_force"
+    with pytest.raises(ValueError, match="dimensions_per_block"):
+        scann_index.resolve_params(50_000, 128, config.IndexConfig(dimensions_per_block=0))
