@@ -11,6 +11,7 @@ STACK = [
     "tf-models-official==2.20.0",
     "scann[tf]==1.4.2",
     "apache-beam==2.77.0",
+    "google-crc32c",  # Beam's TFRecord IO checksums records with it (C implementation)
     "tensorboard",
     "safetensors",
     "numpy",

@@ -124,7 +124,7 @@ def parse_records(serialized: Sequence[bytes] | tf.Tensor,
         row = {}
         for key, value in parsed.items():
             v = value[i]
-            v = v.numpy().tolist() if hasattr(v, "numpy") else v
-            row[key] = v
+            v = v.numpy() if hasattr(v, "numpy") else v  # bytes for string scalars, ndarray otherwise
+            row[key] = v.tolist() if hasattr(v, "tolist") else v
         rows.append(row)
     return rows

@@ -44,7 +44,11 @@ class IctTask:
 
     def build_dataset(self, file_pattern: str, batch_size: int, repeat: bool = True,
                       seed: int | None = None) -> tf.data.Dataset:
-        """Shuffled, batched, packed ICT examples from ``ict-*.tfrecord`` shards."""
+        """Shuffled, batched, packed ICT examples from ``ict-*.tfrecord`` shards.
+
+        Without ``data.static_padding``, examples are bucketed by context length before batching, so a
+        batch is padded to about its own length instead of the longest block in the corpus.
+        """
         files = tf.io.gfile.glob(file_pattern)
         if not files:
             raise FileNotFoundError(f"no ICT records match {file_pattern!r} (run `realm-tf generate-ict-data`)")
@@ -53,7 +57,20 @@ class IctTask:
         if repeat:
             ds = ds.repeat()
         ds = ds.shuffle(self.cfg.data.shuffle_buffer, seed=seed)
-        ds = ds.batch(batch_size, drop_remainder=True)
+        if self.cfg.data.static_padding:
+            ds = ds.batch(batch_size, drop_remainder=True)
+        else:
+            length = self.cfg.model.block_seq_length
+            boundaries = [b for b in (64, 96, 128, 160, 192, 224, 256) if b < length]
+            ds = ds.map(lambda s: (s, tf.io.parse_single_example(s, {
+                example_schemas.BODY_IDS: tf.io.RaggedFeature(tf.int64),
+                example_schemas.TITLE_IDS: tf.io.RaggedFeature(tf.int64)})))
+            ds = ds.bucket_by_sequence_length(
+                lambda s, r: tf.cast(tf.size(r[example_schemas.BODY_IDS]) + tf.size(r[example_schemas.TITLE_IDS])
+                                     + 3, tf.int32),
+                bucket_boundaries=boundaries, bucket_batch_sizes=[batch_size] * (len(boundaries) + 1),
+                drop_remainder=True)
+            ds = ds.map(lambda s, r: s)
         ds = ds.map(lambda s: self.pack(tf.io.parse_example(s, spec)), num_parallel_calls=tf.data.AUTOTUNE)
         return ds.prefetch(tf.data.AUTOTUNE)
 
