@@ -56,6 +56,78 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return demo.run(_load(args))
 
 
+def _cmd_generate_pretraining_data(args: argparse.Namespace) -> int:
+    """Beam job: blocks -> salient-span-masked pre-training examples (beam_jobs/generate_pretraining_data)."""
+    from beam_jobs import generate_pretraining_data
+
+    generate_pretraining_data.run_with_args(args, args.beam_args)
+    return 0
+
+
+def _cmd_generate_ict_data(args: argparse.Namespace) -> int:
+    """Beam job: blocks -> Inverse Cloze Task examples (beam_jobs/generate_ict_data)."""
+    from beam_jobs import generate_ict_data
+
+    generate_ict_data.run_with_args(args, args.beam_args)
+    return 0
+
+
+def _add_beam_job_args(parser: argparse.ArgumentParser, adder: str) -> None:
+    from beam_jobs import job_flags
+
+    getattr(job_flags, adder)(parser)
+    job_flags.pass_unknown_through(parser)
+
+
+def _cmd_preprocess(args: argparse.Namespace) -> int:
+    """Beam job: corpus -> knowledge-corpus blocks, with progress lines and a summary (beam_jobs/preprocess_corpus)."""
+    from beam_jobs import preprocess_corpus
+
+    preprocess_corpus.run_with_progress(args)
+    return 0
+
+
+def _cmd_train_ict(args: argparse.Namespace) -> int:
+    """ICT warm start of the retriever, then a retriever export for the index builder."""
+    from realm_tf.serving import retriever_export
+    from realm_tf.tasks import ict
+
+    cfg = _load(args)
+    model, logs, step = ict.train_ict(cfg, file_pattern=args.input)
+    print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in logs.items()))
+    print(f"exported retriever to {retriever_export.export_retriever(model, cfg, step)}")
+    return 0
+
+
+def _cmd_export_retriever(args: argparse.Namespace) -> int:
+    """Exports embed_query / embed_block from the config's init_checkpoint, or a trained model_dir."""
+    import tensorflow as tf
+
+    from realm_tf.models import knowledge_retriever
+    from realm_tf.serving import retriever_export
+
+    cfg = _load(args)
+    model = knowledge_retriever.build_knowledge_retriever(cfg.model)
+    step = 0
+    checkpoint = tf.train.latest_checkpoint(f"{cfg.trainer.model_dir}/checkpoints")
+    if checkpoint and not args.from_init:
+        status = tf.train.Checkpoint(model=model).read(checkpoint)
+        status.expect_partial()
+        step = int(checkpoint.rsplit("-", 1)[1])
+        print(f"restored {checkpoint}")
+    print(f"exported retriever to {retriever_export.export_retriever(model, cfg, args.step or step)}")
+    return 0
+
+
+
+def _cmd_embed_blocks(args: argparse.Namespace) -> int:
+    """Beam job: re-embed every block with a retriever export, build and publish a MIPS index (REALM 3.4)."""
+    from beam_jobs import embed_blocks
+
+    embed_blocks.run_with_args(args, args.beam_args)
+    return 0
+
+
 # name -> (one-line help, handler, extra-argument adder)
 _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                            Callable[[argparse.ArgumentParser], None]]] = {
@@ -67,6 +139,25 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                                p.add_argument("--out", required=True, help="output checkpoint prefix"))),
     "demo": ("run the main job on the bundled data (make demo)", _cmd_demo,
              lambda p: _add_config_args(p)),
+    "preprocess": ("Beam job: corpus (JSONL/TSV/TFRecord) -> REALM blocks of <= 288 wordpieces + manifest",
+                   _cmd_preprocess, lambda p: _add_beam_job_args(p, "add_preprocess_args")),
+    "generate-pretraining-data": ("Beam job: blocks -> salient-span-masked pre-training examples (REALM 3.4)",
+                                  _cmd_generate_pretraining_data,
+                                  lambda p: _add_beam_job_args(p, "add_pretraining_args")),
+    "generate-ict-data": ("Beam job: blocks -> Inverse Cloze Task examples for the retriever warm start",
+                          _cmd_generate_ict_data, lambda p: _add_beam_job_args(p, "add_ict_args")),
+    "train-ict": ("train the retriever with the Inverse Cloze Task (resumable), then export it", _cmd_train_ict,
+                  lambda p: (_add_config_args(p), p.add_argument(
+                      "--input", default=None, help="ICT TFRecord pattern (default: data.ict_dir/ict-*.tfrecord*)"))),
+    "export-retriever": ("export embed_query/embed_block SavedModel to refresh.export_dir/<step>/",
+                         _cmd_export_retriever,
+                         lambda p: (_add_config_args(p),
+                                    p.add_argument("--from-init", action="store_true",
+                                                   help="export model.init_checkpoint, ignoring model_dir"),
+                                    p.add_argument("--step", type=int, default=0,
+                                                   help="version number of the export (default: checkpoint step)"))),
+    "embed-blocks": ("Beam job: embed every block with a retriever export, publish a new MIPS index (REALM 3.4)",
+                     _cmd_embed_blocks, lambda p: _add_beam_job_args(p, "add_embed_blocks_args")),
 }
 
 

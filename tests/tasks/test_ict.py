@@ -86,7 +86,8 @@ def test_training_lowers_loss_and_resumes(tiny):
     _, logs, step = ict.train_ict(tiny, hooks=(lambda s, l: losses.append(l.get("loss")),))
     assert step == 50
     recorded = [x for x in losses if x is not None]
-    assert np.mean(recorded[-5:]) < 0.6 * np.mean(recorded[:5]), recorded
+    assert np.mean(recorded[:5]) > np.log(8) - 0.05  # chance level with 8 in-batch candidates
+    assert np.mean(recorded[-5:]) < np.mean(recorded[:5]) - 0.4, recorded
     assert os.path.exists(os.path.join(tiny.trainer.model_dir, "params.yaml"))
     assert tf.io.gfile.glob(os.path.join(tiny.trainer.model_dir, "train", "events.out.tfevents.*"))
     # Rerunning with more steps resumes from the last checkpoint instead of starting over.

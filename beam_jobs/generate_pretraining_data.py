@@ -1,0 +1,229 @@
+"""Beam job: knowledge-corpus blocks -> salient-span-masked pre-training examples (REALM §3.4).
+
+REALM (Guu et al., 2020) pre-trains on queries x drawn from the same Wikipedia text as the knowledge corpus,
+with one *salient span* (a named entity or a date) masked: "we select and mask one of these salient spans
+within a sentence for the masked language modeling task" (§3.4 "Salient span masking"). Predicting such a
+span needs world knowledge, which is what makes the retriever learn to fetch useful blocks. Each example
+keeps the uid and block_id of the block it was taken from, so that the trainer can exclude that block from
+the retrieved candidates (§3.4 "Exclude trivial retrievals").
+
+Per block (``example_schemas.block_feature_spec()`` records from ``beam_jobs/preprocess_corpus``):
+
+1. split its body TEXT into sentences (``SentenceSplitter``) and tokenize it with offsets;
+2. pack consecutive sentences into queries of at most ``model.query_seq_length - 2`` wordpieces
+   (``QueryPacker``; a longer sentence is truncated at a word boundary, counter ``truncated``);
+3. annotate the salient spans of each query text with ``data.salient_span_annotator``;
+4. mask all wordpieces of ONE usable span, chosen pseudo-randomly from (``data.seed``, block uid, query
+   index) so that reruns are identical (``SalientSpanMasker``); spans longer than ``--max_span_wordpieces``
+   (default ``model.max_span_width`` = 10) or covering the whole query are not usable;
+5. without a usable span: BERT whole-word random masking (``data.mask_probability``) when
+   ``data.random_mask_fallback`` is true, else the query is dropped (counter ``no_span_dropped``).
+
+Output: ``<output>/pretraining-SSSSS-of-NNNNN.tfrecord`` (``example_schemas.pretraining_feature_spec()``)
+and, last, ``<output>/manifest.json`` with the counters, the vocabulary hash, the annotator and the config.
+
+Usage::
+
+    python -m beam_jobs.generate_pretraining_data --config configs/minilm.yaml \\
+        --input '/tmp/realm_tf/blocks/blocks-*.tfrecord' --output /tmp/realm_tf/pretraining [Beam options]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Iterator, Sequence
+
+import realm_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
+import apache_beam as beam
+from apache_beam.io import filesystems
+
+from beam_jobs import job_flags
+from beam_jobs import job_support
+from realm_tf import config as config_lib
+from realm_tf.data import example_schemas
+from realm_tf.data import job_manifest
+from realm_tf.data import query_packer
+from realm_tf.data import salient_span_masking
+from realm_tf.data import tokenized_text
+
+NAMESPACE = "realm_tf.generate_pretraining_data"
+PREFIX = "pretraining"
+
+# Counter names (also the keys of manifest["counts"]).
+BLOCKS = "blocks"
+QUERIES = "queries"
+EXAMPLES = "examples"
+SALIENT = "salient"
+RANDOM_FALLBACK = "random_fallback"
+NO_SPAN_DROPPED = "no_span_dropped"
+TRUNCATED = "truncated"
+MASKED_WORDPIECES = "masked_wordpieces"
+SALIENT_MASKED_WORDPIECES = "salient_masked_wordpieces"
+SPANS_FOUND = "spans_found"
+LABEL_PREFIX = "span_label_"  # + DATE / ENTITY / NUMBER: salient examples by the label of the masked span
+
+
+class _MakePretrainingExamples(beam.DoFn):
+    """A batch of serialized blocks -> serialized pre-training examples (tokenizer, annotator built in setup)."""
+
+    def __init__(self, vocab_file: str, lower_case: bool, annotator_name: str, query_max_length: int,
+                 max_span_wordpieces: int, random_fallback: bool, mask_probability: float, seed: int) -> None:
+        super().__init__()
+        self._vocab_file = vocab_file
+        self._lower_case = lower_case
+        self._annotator_name = annotator_name
+        self._query_max_length = query_max_length
+        self._max_span_wordpieces = max_span_wordpieces
+        self._random_fallback = random_fallback
+        self._mask_probability = mask_probability
+        self._seed = seed
+
+    def setup(self) -> None:
+        from realm_tf.data import salient_span_annotator  # pylint: disable=import-outside-toplevel
+        from realm_tf.data import sentence_splitter  # pylint: disable=import-outside-toplevel
+        from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
+
+        self._tokenizer = bert_tokenizer.BertTokenizer(self._vocab_file, lower_case=self._lower_case)
+        self._continuation = tokenized_text.TokenizedText.continuation_table(self._tokenizer.vocab)
+        self._annotator = salient_span_annotator.make_annotator(self._annotator_name)
+        self._splitter = sentence_splitter.SentenceSplitter()
+        self._packer = query_packer.QueryPacker(self._query_max_length)
+        self._masker = salient_span_masking.SalientSpanMasker(
+            self._tokenizer.mask_id, max_span_wordpieces=self._max_span_wordpieces,
+            random_fallback=self._random_fallback, mask_probability=self._mask_probability)
+
+    def process(self, batch: Sequence[bytes]) -> Iterator[bytes]:
+        spec = example_schemas.block_feature_spec()
+        blocks = [job_support.parse_example(record, spec) for record in batch]
+        texts = [block[example_schemas.TEXT].decode("utf-8") for block in blocks]
+        bodies = tokenized_text.TokenizedText.from_batch(self._tokenizer, texts, self._continuation)
+        # (block, query index, query) for every query of the batch, annotated in one call.
+        queries = []
+        for block, body in zip(blocks, bodies):
+            packed = self._packer.pack(body, self._splitter.split(body.text))
+            for index, (query, truncated) in enumerate(packed):
+                queries.append((block, index, query))
+                job_support.count(NAMESPACE, TRUNCATED, int(truncated))
+        job_support.count(NAMESPACE, BLOCKS, len(blocks))
+        job_support.count(NAMESPACE, QUERIES, len(queries))
+        annotations = self._annotator.annotate_batch([query.text for _, _, query in queries])
+        for (block, index, query), spans in zip(queries, annotations):
+            uid = block[example_schemas.UID].decode("utf-8")
+            job_support.count(NAMESPACE, SPANS_FOUND, len(spans))
+            features, skipped = self._masker.mask(query, spans, key=(self._seed, uid, index))
+            for reason, n in skipped.items():
+                job_support.count(NAMESPACE, reason, n)
+            if features is None:
+                job_support.count(NAMESPACE, NO_SPAN_DROPPED)
+                continue
+            masked = len(features[example_schemas.MASK_POSITIONS])
+            job_support.count(NAMESPACE, EXAMPLES)
+            job_support.count(NAMESPACE, MASKED_WORDPIECES, masked)
+            if features[example_schemas.MASKING] == salient_span_masking.SALIENT:
+                job_support.count(NAMESPACE, SALIENT)
+                job_support.count(NAMESPACE, SALIENT_MASKED_WORDPIECES, masked)
+                job_support.count(NAMESPACE, LABEL_PREFIX + features[example_schemas.SPAN_LABEL].decode())
+            else:
+                job_support.count(NAMESPACE, RANDOM_FALLBACK)
+            features[example_schemas.SOURCE_UID] = uid
+            features[example_schemas.SOURCE_BLOCK_ID] = int(block[example_schemas.BLOCK_ID])
+            yield example_schemas.to_example(features)
+
+
+class GeneratePretrainingExamples(beam.PTransform):
+    """``PCollection[bytes]`` of block records -> ``PCollection[bytes]`` of pre-training example records.
+
+    Args:
+      cfg: the experiment config (model.vocab_file / lower_case / query_seq_length, data.salient_span_annotator
+        / random_mask_fallback / mask_probability / seed).
+      max_span_wordpieces: longest maskable salient span (None: ``cfg.model.max_span_width``).
+      batch_size: blocks tokenized and annotated together.
+    """
+
+    def __init__(self, cfg: config_lib.ExperimentConfig, max_span_wordpieces: int | None = None,
+                 batch_size: int = 64) -> None:
+        super().__init__()
+        self._cfg = cfg
+        self._max_span_wordpieces = max_span_wordpieces or cfg.model.max_span_width
+        self._batch_size = batch_size
+
+    def expand(self, blocks: beam.PCollection) -> beam.PCollection:
+        cfg = self._cfg
+        return (blocks
+                | "BatchBlocks" >> beam.BatchElements(min_batch_size=1, max_batch_size=self._batch_size)
+                | "MaskSalientSpans" >> beam.ParDo(_MakePretrainingExamples(
+                    vocab_file=cfg.model.vocab_file, lower_case=cfg.model.lower_case,
+                    annotator_name=cfg.data.salient_span_annotator,
+                    query_max_length=cfg.model.query_seq_length - 2,
+                    max_span_wordpieces=self._max_span_wordpieces,
+                    random_fallback=cfg.data.random_mask_fallback,
+                    mask_probability=cfg.data.mask_probability, seed=cfg.data.seed)))
+
+
+def summarize(counts: dict[str, int]) -> str:
+    """A human-readable summary of the counters."""
+    examples = counts.get(EXAMPLES, 0)
+    share = lambda n: f"{100.0 * n / examples:.1f}%" if examples else "n/a"  # noqa: E731
+    labels = ", ".join(f"{name[len(LABEL_PREFIX):]} {n}" for name, n in counts.items()
+                       if name.startswith(LABEL_PREFIX)) or "none"
+    mean = counts.get(MASKED_WORDPIECES, 0) / examples if examples else 0.0
+    return (f"{counts.get(BLOCKS, 0)} blocks -> {counts.get(QUERIES, 0)} queries -> {examples} examples: "
+            f"salient {counts.get(SALIENT, 0)} ({share(counts.get(SALIENT, 0))}), random fallback "
+            f"{counts.get(RANDOM_FALLBACK, 0)} ({share(counts.get(RANDOM_FALLBACK, 0))}), dropped without span "
+            f"{counts.get(NO_SPAN_DROPPED, 0)}, truncated {counts.get(TRUNCATED, 0)}; span labels: {labels}; "
+            f"mean masked wordpieces {mean:.2f}")
+
+
+def run(argv: list[str] | None = None) -> dict[str, object]:
+    """Runs the job on ``argv``; returns the manifest it wrote. Unknown flags are Beam pipeline options."""
+    parser = argparse.ArgumentParser(prog="generate_pretraining_data", description=__doc__.split("\n\n")[0])
+    job_flags.add_pretraining_args(parser)
+    args, beam_args = parser.parse_known_args(argv)
+    return run_with_args(args, beam_args)
+
+
+def run_with_args(args: argparse.Namespace, beam_args: Sequence[str]) -> dict[str, object]:
+    """Runs the job on parsed ``job_flags.add_pretraining_args`` flags and Beam options (used by ``realm-tf``)."""
+    cfg, options = job_support.resolve(args, beam_args)
+    output = args.output or cfg.data.pretraining_dir
+    max_span = args.max_span_wordpieces or cfg.model.max_span_width
+
+    from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
+    vocab_hash = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, lower_case=cfg.model.lower_case).vocab_hash
+    job_support.check_input(args.input, vocab_hash)
+    job_support.prepare_output(output, PREFIX)
+
+    started = time.time()
+    pipeline = beam.Pipeline(options=options)
+    _ = (pipeline
+         | "ReadBlocks" >> beam.io.ReadFromTFRecord(args.input)
+         | "GenerateExamples" >> GeneratePretrainingExamples(cfg, max_span, args.batch_size)
+         | "WriteExamples" >> beam.io.WriteToTFRecord(
+             filesystems.FileSystems.join(output, PREFIX), file_name_suffix=".tfrecord",
+             num_shards=args.num_shards))
+    result = pipeline.run()
+    result.wait_until_finish()
+    counts = job_support.read_counters(result, NAMESPACE)
+    manifest = {
+        "job": "generate_pretraining_data",
+        "input": args.input,
+        "output_pattern": filesystems.FileSystems.join(output, f"{PREFIX}-*.tfrecord"),
+        "counts": counts,
+        "vocab_file": cfg.model.vocab_file,
+        "vocab_hash": vocab_hash,
+        "annotator": cfg.data.salient_span_annotator,
+        "max_span_wordpieces": max_span,
+        "query_max_length": cfg.model.query_seq_length - 2,
+        "config_hash": config_lib.config_hash(cfg),
+        "config": job_support.config_dict(cfg),
+        "seconds": round(time.time() - started, 1),
+    }
+    job_manifest.write_manifest(output, manifest)
+    print(f"generate_pretraining_data: {summarize(counts)}; wrote {manifest['output_pattern']} "
+          f"in {manifest['seconds']}s")
+    return manifest
+
+
+if __name__ == "__main__":
+    sys.exit(job_support.main(run, "generate_pretraining_data"))

@@ -1,0 +1,115 @@
+"""Command-line flags of every Beam job (stdlib only, so ``realm-tf --help`` imports no Beam/TensorFlow).
+
+The jobs (``python -m beam_jobs.<job>``) and their ``realm-tf`` subcommands share these definitions. Every
+flag not defined here is a Beam pipeline option (``--runner``, ``--project``, ``--direct_num_workers``...):
+both ``python -m beam_jobs.<job>`` and ``realm-tf <subcommand>`` pass unknown flags to Beam (an optional
+``--`` before them is ignored).
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Sequence
+
+FORMATS = ("auto", "jsonl", "tsv", "tfrecord")
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    """The flags every example-generation job takes."""
+    parser.add_argument("--config", default=None, metavar="FILE.yaml",
+                        help="experiment config (default: the paper's settings)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one config value, e.g. --set data.seed=1 (repeatable)")
+    parser.add_argument("--input", default=None, metavar="PATTERN",
+                        help="block TFRecords (default: <data.blocks_dir>/blocks-*.tfrecord)")
+    parser.add_argument("--num_shards", type=int, default=0, help="output shards (0: let the runner decide)")
+    parser.add_argument("--batch_size", type=int, default=64, help="blocks tokenized together")
+
+
+def add_pretraining_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``beam_jobs.generate_pretraining_data``."""
+    add_common_args(parser)
+    parser.add_argument("--output", default=None, help="output directory (default: data.pretraining_dir)")
+    parser.add_argument("--max_span_wordpieces", type=int, default=None,
+                        help="longest maskable salient span in wordpieces (default: model.max_span_width)")
+
+
+def add_ict_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``beam_jobs.generate_ict_data``."""
+    add_common_args(parser)
+    parser.add_argument("--output", default=None, help="output directory (default: data.ict_dir)")
+    parser.add_argument("--sentences_per_block", type=int, default=0,
+                        help="0: every sentence is a query (ORQA); K: a deterministic sample of K per block")
+
+
+def add_preprocess_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``beam_jobs.preprocess_corpus``."""
+    parser.add_argument("--input", action="append", required=True, metavar="GLOB",
+                        help="input files: local paths or any Beam filesystem (gs://...), globs allowed, "
+                             ".gz/.bz2 decompressed by extension; repeatable")
+    parser.add_argument("--output", required=True, metavar="DIR",
+                        help="output directory: blocks-*.tfrecord, dead_letter-*.jsonl, manifest.json")
+    parser.add_argument("--format", default="auto", choices=FORMATS,
+                        help="jsonl {title, text[, id]}, tsv (DPR: id<TAB>text<TAB>title), tfrecord "
+                             "(tf.Example title, text[, id]); auto: from each file's extension")
+    parser.add_argument("--config", default=None, metavar="FILE.yaml",
+                        help="experiment config: data.max_block_length, model.vocab_file, model.lower_case "
+                             "(default: the paper's settings, 288 wordpieces)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one config value, e.g. --set data.max_block_length=128 (repeatable)")
+    parser.add_argument("--num_shards", type=int, default=0,
+                        help="block TFRecord shards (0: let the runner decide)")
+    parser.add_argument("--batch_size", type=int, default=64,
+                        help="documents per tokenizer call")
+    parser.add_argument("--max_title_length", type=int, default=64,
+                        help="title wordpieces kept in every block")
+    parser.add_argument("--progress_interval", type=float, default=10.0, metavar="SECONDS",
+                        help="print progress lines at most this often (0: never)")
+
+
+def add_embed_blocks_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``beam_jobs.embed_blocks``."""
+    parser.add_argument("--config", default=None, metavar="FILE.yaml",
+                        help="experiment config (default: the paper's settings)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one config value, e.g. --set index.kind=brute_force (repeatable)")
+    parser.add_argument("--blocks", default=None, metavar="PATTERN",
+                        help="block TFRecords (default: <data.blocks_dir>/blocks-*.tfrecord)")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--export", default=None, metavar="DIR",
+                        help="one retriever export, <export_dir>/<step> (its step is the index version)")
+    source.add_argument("--export_dir", default=None, metavar="DIR",
+                        help="use the newest complete export under DIR (default: refresh.export_dir)")
+    parser.add_argument("--index_dir", default=None, help="versioned index root (default: index.index_dir)")
+    parser.add_argument("--embeddings_dir", default=None,
+                        help="staging for the embedding shards (default: <index_dir>/.embeddings-<version>-<rand>)")
+    parser.add_argument("--keep_embeddings", action="store_true",
+                        help="keep the embedding shards after a successful publish")
+    parser.add_argument("--min_batch_size", type=int, default=1, help="smallest RunInference batch")
+    parser.add_argument("--max_batch_size", type=int, default=32, help="largest RunInference batch")
+    parser.add_argument("--batching", choices=("length", "arrival"), default="length",
+                        help="length: batch blocks of similar wordpiece length (less padding); "
+                             "arrival: RunInference's own BatchElements in input order")
+    parser.add_argument("--num_shards", type=int, default=0, help="embedding shards (0: let the runner decide)")
+    parser.add_argument("--progress_interval", type=float, default=None, metavar="SECONDS",
+                        help="progress lines every SECONDS (default: 10 on the DirectRunner, off elsewhere)")
+
+
+def pass_unknown_through(parser: argparse.ArgumentParser) -> None:
+    """Makes a ``realm-tf`` sub-parser keep unknown flags in ``args.beam_args`` instead of failing.
+
+    argparse reports whatever a sub-parser leaves unparsed as an error of the main parser; Beam options must
+    reach ``PipelineOptions`` instead.
+    """
+    parse_known_args = parser.parse_known_args
+
+    def parse_keeping_beam_args(args: Sequence[str] | None = None,
+                                namespace: argparse.Namespace | None = None
+                                ) -> tuple[argparse.Namespace, list[str]]:
+        namespace, rest = parse_known_args(args, namespace)
+        namespace.beam_args = [a for a in rest if a != "--"]
+        return namespace, []
+
+    parser.parse_known_args = parse_keeping_beam_args  # type: ignore[method-assign]
+    parser.epilog = ("Other flags are Beam pipeline options, e.g. --runner=DataflowRunner --project=P "
+                     "--region=R --temp_location=gs://... --setup_file=./setup.py, or --direct_num_workers=2.")
+

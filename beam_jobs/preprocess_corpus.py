@@ -1,0 +1,734 @@
+"""Beam job: a raw text corpus -> REALM knowledge-corpus blocks (Guu et al., 2020, §4.1).
+
+REALM retrieves from a knowledge corpus Z: "the December 20, 2018 snapshot of English Wikipedia. Documents
+are greedily split into chunks of up to 288 BERT wordpieces" (§4.1 "Knowledge corpus"); each chunk is read
+by the document tower as ``join_BERT(title, body) = [CLS] title [SEP] body [SEP]`` (§3.2). This job makes
+those blocks from JSONL, DPR-style TSV or tf.Example TFRecord files (``realm_tf/data/corpus_reader.py``):
+
+  ReadCorpus            glob patterns -> RawRecord(file, line, bytes)   (TSV headers counted apart)
+  ParseDocuments        RawRecord -> Document | DeadLetter(reason)
+  DeduplicateDocuments  same SHA1(title, body) -> one Document, the one with the smallest (file, line)
+  PackBlocks            sentence split, tokenize (batched), greedy packing into <= max_block_length
+                        wordpieces incl. [CLS]/[SEP]/[SEP] (BlockPacker); a sentence longer than a block is
+                        cut at word boundaries, never dropped; TEXT is the exact substring of the body
+  AssignBlockIds        dense, deterministic ids 0..N-1 in (document SHA1, block_index) order
+  WriteBlocks           <output>/blocks-SSSSS-of-NNNNN.tfrecord   (example_schemas.block_feature_spec)
+  WriteDeadLetters      <output>/dead_letter-SSSSS-of-NNNNN.jsonl (file, line, reason, detail, text)
+  WriteManifest         <output>/manifest.json, LAST: counts, shard names, vocab hash, config
+
+Every input line ends up in exactly one place, checked when the manifest is written:
+``documents + duplicates_merged + sum(dead_letters) == input_lines``.
+
+Usage (DirectRunner by default; any Beam runner through the standard pipeline options)::
+
+    realm-tf preprocess --input 'data/open_qa/passages.jsonl.gz' --output /tmp/realm_tf/blocks
+    python -m beam_jobs.preprocess_corpus --input 'gs://b/wiki-*.jsonl.gz' --output gs://b/blocks \\
+        --runner=DataflowRunner --project=P --region=R --temp_location=gs://b/tmp --setup_file=./setup.py
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+import time
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import realm_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
+import apache_beam as beam
+import numpy as np
+from apache_beam.io import fileio
+from apache_beam.io import filesystem
+from apache_beam.io import filesystems
+from apache_beam.options import pipeline_options
+
+from beam_jobs import job_flags
+from realm_tf import config as config_lib
+from realm_tf import errors
+from realm_tf.data import block_packer
+from realm_tf.data import corpus_reader
+from realm_tf.data import example_schemas
+from realm_tf.data import job_manifest
+from realm_tf.data import sentence_splitter
+
+NAMESPACE = "realm_tf.preprocess_corpus"
+BLOCKS_PREFIX = "blocks"
+DEAD_LETTER_PREFIX = "dead_letter"
+SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
+
+# Output tags.
+RECORDS = "records"
+HEADERS = "headers"
+DOCUMENTS = "documents"
+DEAD_LETTERS = "dead_letters"
+
+# Counter names (dead letters: "dead_letters_<reason>").
+INPUT_LINES = "input_lines"
+HEADER_LINES = "header_lines"
+PARSED = "parsed_documents"
+DUPLICATES = "duplicates_merged"
+BLOCKS = "blocks"
+
+_BUCKET_HEX_DIGITS = 4  # block ids are numbered per bucket of SHA1 prefixes: 65,536 buckets at most
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """One block of Z before it has its id; ``len(title_ids) + len(body_ids) + 3 <= max_block_length``."""
+
+    uid: str  # example_schemas.block_uid(title, text)
+    doc_id: str
+    block_index: int  # position within the document
+    title: str
+    text: str  # exact substring of the document body
+    title_ids: tuple[int, ...]  # int[<= max_title_length], the (truncated) title's wordpieces
+    body_ids: tuple[int, ...]  # int[<= body budget]
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedDocument:
+    """A document's blocks, in order; ``content_hash`` orders documents for block ids."""
+
+    content_hash: str
+    source_lines: int  # input lines: the document and its merged duplicates
+    blocks: tuple[Block, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Sentence:
+    """A tokenized sentence of a body: ``body[start:end]`` and its wordpieces."""
+
+    start: int  # character offset in the body
+    end: int
+    ids: np.ndarray  # int32[num_pieces]
+    byte_starts: np.ndarray  # int64[num_pieces]: UTF-8 byte offset of each piece in the sentence
+
+
+def pack_document(doc: corpus_reader.Document, title_ids: np.ndarray, sentences: Sequence[Sentence],
+                  packer: block_packer.BlockPacker, continuation: np.ndarray) -> list[Block]:
+    """Packs a tokenized document into blocks (no Beam; the core of :class:`PackBlocks`).
+
+    Block k covers the body from the first character of its first wordpiece to the first character of
+    block k+1's (the body's start and end for the first and last block), whitespace trimmed; so the block
+    texts, in order, are the body with only whitespace missing at the cuts, and characters without
+    wordpieces (control characters) stay in the block before the cut. A cut inside a sentence uses the
+    tokenizer's UTF-8 byte offsets; one character that normalises to several wordpieces ("…" -> ". . .")
+    goes whole to the later block when a cut falls between its pieces.
+
+    Args:
+      doc: the document (its ``text`` is the body).
+      title_ids: the title's wordpieces, ``int[num_title_pieces]`` (truncated here to the packer's limit).
+      sentences: the body's sentences in order, tokenized.
+      packer: the block packer (holds ``max_block_length``).
+      continuation: ``bool[vocab_size]``, whether a vocabulary token is a ``##`` suffix piece.
+    """
+    word_starts = [~continuation[s.ids] for s in sentences]  # per sentence: bool[num_pieces]
+    layout = packer.pack(len(title_ids), word_starts)
+    kept_title = tuple(int(i) for i in title_ids[:packer.title_length(len(title_ids))])
+    body = doc.text
+    cuts = [0]
+    for segments in layout[1:]:
+        first = segments[0]
+        sentence = sentences[first.sentence]
+        cut = sentence.start
+        if first.start > 0:
+            sentence_bytes = body[sentence.start:sentence.end].encode("utf-8")
+            byte_offset = int(sentence.byte_starts[first.start])
+            cut += len(sentence_bytes[:byte_offset].decode("utf-8", "ignore"))
+        cuts.append(max(cut, cuts[-1]))
+    cuts.append(len(body))
+    blocks = []
+    for index, segments in enumerate(layout):
+        text = body[cuts[index]:cuts[index + 1]].strip()
+        body_ids = tuple(np.concatenate([sentences[s.sentence].ids[s.start:s.end] for s in segments]).tolist())
+        blocks.append(Block(uid=example_schemas.block_uid(doc.title, text), doc_id=doc.doc_id,
+                            block_index=index, title=doc.title, text=text, title_ids=kept_title,
+                            body_ids=body_ids))
+    return blocks
+
+
+def block_to_example(numbered: tuple[int, Block]) -> bytes:
+    """``(block_id, Block)`` -> serialized tf.train.Example (``example_schemas.block_feature_spec``)."""
+    block_id, block = numbered
+    return example_schemas.to_example({
+        example_schemas.BLOCK_ID: block_id,
+        example_schemas.UID: block.uid,
+        example_schemas.DOC_ID: block.doc_id,
+        example_schemas.BLOCK_INDEX: block.block_index,
+        example_schemas.TITLE: block.title,
+        example_schemas.TEXT: block.text,
+        example_schemas.TITLE_IDS: list(block.title_ids),
+        example_schemas.BODY_IDS: list(block.body_ids),
+    })
+
+
+def _count(name: str, value: int = 1) -> None:
+    if value:
+        beam.metrics.Metrics.counter(NAMESPACE, name).inc(value)
+
+
+class _Progress:
+    """Prints ``preprocess [stage] N/T lines (P%) ...`` to stderr at most every ``interval`` seconds."""
+
+    def __init__(self, stage: str, total: int | None, interval: float) -> None:
+        self._stage, self._total, self._interval = stage, total, interval
+        self._start = self._last = time.monotonic()
+        self.lines = self._reported = 0
+        self.extra: dict[str, int] = {}
+
+    def update(self, lines: int, **extra: int) -> None:
+        self.lines += lines
+        for key, value in extra.items():
+            self.extra[key] = self.extra.get(key, 0) + value
+        if self._interval > 0 and time.monotonic() - self._last >= self._interval:
+            self.report()
+
+    def flush(self) -> None:
+        """Reports what has not been reported yet (end of a bundle)."""
+        if self._interval > 0 and self.lines != self._reported:
+            self.report()
+
+    def report(self) -> None:
+        now = time.monotonic()
+        self._last = now
+        self._reported = self.lines
+        done = f"{self.lines:,}"
+        if self._total:
+            done += f"/{self._total:,} lines ({100.0 * self.lines / self._total:.0f}%)"
+        else:
+            done += " lines"
+        extra = "".join(f", {value:,} {key}" for key, value in self.extra.items())
+        rate = self.lines / max(now - self._start, 1e-9)
+        print(f"preprocess [{self._stage}, pid {os.getpid()}] {done}{extra}, {rate:,.0f} lines/s",
+              file=sys.stderr, flush=True)
+
+
+# ---- ReadCorpus -----------------------------------------------------------------------------------------
+
+class _ReadRecordsFn(beam.DoFn):
+    """file path -> RawRecord per line / record (main); TSV header lines -> ``headers`` (path)."""
+
+    def __init__(self, input_format: str, progress_total: int | None, progress_interval: float) -> None:
+        super().__init__()
+        self._format = input_format
+        self._progress_total = progress_total
+        self._progress_interval = progress_interval
+        self._progress: _Progress | None = None
+
+    def setup(self) -> None:
+        self._progress = _Progress("read", self._progress_total, self._progress_interval)
+
+    def process(self, path: str) -> Iterator[Any]:
+        fmt = corpus_reader.detect_format(path, self._format)
+        with filesystems.FileSystems.open(path, compression_type=filesystem.CompressionTypes.AUTO) as f:
+            for record in corpus_reader.iter_records(f, path, fmt):
+                if record.is_header:
+                    _count(HEADER_LINES)
+                    yield beam.pvalue.TaggedOutput(HEADERS, path)
+                    continue
+                _count(INPUT_LINES)
+                assert self._progress is not None
+                self._progress.update(1)
+                yield record
+
+    def finish_bundle(self) -> None:
+        assert self._progress is not None
+        self._progress.flush()
+
+
+class ReadCorpus(beam.PTransform):
+    """Glob patterns -> ``records``: PCollection[RawRecord] (one per line), ``headers``: PCollection[str].
+
+    Patterns are matched with Beam's ``fileio`` (any filesystem); a file matched by two patterns is read
+    once; each file is read whole by one worker (split big corpora into many files for parallelism).
+    """
+
+    def __init__(self, patterns: Sequence[str], input_format: str = corpus_reader.AUTO,
+                 progress_total: int | None = None, progress_interval: float = 0.0) -> None:
+        super().__init__()
+        self._patterns = list(patterns)
+        self._format = input_format
+        self._progress = (progress_total, progress_interval)
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.pvalue.DoOutputsTuple:
+        paths = (pbegin
+                 | "Patterns" >> beam.Create(self._patterns)
+                 | "MatchFiles" >> fileio.MatchAll(fileio.EmptyMatchTreatment.DISALLOW)
+                 | "FilePaths" >> beam.Map(lambda metadata: metadata.path)
+                 | "DistinctFiles" >> beam.Distinct())
+        return paths | "ReadRecords" >> beam.ParDo(
+            _ReadRecordsFn(self._format, *self._progress)).with_outputs(HEADERS, main=RECORDS)
+
+
+# ---- ParseDocuments -------------------------------------------------------------------------------------
+
+class _ParseFn(beam.DoFn):
+    """RawRecord -> Document (main) or DeadLetter (``dead_letters``)."""
+
+    def process(self, record: corpus_reader.RawRecord) -> Iterator[Any]:
+        parsed = corpus_reader.parse_record(record)
+        if isinstance(parsed, corpus_reader.DeadLetter):
+            _count(f"{DEAD_LETTERS}_{parsed.reason}")
+            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, parsed)
+        else:
+            _count(PARSED)
+            yield parsed
+
+
+class ParseDocuments(beam.PTransform):
+    """PCollection[RawRecord] -> ``documents``: PCollection[Document], ``dead_letters``: PCollection[DeadLetter]."""
+
+    def expand(self, records: beam.PCollection) -> beam.pvalue.DoOutputsTuple:
+        return records | "ParseLines" >> beam.ParDo(_ParseFn()).with_outputs(DEAD_LETTERS, main=DOCUMENTS)
+
+
+# ---- DeduplicateDocuments -------------------------------------------------------------------------------
+
+def _keep_first(keyed: tuple[str, Iterable[corpus_reader.Document]]) -> Iterator[corpus_reader.Document]:
+    """Of documents with the same content, the one with the smallest (file, line); the rest are counted."""
+    _, documents = keyed
+    first, count = None, 0
+    for doc in documents:
+        count += 1
+        if first is None or (doc.file, doc.line) < (first.file, first.line):
+            first = doc
+    assert first is not None
+    _count(DUPLICATES, count - 1)
+    yield dataclasses.replace(first, duplicates=count - 1)
+
+
+class DeduplicateDocuments(beam.PTransform):
+    """PCollection[Document] -> PCollection[Document], one per distinct SHA1(title, body), ``duplicates`` set."""
+
+    def expand(self, documents: beam.PCollection) -> beam.PCollection:
+        return (documents
+                | "KeyByContent" >> beam.Map(lambda doc: (doc.content_hash, doc))
+                | "GroupByContent" >> beam.GroupByKey()
+                | "KeepFirst" >> beam.FlatMap(_keep_first))
+
+
+# ---- PackBlocks -----------------------------------------------------------------------------------------
+
+class _PackFn(beam.DoFn):
+    """list[Document] -> PackedDocument (main) or DeadLetter(no_wordpieces) (``dead_letters``).
+
+    The tokenizer is built once per DoFn instance in ``setup``; the titles and sentences of a whole batch
+    of documents are tokenized in a few calls (at most ``_TOKENIZE_BYTES`` of text each).
+    """
+
+    _TOKENIZE_BYTES = 1 << 21
+    _TOKENIZE_TEXTS = 8192
+
+    def __init__(self, vocab_file: str, lower_case: bool, max_block_length: int, max_title_length: int,
+                 progress_total: int | None, progress_interval: float) -> None:
+        super().__init__()
+        self._vocab_file = vocab_file
+        self._lower_case = lower_case
+        self._max_block_length = max_block_length
+        self._max_title_length = max_title_length
+        self._progress_args = (progress_total, progress_interval)
+        self._tokenizer: Any = None
+
+    def setup(self) -> None:
+        from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
+
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        self._tokenizer = bert_tokenizer.BertTokenizer(self._vocab_file, lower_case=self._lower_case)
+        self._continuation = np.array([token.startswith("##") for token in self._tokenizer.vocab])
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        def tokenize(texts: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+            # A graph: eager ragged ops cost ~0.1 s of Python dispatch per call.
+            ids, starts, _ = self._tokenizer.tokenize_with_offsets(texts)  # [batch, (pieces)] each
+            return ids.flat_values, starts.flat_values, ids.row_splits
+
+        self._tokenize_graph = tokenize
+        self._splitter = sentence_splitter.SentenceSplitter()
+        self._packer = block_packer.BlockPacker(self._max_block_length, self._max_title_length)
+        self._progress = _Progress("pack", *self._progress_args)
+
+    def _tokenize(self, texts: Sequence[str]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per text: wordpiece ids ``int32[n]`` and UTF-8 byte start offsets ``int64[n]``."""
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        all_ids: list[np.ndarray] = []
+        all_starts: list[np.ndarray] = []
+        begin = 0
+        while begin < len(texts):
+            end, size = begin, 0
+            while end < len(texts) and (end == begin or (size + len(texts[end]) <= self._TOKENIZE_BYTES
+                                                         and end - begin < self._TOKENIZE_TEXTS)):
+                size += len(texts[end])
+                end += 1
+            flat_ids, flat_starts, splits = self._tokenize_graph(tf.constant(list(texts[begin:end])))
+            flat_ids = flat_ids.numpy()  # int32[total_pieces]
+            flat_starts = flat_starts.numpy()  # int64[total_pieces]: UTF-8 byte offsets in each text
+            splits = splits.numpy()  # int64[rows + 1]
+            for row in range(end - begin):
+                all_ids.append(flat_ids[splits[row]:splits[row + 1]])
+                all_starts.append(flat_starts[splits[row]:splits[row + 1]])
+            begin = end
+        return all_ids, all_starts
+
+    def process(self, batch: Sequence[corpus_reader.Document]) -> Iterator[Any]:
+        texts: list[str] = []
+        layouts: list[tuple[int, list[tuple[int, int]]]] = []
+        for doc in batch:
+            spans = self._splitter.split(doc.text)  # [(start, end)] character spans of the body
+            layouts.append((len(texts), spans))
+            texts.append(doc.title)
+            texts.extend(doc.text[start:end] for start, end in spans)
+        ids, starts = self._tokenize(texts)
+        lines = documents = blocks = 0
+        for doc, (row, spans) in zip(batch, layouts):
+            sentences = [Sentence(start, end, ids[row + 1 + i], starts[row + 1 + i])
+                         for i, (start, end) in enumerate(spans)]
+            packed = pack_document(doc, ids[row], sentences, self._packer, self._continuation)
+            lines += doc.source_lines
+            if not packed:
+                _count(f"{DEAD_LETTERS}_{corpus_reader.NO_WORDPIECES}")
+                yield beam.pvalue.TaggedOutput(DEAD_LETTERS, corpus_reader.DeadLetter(
+                    doc.file, doc.line, corpus_reader.NO_WORDPIECES,
+                    "the tokenizer makes no wordpiece of the body", doc.text, doc.duplicates))
+                continue
+            _count(DOCUMENTS)
+            _count(BLOCKS, len(packed))
+            documents += 1
+            blocks += len(packed)
+            yield PackedDocument(doc.content_hash, doc.source_lines, tuple(packed))
+        self._progress.update(lines, documents=documents, blocks=blocks)
+
+    def finish_bundle(self) -> None:
+        self._progress.flush()
+
+
+class PackBlocks(beam.PTransform):
+    """PCollection[Document] -> ``documents``: PCollection[PackedDocument], ``dead_letters``.
+
+    Args:
+      vocab_file: WordPiece vocabulary (``model.vocab_file``; ``package:`` paths allowed).
+      lower_case: ``model.lower_case``.
+      max_block_length: wordpieces per block including ``[CLS]``, ``[SEP]``, ``[SEP]`` (REALM: 288).
+      max_title_length: title wordpieces kept in every block.
+      batch_size: at most this many documents per tokenizer batch.
+    """
+
+    def __init__(self, vocab_file: str, lower_case: bool = True, max_block_length: int = 288,
+                 max_title_length: int = 64, batch_size: int = 64, progress_total: int | None = None,
+                 progress_interval: float = 0.0) -> None:
+        super().__init__()
+        block_packer.BlockPacker(max_block_length, max_title_length)  # fail at construction when invalid
+        self._fn = _PackFn(vocab_file, lower_case, max_block_length, max_title_length, progress_total,
+                           progress_interval)
+        self._batch_size = batch_size
+
+    def expand(self, documents: beam.PCollection) -> beam.pvalue.DoOutputsTuple:
+        return (documents
+                | "BatchDocuments" >> beam.BatchElements(min_batch_size=1, max_batch_size=self._batch_size)
+                | "SplitTokenizePack" >> beam.ParDo(self._fn).with_outputs(DEAD_LETTERS, main=DOCUMENTS))
+
+
+# ---- AssignBlockIds -------------------------------------------------------------------------------------
+
+def _bucket(content_hash: str) -> int:
+    return int(content_hash[:_BUCKET_HEX_DIGITS], 16)
+
+
+def _bucket_offsets(bucket_sizes: list[tuple[int, int]]) -> dict[int, int]:
+    """[(bucket, blocks in it)] -> {bucket: id of its first block} (prefix sums in bucket order)."""
+    offsets, total = {}, 0
+    for bucket, size in sorted(bucket_sizes):
+        offsets[bucket] = total
+        total += size
+    return offsets
+
+
+def _number_blocks(keyed: tuple[int, Iterable[PackedDocument]],
+                   offsets: Mapping[int, int]) -> Iterator[tuple[int, Block]]:
+    bucket, documents = keyed
+    block_id = offsets[bucket]
+    for doc in sorted(documents, key=lambda d: d.content_hash):
+        for block in doc.blocks:
+            yield block_id, block
+            block_id += 1
+
+
+class AssignBlockIds(beam.PTransform):
+    """PCollection[PackedDocument] -> PCollection[(block_id, Block)], ids dense in 0..N-1.
+
+    Ids follow (document SHA1, block_index) order, so they depend only on the corpus content. Documents
+    are grouped by a 4-hex-digit SHA1 prefix; a side input of per-bucket block counts (<= 65,536 ints, not
+    one entry per document) gives each bucket its first id, and each bucket numbers its sorted documents.
+    """
+
+    def expand(self, documents: beam.PCollection) -> beam.PCollection:
+        keyed = documents | "KeyByBucket" >> beam.Map(lambda doc: (_bucket(doc.content_hash), doc))
+        offsets = (keyed
+                   | "BlocksPerDocument" >> beam.Map(lambda kv: (kv[0], len(kv[1].blocks)))
+                   | "BlocksPerBucket" >> beam.CombinePerKey(sum)
+                   | "AllBuckets" >> beam.combiners.ToList()
+                   | "BucketOffsets" >> beam.Map(_bucket_offsets))
+        return (keyed
+                | "GroupByBucket" >> beam.GroupByKey()
+                | "NumberBlocks" >> beam.FlatMap(_number_blocks, offsets=beam.pvalue.AsSingleton(offsets)))
+
+
+# ---- writing --------------------------------------------------------------------------------------------
+
+class WriteBlocks(beam.PTransform):
+    """PCollection[(block_id, Block)] -> ``<dir>/blocks-SSSSS-of-NNNNN.tfrecord``; returns the shard paths."""
+
+    def __init__(self, output_dir: str, num_shards: int = 0) -> None:
+        super().__init__()
+        self._prefix = filesystems.FileSystems.join(output_dir, BLOCKS_PREFIX)
+        self._num_shards = num_shards
+
+    def expand(self, blocks: beam.PCollection) -> beam.PCollection:
+        return (blocks
+                | "ToExample" >> beam.Map(block_to_example)
+                | "WriteTFRecords" >> beam.io.WriteToTFRecord(self._prefix, file_name_suffix=".tfrecord",
+                                                              num_shards=self._num_shards,
+                                                              shard_name_template=SHARD_TEMPLATE))
+
+
+class WriteDeadLetters(beam.PTransform):
+    """PCollection[DeadLetter] -> ``<dir>/dead_letter-SSSSS-of-NNNNN.jsonl``; returns the shard paths."""
+
+    def __init__(self, output_dir: str) -> None:
+        super().__init__()
+        self._prefix = filesystems.FileSystems.join(output_dir, DEAD_LETTER_PREFIX)
+
+    def expand(self, dead_letters: beam.PCollection) -> beam.PCollection:
+        return (dead_letters
+                | "ToJson" >> beam.Map(corpus_reader.DeadLetter.to_json)
+                | "WriteJsonl" >> beam.io.WriteToText(self._prefix, file_name_suffix=".jsonl",
+                                                      shard_name_template=SHARD_TEMPLATE))
+
+
+def _write_manifest(_: None, output_dir: str, static: Mapping[str, Any], block_shards: list[str],
+                    dead_letter_shards: list[str], input_lines: int, header_lines: int, documents: int,
+                    source_lines: int, duplicates: int, blocks: int,
+                    dead_letters: Mapping[str, int]) -> Iterator[str]:
+    """Checks that every input line is accounted for, then writes manifest.json (after all shards)."""
+    dead_total = sum(dead_letters.values())
+    if documents + duplicates + dead_total != input_lines:
+        raise RuntimeError(f"preprocess_corpus: lines unaccounted for: {documents} documents + {duplicates} "
+                           f"duplicates + {dead_total} dead letters != {input_lines} input lines")
+    content = dict(static)
+    content.update({
+        "input_lines": input_lines,
+        "header_lines": header_lines,
+        "documents": documents,
+        "document_source_lines": source_lines,
+        "duplicates_merged": duplicates,
+        "blocks": blocks,
+        "dead_letters": dict(sorted(dead_letters.items())),
+        "dead_letters_total": dead_total,
+        "block_shards": sorted(filesystems.FileSystems.split(p)[1] for p in block_shards),
+        "dead_letter_shards": sorted(filesystems.FileSystems.split(p)[1] for p in dead_letter_shards),
+    })
+    yield job_manifest.write_manifest(output_dir, content)
+
+
+class WriteManifest(beam.PTransform):
+    """Writes ``manifest.json`` from the written shard paths and the counts, all taken as side inputs.
+
+    Input: a dict of PCollections: ``block_shards``, ``dead_letter_shards`` (paths), ``records``,
+    ``headers``, ``documents`` (deduplicated Documents), ``packed`` (PackedDocuments), ``blocks``,
+    ``dead_letters``. Returns the manifest path.
+    """
+
+    def __init__(self, output_dir: str, static: Mapping[str, Any]) -> None:
+        super().__init__()
+        self._output_dir = output_dir
+        self._static = dict(static)
+
+    def expand(self, inputs: Mapping[str, beam.PCollection]) -> beam.PCollection:
+        def total(label: str, pcoll: beam.PCollection, value: Any = None) -> beam.pvalue.AsSingleton:
+            if value is not None:
+                pcoll = pcoll | f"{label}Values" >> beam.Map(value)
+            else:
+                pcoll = pcoll | f"{label}Ones" >> beam.Map(lambda _: 1)
+            return beam.pvalue.AsSingleton(pcoll | f"Sum{label}" >> beam.CombineGlobally(sum))
+
+        reasons = (inputs["dead_letters"]
+                   | "DeadLetterReasons" >> beam.Map(lambda dead: dead.reason)
+                   | "CountReasons" >> beam.combiners.Count.PerElement())
+        return (inputs["records"].pipeline
+                | "Once" >> beam.Create([None])
+                | "Write" >> beam.FlatMap(
+                    _write_manifest, self._output_dir, self._static,
+                    block_shards=beam.pvalue.AsList(inputs["block_shards"]),
+                    dead_letter_shards=beam.pvalue.AsList(inputs["dead_letter_shards"]),
+                    input_lines=total("InputLines", inputs["records"]),
+                    header_lines=total("HeaderLines", inputs["headers"]),
+                    documents=total("Documents", inputs["packed"]),
+                    source_lines=total("SourceLines", inputs["packed"], lambda doc: doc.source_lines),
+                    duplicates=total("Duplicates", inputs["documents"], lambda doc: doc.duplicates),
+                    blocks=total("Blocks", inputs["blocks"]),
+                    dead_letters=beam.pvalue.AsDict(reasons)))
+
+
+# ---- the job --------------------------------------------------------------------------------------------
+
+def build_pipeline(pipeline: beam.Pipeline, patterns: Sequence[str], output_dir: str,
+                   cfg: config_lib.ExperimentConfig, static: Mapping[str, Any], input_format: str = "auto",
+                   num_shards: int = 0, batch_size: int = 64, max_title_length: int = 64,
+                   progress_total: int | None = None, progress_interval: float = 0.0) -> None:
+    """Adds the whole job to ``pipeline`` (see the module docstring for the steps)."""
+    read = pipeline | "ReadCorpus" >> ReadCorpus(patterns, input_format, progress_total, progress_interval)
+    parsed = read[RECORDS] | "ParseDocuments" >> ParseDocuments()
+    documents = parsed[DOCUMENTS] | "DeduplicateDocuments" >> DeduplicateDocuments()
+    packed = documents | "PackBlocks" >> PackBlocks(
+        cfg.model.vocab_file, cfg.model.lower_case, cfg.data.max_block_length, max_title_length, batch_size,
+        progress_total, progress_interval)
+    blocks = packed[DOCUMENTS] | "AssignBlockIds" >> AssignBlockIds()
+    block_shards = blocks | "WriteBlocks" >> WriteBlocks(output_dir, num_shards)
+    dead_letters = ((parsed[DEAD_LETTERS], packed[DEAD_LETTERS])
+                    | "AllDeadLetters" >> beam.Flatten())
+    dead_letter_shards = dead_letters | "WriteDeadLetters" >> WriteDeadLetters(output_dir)
+    _ = ({"block_shards": block_shards, "dead_letter_shards": dead_letter_shards, "records": read[RECORDS],
+          "headers": read[HEADERS], "documents": documents, "packed": packed[DOCUMENTS], "blocks": blocks,
+          "dead_letters": dead_letters}
+         | "WriteManifest" >> WriteManifest(output_dir, static))
+
+
+def _match_inputs(patterns: Sequence[str], input_format: str) -> list[str]:
+    """Every input file, checked before the pipeline starts (no match, unknown format: UserError)."""
+    paths: list[str] = []
+    for pattern, result in zip(patterns, filesystems.FileSystems.match(list(patterns))):
+        if not result.metadata_list:
+            raise errors.UserError(f"--input {pattern}: no file matches")
+        for metadata in result.metadata_list:
+            try:
+                corpus_reader.detect_format(metadata.path, input_format)
+            except ValueError as e:
+                raise errors.UserError(str(e)) from e
+            paths.append(metadata.path)
+    return sorted(set(paths))
+
+
+def _prepare_output(output_dir: str) -> None:
+    """Removes a previous run's manifest first (the directory is then incomplete), then its shards."""
+    manifest = job_manifest.manifest_path(output_dir)
+    if filesystems.FileSystems.exists(manifest):
+        filesystems.FileSystems.delete([manifest])
+    stale = []
+    for prefix, suffix in ((BLOCKS_PREFIX, ".tfrecord"), (DEAD_LETTER_PREFIX, ".jsonl")):
+        pattern = filesystems.FileSystems.join(output_dir, f"{prefix}-*-of-*{suffix}")
+        stale += [m.path for r in filesystems.FileSystems.match([pattern]) for m in r.metadata_list]
+    if stale:
+        filesystems.FileSystems.delete(stale)
+    if not filesystems.FileSystems.exists(output_dir):
+        filesystems.FileSystems.mkdirs(output_dir)
+
+
+def count_input_lines(paths: Sequence[str], input_format: str = "auto") -> int:
+    """Lines / records of the inputs (TSV headers excluded): the total for the progress display."""
+    total = 0
+    for path in paths:
+        fmt = corpus_reader.detect_format(path, input_format)
+        with filesystems.FileSystems.open(path, compression_type=filesystem.CompressionTypes.AUTO) as f:
+            total += sum(1 for record in corpus_reader.iter_records(f, path, fmt) if not record.is_header)
+    return total
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """The job's flags; the unknown ones (Beam pipeline options) end up in ``args.beam_args``."""
+    parser = argparse.ArgumentParser(prog="python -m beam_jobs.preprocess_corpus",
+                                     description=__doc__.split("\n", 1)[0])
+    job_flags.add_preprocess_args(parser)
+    job_flags.pass_unknown_through(parser)
+    return parser.parse_args(argv)
+
+
+def run_job(args: argparse.Namespace, progress_total: int | None = None) -> beam.runners.runner.PipelineResult:
+    """Builds and runs the job from parsed flags, waits for it and prints the manifest summary."""
+    cfg = config_lib.load_config(args.config, args.overrides)
+    paths = _match_inputs(args.input, args.format)
+    from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
+
+    tokenizer = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, lower_case=cfg.model.lower_case)
+    try:
+        block_packer.BlockPacker(cfg.data.max_block_length, args.max_title_length)
+    except ValueError as e:
+        raise errors.UserError(f"data.max_block_length: {e}") from e
+    static = {
+        "job": "preprocess_corpus",
+        "input_patterns": list(args.input),
+        "input_files": paths,
+        "input_format": args.format,
+        "output_dir": args.output,
+        "vocab_file": cfg.model.vocab_file,
+        "vocab_hash": tokenizer.vocab_hash,
+        "lower_case": cfg.model.lower_case,
+        "max_block_length": cfg.data.max_block_length,
+        "max_title_length": args.max_title_length,
+        "num_shards": args.num_shards,
+        "batch_size": args.batch_size,
+        "beam_args": list(args.beam_args),
+        "schema": sorted(example_schemas.block_feature_spec()),
+        "config": _config_dict(cfg),
+        "config_hash": config_lib.config_hash(cfg),
+    }
+    _prepare_output(args.output)
+    options = pipeline_options.PipelineOptions(args.beam_args)
+    options.view_as(pipeline_options.SetupOptions).save_main_session = False
+    pipeline = beam.Pipeline(options=options)
+    build_pipeline(pipeline, args.input, args.output, cfg, static, args.format, args.num_shards,
+                   args.batch_size, args.max_title_length, progress_total, args.progress_interval)
+    start = time.time()
+    result = pipeline.run()
+    result.wait_until_finish()
+    manifest = job_manifest.read_manifest(args.output)
+    print(format_summary(manifest, time.time() - start))
+    return result
+
+
+def run(argv: list[str] | None = None) -> beam.runners.runner.PipelineResult:
+    """Runs the job with ``argv`` (job flags + Beam pipeline options); returns the finished PipelineResult."""
+    return run_job(parse_args(argv))
+
+
+def run_with_progress(args: argparse.Namespace) -> beam.runners.runner.PipelineResult:
+    """``realm-tf preprocess``: counts the input lines first, so that progress lines show a percentage."""
+    paths = _match_inputs(args.input, args.format)
+    start = time.time()
+    total = count_input_lines(paths, args.format)
+    print(f"preprocess: {len(paths)} input file(s), {total:,} lines (counted in {time.time() - start:.1f}s)",
+          file=sys.stderr, flush=True)
+    return run_job(args, progress_total=total)
+
+
+def format_summary(manifest: Mapping[str, Any], seconds: float | None = None) -> str:
+    """A few lines summing up a finished run, from its manifest."""
+    dead = manifest["dead_letters"]
+    reasons = ", ".join(f"{reason}: {n:,}" for reason, n in dead.items()) or "none"
+    took = f" in {seconds:.1f}s" if seconds is not None else ""
+    return (f"preprocess_corpus: {manifest['input_lines']:,} input lines{took}\n"
+            f"  documents:         {manifest['documents']:,} ({manifest['duplicates_merged']:,} duplicates merged)\n"
+            f"  blocks:            {manifest['blocks']:,} of <= {manifest['max_block_length']} wordpieces in "
+            f"{len(manifest['block_shards'])} shard(s)\n"
+            f"  dead letters:      {manifest['dead_letters_total']:,} ({reasons})\n"
+            f"  output:            {manifest['output_dir']} (manifest.json, vocab {manifest['vocab_hash'][:12]})")
+
+
+def _config_dict(cfg: config_lib.ExperimentConfig) -> dict[str, Any]:
+    import yaml  # pylint: disable=import-outside-toplevel
+
+    return yaml.safe_load(config_lib.to_yaml(cfg))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m beam_jobs.preprocess_corpus``: configuration errors without a traceback."""
+    try:
+        run(list(argv) if argv is not None else sys.argv[1:])
+    except (errors.UserError, FileNotFoundError) as e:
+        print(f"preprocess_corpus: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
