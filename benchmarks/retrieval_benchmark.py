@@ -79,14 +79,28 @@ def embed_blocks(export_path: str, blocks: dict[str, list], batch_size: int, cac
     return out
 
 
-def dense_retrieve(export_path: str, questions: list[dict], block_embeddings: np.ndarray, k: int) -> np.ndarray:
-    model = tf.saved_model.load(export_path)
-    fn = model.signatures["embed_query"]
-    queries = np.concatenate([fn(text=tf.constant([q["question"] for q in questions[i:i + 64]]))["embedding"].numpy()
-                              for i in range(0, len(questions), 64)])  # [num_questions, dim]
+def embed_questions(export_path: str, questions: list[dict]) -> np.ndarray:
+    fn = tf.saved_model.load(export_path).signatures["embed_query"]
+    return np.concatenate([fn(text=tf.constant([q["question"] for q in questions[i:i + 64]]))["embedding"].numpy()
+                           for i in range(0, len(questions), 64)])  # [num_questions, dim]
+
+
+def dense_retrieve(queries: np.ndarray, block_embeddings: np.ndarray, k: int) -> np.ndarray:
+    """Exact MIPS: top-k rows by inner product, best first. ``queries`` [num_questions, dim]."""
     scores = queries @ block_embeddings.T  # [num_questions, num_blocks]
     top = np.argpartition(-scores, k, axis=1)[:, :k]
     return np.take_along_axis(top, np.argsort(-np.take_along_axis(scores, top, 1), axis=1), 1)
+
+
+def scann_retrieve(queries: np.ndarray, block_embeddings: np.ndarray, k: int) -> tuple[np.ndarray, dict]:
+    """The same search through ScannIndex with IndexConfig's defaults scaled to the corpus."""
+    from realm_tf import config
+    from realm_tf.index import scann_index
+
+    index = scann_index.ScannIndex(config.IndexConfig(num_neighbors=k))
+    index.build(block_embeddings)
+    rows, _ = index.search_batched(queries, k)
+    return rows, index.params
 
 
 def bm25_retrieve(questions: list[dict], blocks: dict[str, list], k: int) -> np.ndarray:
@@ -108,6 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dense", action="append", default=[], metavar="NAME=EXPORT_DIR",
                         help="a retriever export to evaluate (repeatable)")
     parser.add_argument("--bm25", action="store_true", help="also evaluate BM25 (bm25s)")
+    parser.add_argument("--scann", action="store_true",
+                        help="also search each dense retriever through ScannIndex; print its recall@10 vs exact")
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--cache_dir", default="runs/bench/cache")
     parser.add_argument("--max_k", type=int, default=100)
@@ -128,8 +144,15 @@ def main(argv: list[str] | None = None) -> None:
         name, _, path = spec.partition("=")
         start = time.time()
         emb = embed_blocks(path, blocks, args.batch_size, args.cache_dir)
-        rows = dense_retrieve(path, questions, emb, args.max_k)
+        queries = embed_questions(path, questions)
+        rows = dense_retrieve(queries, emb, args.max_k)
         results.append((name, rows, time.time() - start))
+        if args.scann:
+            start = time.time()
+            scann_rows, params = scann_retrieve(queries, emb, args.max_k)
+            recall = np.mean([len(set(a[:10]) & set(b[:10])) / 10 for a, b in zip(scann_rows, rows)])
+            print(f"{name}: ScaNN {params} recall@10 vs exact {recall:.4f}")
+            results.append((name + "+scann", scann_rows, time.time() - start))
     ks = [k for k in retrieval_metrics.DEFAULT_KS if k <= args.max_k]
     header = f"{'retriever':<22}" + "".join(f"{'acc@' + str(k):>9}" for k in ks) + \
         "".join(f"{'gold@' + str(k):>9}" for k in ks) + f"{'seconds':>9}"

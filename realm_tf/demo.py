@@ -14,15 +14,17 @@ import numpy as np
 
 from realm_tf import config as config_lib
 
+# (stage, what it does, the subcommand that runs it today or "" when it is not built yet)
 PLAN = (
-    ("preprocess", "corpus JSONL -> 288-wordpiece blocks (beam_jobs/preprocess_corpus)", False),
-    ("embed", "Embed_doc(z) for every block (beam_jobs/embed_blocks)", False),
-    ("index", "ScaNN index published to index_dir/<version>/", False),
-    ("pretrain", "ICT warm start, then REALM MLM pre-training with index refresh", False),
-    ("finetune", "Open-QA fine-tuning on bundled questions", False),
-    ("evaluate", "exact match and retrieval accuracy on a held-out split", False),
-    ("export", "SavedModel for TF Serving", False),
-    ("ask", "answer sample questions", False),
+    ("preprocess", "corpus JSONL -> 288-wordpiece blocks (beam_jobs/preprocess_corpus)", "realm-tf preprocess"),
+    ("ict", "Inverse Cloze Task warm start of the retriever", "realm-tf generate-ict-data, realm-tf train-ict"),
+    ("embed", "Embed_doc(z) for every block (beam_jobs/embed_blocks)", "realm-tf embed-blocks"),
+    ("index", "ScaNN index published to index_dir/<version>/", "realm-tf embed-blocks"),
+    ("pretrain", "REALM MLM pre-training with asynchronous index refresh", ""),
+    ("finetune", "Open-QA fine-tuning on bundled questions", ""),
+    ("evaluate", "exact match and retrieval accuracy on a held-out split", ""),
+    ("export", "SavedModel for TF Serving", ""),
+    ("ask", "answer sample questions", ""),
 )
 
 
@@ -35,8 +37,10 @@ def run(cfg: config_lib.ExperimentConfig) -> int:
     params = config_lib.save_params(cfg, cfg.trainer.model_dir)
     print(f"realm-tf demo: experiment '{cfg.name}', resolved config written to {params}")
     print("plan:")
-    for i, (name, what, ready) in enumerate(PLAN, 1):
-        print(f"  [{i}/{len(PLAN)}] {name:<10} {what}{'' if ready else '  (not built yet)'}")
+    for i, (name, what, command) in enumerate(PLAN, 1):
+        status = f"built: {command}" if command else "not built yet"
+        print(f"  [{i}/{len(PLAN)}] {name:<10} {what}  ({status})")
+    print("the demo does not chain the built stages yet; README.md shows the commands in order")
 
     start = time.time()
     tokenizer = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, cfg.model.lower_case)

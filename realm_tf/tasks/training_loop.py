@@ -66,7 +66,9 @@ class TrainingLoop:
             dataset = self.strategy.experimental_distribute_dataset(dataset)
         iterator = iter(dataset)
 
-        @tf.function
+        # Batches are padded to their own length (data.static_padding=false): without reduce_retracing every
+        # new length would trace (and keep) another copy of the whole forward/backward graph.
+        @tf.function(reduce_retracing=True)
         def train_step(batch):
             logs = self.strategy.run(step_fn, args=(batch,))
             self.global_step.assign_add(1)
