@@ -57,6 +57,12 @@ class TrainingLoop:
     def step(self) -> int:
         return int(self.global_step.numpy())
 
+    @property
+    def tracing_count(self) -> int:
+        """How many times the last :meth:`run` traced its step function (a handful, whatever the lengths)."""
+        step = getattr(self, "_train_step", None)
+        return step.experimental_get_tracing_count() if step is not None else 0
+
     def run(self, dataset: tf.data.Dataset | Iterable, step_fn: StepFn, hooks: Iterable[Hook] = (),
             distribute_dataset: bool = True) -> dict[str, float]:
         """Trains until ``trainer.steps``; returns the last step's logs (floats)."""
@@ -74,6 +80,7 @@ class TrainingLoop:
             self.global_step.assign_add(1)
             return {k: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None) for k, v in logs.items()}
 
+        self._train_step = train_step
         last: dict[str, float] = {}
         total = self.cfg.steps
         bar = tqdm.tqdm(total=total, initial=self.step, desc="train", unit="step", file=sys.stderr,
