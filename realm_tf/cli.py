@@ -109,7 +109,7 @@ def _cmd_export_retriever(args: argparse.Namespace) -> int:
     cfg = _load(args)
     model = knowledge_retriever.build_knowledge_retriever(cfg.model)
     step = 0
-    checkpoint = tf.train.latest_checkpoint(f"{cfg.trainer.model_dir}/checkpoints")
+    checkpoint = tf.train.latest_checkpoint(f"{args.model_dir or cfg.ict.model_dir}/checkpoints")
     if checkpoint and not args.from_init:
         status = tf.train.Checkpoint(model=model).read(checkpoint)
         status.expect_partial()
@@ -153,7 +153,10 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                          _cmd_export_retriever,
                          lambda p: (_add_config_args(p),
                                     p.add_argument("--from-init", action="store_true",
-                                                   help="export model.init_checkpoint, ignoring model_dir"),
+                                                   help="export model.init_checkpoint, ignoring any checkpoint"),
+                                    p.add_argument("--model_dir", default=None,
+                                                   help="training dir whose latest checkpoint to export "
+                                                        "(default: ict.model_dir)"),
                                     p.add_argument("--step", type=int, default=0,
                                                    help="version number of the export (default: checkpoint step)"))),
     "embed-blocks": ("Beam job: embed every block with a retriever export, publish a new MIPS index (REALM 3.4)",

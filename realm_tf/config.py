@@ -161,7 +161,10 @@ class TrainerConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
-    """A whole experiment: one object, one YAML file, one ``params.yaml`` in the model directory."""
+    """A whole experiment: one object, one YAML file, one ``params.yaml`` in the model directory.
+
+    ``trainer`` drives REALM pre-training / fine-tuning; ``ict`` the Inverse Cloze Task warm start.
+    """
 
     name: str = "realm"
     model: ModelConfig = ModelConfig()
@@ -169,6 +172,9 @@ class ExperimentConfig:
     index: IndexConfig = IndexConfig()
     refresh: RefreshConfig = RefreshConfig()
     trainer: TrainerConfig = TrainerConfig()
+    # The ICT warm start of the retriever is its own training job (ORQA, Lee et al. 2019: Adam, lr 1e-4).
+    ict: TrainerConfig = TrainerConfig(model_dir="/tmp/realm_tf/ict", steps=1000, learning_rate=1e-4,
+                                       warmup_steps=100)
 
 
 def load_config(path: str | os.PathLike[str] | None = None,

@@ -78,6 +78,13 @@ def test_params_yaml_round_trip(tmp_path):
     assert config.config_hash(config.load_config(written, ["trainer.steps=8"])) != config.config_hash(cfg)
 
 
+def test_ict_section_has_orqa_defaults_and_is_separate_from_trainer():
+    cfg = config.load_config(None, ["ict.steps=5"])
+    assert cfg.ict.learning_rate == 1e-4 and cfg.trainer.learning_rate == 3e-5
+    assert cfg.ict.steps == 5 and cfg.trainer.steps == config.TrainerConfig().steps
+    assert cfg.ict.model_dir != cfg.trainer.model_dir
+
+
 @pytest.mark.parametrize("name", ["tiny", "minilm", "base"])
 def test_shipped_configs_load(name):
     cfg = config.load_config(f"configs/{name}.yaml")

@@ -107,19 +107,19 @@ class IctTask:
 def train_ict(cfg: config_lib.ExperimentConfig, file_pattern: str | None = None,
               hooks: tuple[training_loop.Hook, ...] = ()) -> tuple[knowledge_retriever.KnowledgeRetriever,
                                                                    dict[str, float], int]:
-    """Trains the retriever with ICT for ``trainer.steps`` (resuming from ``model_dir``).
+    """Trains the retriever with ICT for ``ict.steps`` (resuming from ``ict.model_dir``).
 
     Returns the model, the last logs and the global step reached.
     """
-    config_lib.save_params(cfg, cfg.trainer.model_dir)
-    strategy = distribution.make_strategy(cfg.trainer.strategy)
+    config_lib.save_params(cfg, cfg.ict.model_dir)
+    strategy = distribution.make_strategy(cfg.ict.strategy)
     task = IctTask(cfg)
     global_batch = cfg.data.batch_size
     with strategy.scope():
         model = task.build_model()
-        optimizer = optimizer_lib.build_optimizer(cfg.trainer)
-    loop = training_loop.TrainingLoop(cfg.trainer, strategy, {"model": model, "optimizer": optimizer}, global_batch)
+        optimizer = optimizer_lib.build_optimizer(cfg.ict)
+    loop = training_loop.TrainingLoop(cfg.ict, strategy, {"model": model, "optimizer": optimizer}, global_batch)
     pattern = file_pattern or f"{cfg.data.ict_dir}/ict-*.tfrecord*"
-    dataset = task.build_dataset(pattern, global_batch, seed=cfg.trainer.seed)
+    dataset = task.build_dataset(pattern, global_batch, seed=cfg.ict.seed)
     logs = loop.run(dataset, task.make_step_fn(model, optimizer, global_batch), hooks=hooks)
     return model, logs, loop.step

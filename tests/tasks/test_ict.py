@@ -35,9 +35,9 @@ def write_ict_records(path: str, tok: bert_tokenizer.BertTokenizer, count: int =
 @pytest.fixture()
 def tiny(tmp_path):
     cfg = config.load_config("configs/tiny.yaml", [
-        f"trainer.model_dir={tmp_path}/model", f"data.ict_dir={tmp_path}/ict", "data.batch_size=8",
-        "trainer.steps=50", "trainer.learning_rate=0.001", "trainer.warmup_steps=0",
-        "trainer.checkpoint_every_steps=10", "data.shuffle_buffer=16", "trainer.summary_every_steps=5"])
+        f"ict.model_dir={tmp_path}/model", f"data.ict_dir={tmp_path}/ict", "data.batch_size=8",
+        "ict.steps=50", "ict.learning_rate=0.001", "ict.warmup_steps=0",
+        "ict.checkpoint_every_steps=10", "data.shuffle_buffer=16", "ict.summary_every_steps=5"])
     os.makedirs(cfg.data.ict_dir)
     write_ict_records(f"{cfg.data.ict_dir}/ict-00000-of-00001.tfrecord",
                       bert_tokenizer.BertTokenizer(cfg.model.vocab_file))
@@ -88,10 +88,10 @@ def test_training_lowers_loss_and_resumes(tiny):
     recorded = [x for x in losses if x is not None]
     assert np.mean(recorded[:5]) > np.log(8) - 0.05  # chance level with 8 in-batch candidates
     assert np.mean(recorded[-5:]) < np.mean(recorded[:5]) - 0.4, recorded
-    assert os.path.exists(os.path.join(tiny.trainer.model_dir, "params.yaml"))
-    assert tf.io.gfile.glob(os.path.join(tiny.trainer.model_dir, "train", "events.out.tfevents.*"))
+    assert os.path.exists(os.path.join(tiny.ict.model_dir, "params.yaml"))
+    assert tf.io.gfile.glob(os.path.join(tiny.ict.model_dir, "train", "events.out.tfevents.*"))
     # Rerunning with more steps resumes from the last checkpoint instead of starting over.
-    more = config.apply_override(tiny, "trainer.steps=53")
+    more = config.apply_override(tiny, "ict.steps=53")
     seen = []
     _, _, step = ict.train_ict(more, hooks=(lambda s, l: seen.append(s),))
     assert step == 53 and seen == [51, 52, 53]
