@@ -523,7 +523,8 @@ def _write_manifest(_: None, output_dir: str, static: Mapping[str, Any], block_s
         "document_source_lines": source_lines,
         "duplicates_merged": duplicates,
         "blocks": blocks,
-        "dead_letters": dict(sorted(dead_letters.items())),
+        # Every known reason is listed (0 when none), so a reader sees what was checked.
+        "dead_letters": {**{reason: 0 for reason in corpus_reader.REASONS}, **dict(sorted(dead_letters.items()))},
         "dead_letters_total": dead_total,
         "block_shards": sorted(filesystems.FileSystems.split(p)[1] for p in block_shards),
         "dead_letter_shards": sorted(filesystems.FileSystems.split(p)[1] for p in dead_letter_shards),

@@ -287,7 +287,7 @@ def test_job_end_to_end_run_and_cli_deterministic(tmp_path, tok, capsys):
     manifest = json.loads((out / "manifest.json").read_text())
     assert files == manifest["block_shards"] == ["blocks-00000-of-00002.tfrecord", "blocks-00001-of-00002.tfrecord"]
     assert sorted(r["block_id"] for r in rows) == list(range(len(rows)))  # dense ids
-    expected_dead = {}
+    expected_dead = {reason: 0 for reason in corpus_reader.REASONS}  # every reason listed, 0 when none
     for _, _, reason in dead:
         expected_dead[reason] = expected_dead.get(reason, 0) + 1
     assert manifest["dead_letters"] == expected_dead
