@@ -12,8 +12,10 @@ The searcher is ScaNN's usual three stages over the Embed_doc(z) matrix:
 ORQA/REALM's settings for 13M Wikipedia blocks were 1000 leaves, 100 searched, AH with 2 dimensions per
 block and threshold 0.2, plus exact re-ordering. The :class:`realm_tf.config.IndexConfig` fields mean the
 same here; 0 means "scaled to the corpus" (see :func:`resolve_params`). Corpora below
-``TREE_MIN_BLOCKS`` blocks get ScaNN's exact brute-force scorer instead: too few points for k-means leaves
-to be meaningful, and a full scan of them costs well under a millisecond.
+``TREE_MIN_BLOCKS`` blocks get ScaNN's exact brute-force scorer instead, unless ``num_leaves`` is set: a full
+scan of 100k x 128 is one small matmul per batch, while a scaled tree over real Embed_doc vectors (less
+clustered than synthetic ones) lost recall: 0.885 recall@10 on the bundled 11.5k MiniLM blocks, which
+cost 6 points of answer accuracy@5 (benchmarks/RESULTS.md).
 
 :func:`load_tf_searcher` turns a directory written by :meth:`ScannIndex.save` into ScaNN's TensorFlow-op
 searcher for in-graph search.
@@ -35,8 +37,9 @@ from scann.scann_ops.py import scann_ops_pybind
 from realm_tf import config
 from realm_tf.index import mips_index
 
-#: Below this many blocks ScaNN runs its exact brute-force scorer (no tree, no hashing).
-TREE_MIN_BLOCKS = 10_000
+#: Below this many blocks ScaNN runs its exact brute-force scorer (no tree, no hashing) unless
+#: ``num_leaves`` is given explicitly.
+TREE_MIN_BLOCKS = 100_000
 #: Fewest leaves searched per query when ``num_leaves_to_search`` is scaled (ORQA/REALM: 100 of 1000).
 MIN_LEAVES_TO_SEARCH = 16
 #: Re-ordered candidates per final neighbour when ``reorder_num_neighbors`` is scaled.
@@ -58,8 +61,11 @@ def resolve_params(num_blocks: int, dim: int, index_config: config.IndexConfig) 
       ``MIN_LEAVES_TO_SEARCH`` (small trees need a larger fraction for the same recall);
     * ``reorder_num_neighbors``: ``REORDER_FACTOR`` x num_neighbors (within ScaNN's suggested 4-10x).
     """
+    if index_config.dimensions_per_block < 1 or index_config.dimensions_per_block > dim:
+        raise ValueError(f"index.dimensions_per_block must be in [1, {dim}], "
+                         f"got {index_config.dimensions_per_block}")
     num_neighbors = min(index_config.num_neighbors, num_blocks)
-    if num_blocks < TREE_MIN_BLOCKS:
+    if num_blocks < TREE_MIN_BLOCKS and not index_config.num_leaves:
         return {"mode": "brute_force", "num_neighbors": num_neighbors}
     num_leaves = index_config.num_leaves or min(round(math.sqrt(num_blocks)), num_blocks // 50)
     num_leaves = max(1, min(num_leaves, num_blocks))
@@ -67,9 +73,6 @@ def resolve_params(num_blocks: int, dim: int, index_config: config.IndexConfig) 
     to_search = max(1, min(to_search, num_leaves))
     reorder = index_config.reorder_num_neighbors or REORDER_FACTOR * num_neighbors
     reorder = max(num_neighbors, min(reorder, num_blocks))
-    if index_config.dimensions_per_block < 1 or index_config.dimensions_per_block > dim:
-        raise ValueError(f"index.dimensions_per_block must be in [1, {dim}], "
-                         f"got {index_config.dimensions_per_block}")
     return {"mode": "tree_ah", "num_neighbors": num_neighbors, "num_leaves": num_leaves,
             "num_leaves_to_search": to_search,
             "training_sample_size": min(index_config.training_sample_size, num_blocks),

@@ -118,4 +118,11 @@ def build_knowledge_retriever(cfg: config_lib.ModelConfig, restore: bool = True)
     # Creates every variable now, inside the caller's strategy scope, and marks the Keras model built.
     retriever({**{"query_" + k: v[:, 0] for k, v in inputs.items()},
                **{"candidates_" + k: v for k, v in inputs.items()}})
+    if not cfg.share_embedders:
+        # Both fresh projections start from the same matrix: with the same BERT weights in both towers,
+        # f(x, z) then starts as a (Johnson-Lindenstrauss) projection of the pre-trained similarity instead
+        # of the noise two independent random projections give; the towers still diverge in training.
+        for source, target in ((query.projection, doc.projection), (query.layer_norm, doc.layer_norm)):
+            for s_var, t_var in zip(source.weights, target.weights):
+                t_var.assign(s_var)
     return retriever

@@ -28,8 +28,10 @@ def corpus():
 @pytest.fixture(scope="module")
 def built(corpus):
     embeddings, _, _ = corpus
-    index = scann_index.ScannIndex(config.IndexConfig(num_neighbors=10))
+    # 141 leaves ~ sqrt(20k), set explicitly: below TREE_MIN_BLOCKS the default would be exact brute force.
+    index = scann_index.ScannIndex(config.IndexConfig(num_neighbors=10, num_leaves=141))
     index.build(embeddings)
+    assert index.params["mode"] == "tree_ah" and index.params["num_leaves_to_search"] == 16
     return index
 
 
@@ -111,11 +113,14 @@ def test_resolve_params_scales_zeros_and_keeps_explicit_values():
     p = scann_index.resolve_params(1_000_000, 128, config.IndexConfig())
     assert (p["num_leaves"], p["num_leaves_to_search"]) == (1000, 100)
     # Small trees get the floor of leaves searched; sample size is capped by the corpus.
-    p = scann_index.resolve_params(20_000, 128, config.IndexConfig())
+    p = scann_index.resolve_params(20_000, 128, config.IndexConfig(num_leaves=141))
     assert (p["num_leaves"], p["num_leaves_to_search"], p["training_sample_size"]) == (141, 16, 20_000)
+    p = scann_index.resolve_params(150_000, 128, config.IndexConfig())
+    assert (p["mode"], p["num_leaves"], p["num_leaves_to_search"]) == ("tree_ah", 387, 39)
     explicit = config.IndexConfig(num_leaves=1000, num_leaves_to_search=100, reorder_num_neighbors=250)
     p = scann_index.resolve_params(13_000_000, 128, explicit)
     assert (p["num_leaves"], p["num_leaves_to_search"], p["reorder_num_neighbors"]) == (1000, 100, 250)
-    assert scann_index.resolve_params(9_999, 128, config.IndexConfig())["mode"] == "brute_force"
+    # Below TREE_MIN_BLOCKS the default is exact (a scaled tree lost recall on real embeddings).
+    assert scann_index.resolve_params(99_999, 128, config.IndexConfig())["mode"] == "brute_force"
     with pytest.raises(ValueError, match="dimensions_per_block"):
         scann_index.resolve_params(50_000, 128, config.IndexConfig(dimensions_per_block=0))

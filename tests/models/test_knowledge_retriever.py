@@ -48,3 +48,15 @@ def test_in_batch_scores_and_shared_towers(cfg):
     np.testing.assert_allclose(q, d[:0].reshape(0, 16).sum() + q)  # same function for both towers
     same = shared.embed_queries(blocks).numpy()
     np.testing.assert_allclose(same, d, atol=1e-6)
+
+
+def test_separate_towers_start_from_the_same_projection(cfg):
+    rng = np.random.default_rng(2)
+    minilm = config.load_config("configs/minilm.yaml").model
+    model = knowledge_retriever.build_knowledge_retriever(minilm)
+    assert not model.shares_embedders
+    np.testing.assert_array_equal(model.query_embedder.projection.kernel.numpy(),
+                                  model.doc_embedder.projection.kernel.numpy())
+    # Same pre-trained BERT in both towers + same projection: identical embeddings at initialisation.
+    packed = _packed(rng, (3, 12))
+    np.testing.assert_allclose(model.embed_queries(packed).numpy(), model.embed_blocks(packed).numpy(), atol=1e-5)
