@@ -13,12 +13,17 @@ from typing import Sequence
 FORMATS = ("auto", "jsonl", "tsv", "tfrecord")
 
 
-def add_common_args(parser: argparse.ArgumentParser) -> None:
-    """The flags every example-generation job takes."""
+def add_config_args(parser: argparse.ArgumentParser) -> None:
+    """``--config FILE.yaml`` and repeatable ``--set key=value``: every job reads the experiment config."""
     parser.add_argument("--config", default=None, metavar="FILE.yaml",
                         help="experiment config (default: the paper's settings)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override one config value, e.g. --set data.seed=1 (repeatable)")
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    """The flags every example-generation job takes."""
+    add_config_args(parser)
     parser.add_argument("--input", default=None, metavar="PATTERN",
                         help="block TFRecords (default: <data.blocks_dir>/blocks-*.tfrecord)")
     parser.add_argument("--num_shards", type=int, default=0, help="output shards (0: let the runner decide)")
@@ -51,11 +56,7 @@ def add_preprocess_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", default="auto", choices=FORMATS,
                         help="jsonl {title, text[, id]}, tsv (DPR: id<TAB>text<TAB>title), tfrecord "
                              "(tf.Example title, text[, id]); auto: from each file's extension")
-    parser.add_argument("--config", default=None, metavar="FILE.yaml",
-                        help="experiment config: data.max_block_length, model.vocab_file, model.lower_case "
-                             "(default: the paper's settings, 288 wordpieces)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config value, e.g. --set data.max_block_length=128 (repeatable)")
+    add_config_args(parser)  # reads data.max_block_length, model.vocab_file, model.lower_case
     parser.add_argument("--num_shards", type=int, default=0,
                         help="block TFRecord shards (0: let the runner decide)")
     parser.add_argument("--batch_size", type=int, default=64,
@@ -68,10 +69,7 @@ def add_preprocess_args(parser: argparse.ArgumentParser) -> None:
 
 def add_embed_blocks_args(parser: argparse.ArgumentParser) -> None:
     """Flags of ``beam_jobs.embed_blocks``."""
-    parser.add_argument("--config", default=None, metavar="FILE.yaml",
-                        help="experiment config (default: the paper's settings)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config value, e.g. --set index.kind=brute_force (repeatable)")
+    add_config_args(parser)
     parser.add_argument("--blocks", default=None, metavar="PATTERN",
                         help="block TFRecords (default: <data.blocks_dir>/blocks-*.tfrecord)")
     source = parser.add_mutually_exclusive_group()
