@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import time
 import uuid
 from typing import Any, Mapping
@@ -31,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from realm_tf import errors
+from realm_tf import versioned_dirs
 from realm_tf.index import mips_index
 
 INDEX_JSON = "index.json"
@@ -39,7 +39,6 @@ SEARCHER_DIR = "searcher"
 STAGING_PREFIX = ".staging-"
 FORMAT_VERSION = 1
 
-_VERSION_RE = re.compile(r"^\d+$")
 _RESERVED = ("format", "version", "kind", "num_blocks", "dim", "embeddings", "searcher", "index",
              "published_at", "write_seconds")
 
@@ -63,19 +62,11 @@ def is_complete(path: str) -> bool:
 
 
 def complete_versions(index_dir: str) -> list[int]:
-    """Version numbers in ``index_dir`` that are complete, ascending.
+    """Version numbers in ``index_dir`` that are complete (``index.json`` written), ascending.
 
-    A version counts only when its directory name is all digits and its ``index.json`` exists; staging
-    directories (``.staging-*``) and versions whose ``index.json`` was never written are ignored.
+    Staging directories (``.staging-*``) and versions whose ``index.json`` was never written are ignored.
     """
-    if not tf.io.gfile.isdir(index_dir):
-        return []
-    versions = []
-    for name in tf.io.gfile.listdir(index_dir):
-        name = name.rstrip("/")
-        if _VERSION_RE.match(name) and is_complete(os.path.join(index_dir, name)):
-            versions.append(int(name))
-    return sorted(set(versions))
+    return list(versioned_dirs.complete_versions(index_dir, INDEX_JSON))
 
 
 def read_index_json(path: str) -> dict[str, Any]:
@@ -134,7 +125,7 @@ def publish(index_dir: str, version: int, embeddings: np.ndarray, index: mips_in
         _write_index_json(staging, content)
         _commit(staging, final)
     except BaseException:
-        _remove_quietly(staging)
+        versioned_dirs.remove_quietly(staging)
         raise
     logging.info("published index version %d (%s, %d blocks) at %s", version, index.kind, index.num_blocks,
                  final)
@@ -145,21 +136,9 @@ def publish(index_dir: str, version: int, embeddings: np.ndarray, index: mips_in
 def delete_old_versions(index_dir: str, keep_versions: int, protect: int | None = None) -> list[int]:
     """Deletes all but the newest ``keep_versions`` complete versions (never ``protect``); returns them.
 
-    Only complete versions are considered: staging directories and incomplete versions may belong to a
-    publish in progress and are left alone. Readers hold a loaded index in memory, so deleting the files
-    of a version still being served is harmless.
+    Readers hold a loaded index in memory, so deleting the files of a version still being served is harmless.
     """
-    versions = complete_versions(index_dir)
-    doomed = [v for v in versions[:-keep_versions] if v != protect] if keep_versions > 0 else []
-    for v in doomed:
-        path = version_dir(index_dir, v)
-        try:
-            # index.json first, so a reader listing concurrently sees the version as incomplete, not torn.
-            tf.io.gfile.remove(os.path.join(path, INDEX_JSON))
-            tf.io.gfile.rmtree(path)
-        except tf.errors.NotFoundError:
-            pass  # deleted concurrently by another publisher
-    return doomed
+    return versioned_dirs.delete_old_versions(index_dir, INDEX_JSON, keep_versions, protect)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -185,54 +164,8 @@ def _write_index_json(directory: str, content: Mapping[str, Any]) -> None:
 
 
 def _commit(staging: str, final: str) -> None:
-    """Makes the staged version visible under its final name."""
-    if mips_index.is_local(staging):
-        src, dst = mips_index.local_path(staging), mips_index.local_path(final)
-        _fsync_tree(src)
-        try:
-            os.rename(src, dst)  # atomic
-        except OSError as e:  # dst appeared meanwhile: a concurrent publish of the same version won
-            if is_complete(final):
-                raise IndexVersionExistsError(f"{final}: index version already published concurrently") from e
-            raise
-        _fsync_dir(os.path.dirname(dst))
-        return
-    # Object stores: move every object, index.json last, then drop the staging prefix.
-    for parent, _, files in tf.io.gfile.walk(staging):
-        rel = os.path.relpath(parent, staging)
-        target = final if rel == "." else os.path.join(final, rel)
-        tf.io.gfile.makedirs(target)
-        for name in files:
-            if rel == "." and name == INDEX_JSON:
-                continue
-            tf.io.gfile.rename(os.path.join(parent, name), os.path.join(target, name), overwrite=True)
-    tf.io.gfile.rename(os.path.join(staging, INDEX_JSON), os.path.join(final, INDEX_JSON), overwrite=False)
-    _remove_quietly(staging)
-
-
-def _fsync_tree(root: str) -> None:
-    """Flushes every file and directory under ``root`` so the rename never exposes unwritten data."""
-    for parent, _, files in os.walk(root):
-        for name in files:
-            fd = os.open(os.path.join(parent, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(parent)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    """Makes the staged version visible under its final name (index.json last)."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove_quietly(path: str) -> None:
-    try:
-        if tf.io.gfile.exists(path):
-            tf.io.gfile.rmtree(path)
-    except Exception:  # pylint: disable=broad-except
-        logging.exception("could not remove %s", path)
+        versioned_dirs.commit(staging, final, INDEX_JSON)
+    except FileExistsError as e:
+        raise IndexVersionExistsError(f"{final}: index version already published concurrently") from e

@@ -21,6 +21,8 @@ from typing import Any, Iterator
 import numpy as np
 import tensorflow as tf
 
+from realm_tf import versioned_dirs
+
 
 class MipsIndex(abc.ABC):
     """An index over a ``[num_blocks, dim]`` float32 matrix answering top-k inner-product queries.
@@ -122,15 +124,6 @@ def check_queries(queries: np.ndarray, k: int, index: MipsIndex) -> np.ndarray:
     return queries
 
 
-def is_local(path: str) -> bool:
-    """True for a path on the local filesystem (no ``scheme://``), which native libraries can open."""
-    return "://" not in path or path.startswith("file://")
-
-
-def local_path(path: str) -> str:
-    return path[len("file://"):] if path.startswith("file://") else path
-
-
 def copy_tree(src: str, dst: str) -> None:
     """Recursively copies ``src`` to ``dst`` with ``tf.io.gfile`` (local, gs://, ...)."""
     tf.io.gfile.makedirs(dst)
@@ -151,8 +144,8 @@ def local_dir(directory: str, upload: bool) -> Iterator[str]:
     the directory itself; for a remote one (gs://) it is a temporary directory that is copied up on a clean
     exit (``upload=True``) or filled from the remote one on entry (``upload=False``), then removed.
     """
-    if is_local(directory):
-        path = local_path(directory)
+    if versioned_dirs.is_local(directory):
+        path = versioned_dirs.local_path(directory)
         if upload:
             os.makedirs(path, exist_ok=True)
         yield path

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 import uuid
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 import tensorflow as tf
 
 from realm_tf import config as config_lib
+from realm_tf import versioned_dirs
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_retriever
 
@@ -83,25 +83,18 @@ def export_retriever(retriever: knowledge_retriever.KnowledgeRetriever, cfg: con
             f.write(json.dumps(metadata, indent=2))
         if tf.io.gfile.exists(final):  # a re-export of the same step (e.g. after a resume) replaces it
             tf.io.gfile.rmtree(final)
-        tf.io.gfile.rename(staging, final)
+        versioned_dirs.commit(staging, final, EXPORT_JSON)  # export.json last, also on gs://
     except BaseException:
         if tf.io.gfile.exists(staging):
             tf.io.gfile.rmtree(staging)
         raise
-    _prune(export_dir, cfg.refresh.keep_exports)
+    versioned_dirs.delete_old_versions(export_dir, EXPORT_JSON, cfg.refresh.keep_exports, protect=int(step))
     return final
 
 
 def list_exports(export_dir: str) -> list[int]:
     """Steps of the complete exports (numeric directory with export.json), oldest first."""
-    if not tf.io.gfile.isdir(export_dir):
-        return []
-    steps = []
-    for name in tf.io.gfile.listdir(export_dir):
-        name = name.rstrip("/")
-        if name.isdigit() and tf.io.gfile.exists(os.path.join(export_dir, name, EXPORT_JSON)):
-            steps.append(int(name))
-    return sorted(steps)
+    return list(versioned_dirs.complete_versions(export_dir, EXPORT_JSON))
 
 
 def read_export_metadata(export_path: str) -> dict[str, Any]:
@@ -111,9 +104,3 @@ def read_export_metadata(export_path: str) -> dict[str, Any]:
         raise FileNotFoundError(f"{export_path}: no {EXPORT_JSON}: not a complete retriever export")
     with tf.io.gfile.GFile(path) as f:
         return json.load(f)
-
-
-def _prune(export_dir: str, keep: int) -> None:
-    steps = list_exports(export_dir)
-    for step in steps[:-keep] if keep > 0 else []:
-        shutil.rmtree(os.path.join(export_dir, str(step)), ignore_errors=True)
