@@ -30,6 +30,8 @@ import tqdm  # noqa: E402
 
 from realm_tf.data import example_schemas  # noqa: E402
 from realm_tf.data import question_split  # noqa: E402
+from realm_tf.index import brute_force_index  # noqa: E402
+from realm_tf.serving import retriever_export  # noqa: E402
 from realm_tf.tasks import retrieval_metrics  # noqa: E402
 
 
@@ -56,14 +58,13 @@ def read_dev_questions(path: str, dev_fraction: float) -> list[dict]:
     return [q for q in questions if question_split.is_dev(q["id"], dev_fraction)]
 
 
-def embed_blocks(export_path: str, blocks: dict[str, list], batch_size: int, cache_dir: str) -> np.ndarray:
-    with open(os.path.join(export_path, "export.json")) as f:
-        meta = json.load(f)
+def embed_blocks(export_path: str, model: tf.Module, blocks: dict[str, list], batch_size: int,
+                 cache_dir: str) -> np.ndarray:
+    meta = retriever_export.read_export_metadata(export_path)
     key = hashlib.sha1(f"{os.path.abspath(export_path)}|{meta['exported_at']}|{len(blocks['text'])}".encode())
     cache = os.path.join(cache_dir, f"blocks-{key.hexdigest()[:16]}.npy")
     if os.path.exists(cache):
         return np.load(cache, allow_pickle=False)
-    model = tf.saved_model.load(export_path)
     fn = model.signatures["embed_block"]
     order = np.argsort([len(t) + len(x) for t, x in zip(blocks["title"], blocks["text"])])  # similar lengths
     out = np.zeros([len(order), meta["embedding_dim"]], np.float32)
@@ -79,17 +80,17 @@ def embed_blocks(export_path: str, blocks: dict[str, list], batch_size: int, cac
     return out
 
 
-def embed_questions(export_path: str, questions: list[dict]) -> np.ndarray:
-    fn = tf.saved_model.load(export_path).signatures["embed_query"]
+def embed_questions(model: tf.Module, questions: list[dict]) -> np.ndarray:
+    fn = model.signatures["embed_query"]
     return np.concatenate([fn(text=tf.constant([q["question"] for q in questions[i:i + 64]]))["embedding"].numpy()
                            for i in range(0, len(questions), 64)])  # [num_questions, dim]
 
 
 def dense_retrieve(queries: np.ndarray, block_embeddings: np.ndarray, k: int) -> np.ndarray:
-    """Exact MIPS: top-k rows by inner product, best first. ``queries`` [num_questions, dim]."""
-    scores = queries @ block_embeddings.T  # [num_questions, num_blocks]
-    top = np.argpartition(-scores, k, axis=1)[:, :k]
-    return np.take_along_axis(top, np.argsort(-np.take_along_axis(scores, top, 1), axis=1), 1)
+    """Exact MIPS (BruteForceIndex): top-k rows by inner product, best first. ``queries`` [num_questions, dim]."""
+    index = brute_force_index.BruteForceIndex()
+    index.build(block_embeddings)
+    return index.search_batched(queries, k)[0]
 
 
 def scann_retrieve(queries: np.ndarray, block_embeddings: np.ndarray, k: int) -> tuple[np.ndarray, dict]:
@@ -143,8 +144,9 @@ def main(argv: list[str] | None = None) -> None:
     for spec in args.dense:
         name, _, path = spec.partition("=")
         start = time.time()
-        emb = embed_blocks(path, blocks, args.batch_size, args.cache_dir)
-        queries = embed_questions(path, questions)
+        model = tf.saved_model.load(path)
+        emb = embed_blocks(path, model, blocks, args.batch_size, args.cache_dir)
+        queries = embed_questions(model, questions)
         rows = dense_retrieve(queries, emb, args.max_k)
         results.append((name, rows, time.time() - start))
         if args.scann:

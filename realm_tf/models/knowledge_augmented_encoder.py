@@ -19,9 +19,6 @@ from realm_tf import config as config_lib
 from realm_tf.networks import bert_encoder
 from realm_tf.networks import bert_weight_import
 
-_BERT_KEYS = ("input_word_ids", "input_mask", "input_type_ids")
-
-
 class KnowledgeAugmentedEncoder(tf_keras.Model):
     """BERT over join_BERT(x, z) with a tied masked-LM head.
 
@@ -45,7 +42,7 @@ class KnowledgeAugmentedEncoder(tf_keras.Model):
             initializer=tf_keras.initializers.TruncatedNormal(stddev=initializer_range), name="masked_lm")
 
     def call(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> dict[str, tf.Tensor]:
-        outputs = self.encoder({k: inputs[k] for k in _BERT_KEYS}, training=training)
+        outputs = self.encoder({k: inputs[k] for k in bert_encoder.INPUT_KEYS}, training=training)
         sequence = outputs["sequence_output"]  # [batch, len, hidden]
         logits = self.masked_lm(sequence, masked_positions=inputs["masked_positions"])  # [batch, masked, vocab]
         return {"mlm_logits": logits, "sequence_output": sequence}

@@ -20,9 +20,6 @@ from realm_tf.networks import bert_encoder
 from realm_tf.networks import bert_weight_import
 from realm_tf.networks import embedder
 
-_BERT_KEYS = ("input_word_ids", "input_mask", "input_type_ids")
-
-
 class KnowledgeRetriever(tf_keras.Model):
     """Embed_input and Embed_doc, and the relevance scores between them.
 
@@ -50,15 +47,15 @@ class KnowledgeRetriever(tf_keras.Model):
 
     def embed_queries(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> tf.Tensor:
         """Embed_input of packed queries (each ``int32[batch, len]``) → ``[batch, dim]``."""
-        return self.query_embedder({k: inputs[k] for k in _BERT_KEYS}, training=training)
+        return self.query_embedder({k: inputs[k] for k in bert_encoder.INPUT_KEYS}, training=training)
 
     def embed_blocks(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> tf.Tensor:
         """Embed_doc of packed blocks (each ``int32[batch, len]``) → ``[batch, dim]``."""
-        return self.doc_embedder({k: inputs[k] for k in _BERT_KEYS}, training=training)
+        return self.doc_embedder({k: inputs[k] for k in bert_encoder.INPUT_KEYS}, training=training)
 
     def call(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> dict[str, tf.Tensor]:
-        query = {k: inputs["query_" + k] for k in _BERT_KEYS}  # each [batch, query_len]
-        candidates = {k: inputs["candidates_" + k] for k in _BERT_KEYS}  # each [batch, num_cand, block_len]
+        query = {k: inputs["query_" + k] for k in bert_encoder.INPUT_KEYS}  # each [batch, query_len]
+        candidates = {k: inputs["candidates_" + k] for k in bert_encoder.INPUT_KEYS}  # each [batch, num_cand, block_len]
         shape = tf.shape(candidates["input_word_ids"])
         batch, num_candidates, block_len = shape[0], shape[1], shape[2]
         flat = {k: tf.reshape(v, [batch * num_candidates, block_len]) for k, v in candidates.items()}

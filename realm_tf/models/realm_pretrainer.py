@@ -18,9 +18,7 @@ import tf_keras
 
 from realm_tf.models import knowledge_augmented_encoder
 from realm_tf.models import knowledge_retriever
-
-_BERT_KEYS = ("input_word_ids", "input_mask", "input_type_ids")
-
+from realm_tf.networks import bert_encoder
 
 class RealmPretrainer(tf_keras.Model):
     """Knowledge retriever + knowledge-augmented encoder over k candidates per query.
@@ -46,7 +44,7 @@ class RealmPretrainer(tf_keras.Model):
     def call(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> dict[str, tf.Tensor]:
         retrieval = self.retriever({k: v for k, v in inputs.items() if k.startswith(("query_", "candidates_"))},
                                    training=training)
-        reader = {k: inputs["reader_" + k] for k in _BERT_KEYS}  # each [batch, num_cand, reader_len]
+        reader = {k: inputs["reader_" + k] for k in bert_encoder.INPUT_KEYS}  # each [batch, num_cand, reader_len]
         shape = tf.shape(reader["input_word_ids"])
         batch, num_candidates, length = shape[0], shape[1], shape[2]
         flat = {k: tf.reshape(v, [batch * num_candidates, length]) for k, v in reader.items()}

@@ -11,6 +11,9 @@ import tf_keras
 
 from realm_tf import config as config_lib
 
+#: The packed inputs every BERT here takes, each ``int32[batch, seq_len]``.
+INPUT_KEYS = ("input_word_ids", "input_mask", "input_type_ids")
+
 
 def build_bert_encoder(cfg: config_lib.EncoderConfig, name: str = "bert") -> networks.BertEncoderV2:
     """Builds an (untrained) BertEncoderV2 matching ``cfg``.

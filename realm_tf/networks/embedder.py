@@ -12,6 +12,8 @@ from typing import Any
 import tensorflow as tf
 import tf_keras
 
+from realm_tf.networks import bert_encoder
+
 
 class Embedder(tf_keras.Model):
     """BERT → pooled summary ([CLS], or masked mean) → Dense(projection_size) → LayerNorm.
@@ -42,7 +44,7 @@ class Embedder(tf_keras.Model):
     def call(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> tf.Tensor:
         """Embeds packed BERT inputs (each ``int32[batch, seq_len]``) into ``float32[batch, projection_size]``."""
         outputs = self.encoder(
-            {k: inputs[k] for k in ("input_word_ids", "input_mask", "input_type_ids")}, training=training)
+            {k: inputs[k] for k in bert_encoder.INPUT_KEYS}, training=training)
         sequence = outputs["sequence_output"]  # [batch, seq_len, hidden]
         if self._pooling == "cls":
             pooled = sequence[:, 0, :]  # [batch, hidden]

@@ -17,12 +17,10 @@ from realm_tf import config as config_lib
 from realm_tf.data import example_schemas
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_retriever
+from realm_tf.networks import bert_encoder
 from realm_tf.tasks import distribution
 from realm_tf.tasks import optimizer as optimizer_lib
 from realm_tf.tasks import training_loop
-
-_BERT_KEYS = ("input_word_ids", "input_mask", "input_type_ids")
-
 
 class IctTask:
     """Builds the ICT model, input pipeline, loss and metrics from an experiment config."""
@@ -78,8 +76,8 @@ class IctTask:
     def compute_loss(model: knowledge_retriever.KnowledgeRetriever, batch: Mapping[str, tf.Tensor],
                      training: bool) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
         """Per-example in-batch softmax cross-entropy ``[batch]`` and metrics (accuracy, mean positive rank)."""
-        query = {k: batch["query_" + k] for k in _BERT_KEYS}
-        blocks = {k: batch["block_" + k] for k in _BERT_KEYS}
+        query = {k: batch["query_" + k] for k in bert_encoder.INPUT_KEYS}
+        blocks = {k: batch["block_" + k] for k in bert_encoder.INPUT_KEYS}
         logits = model.in_batch_scores(query, blocks, training=training)["retrieval_logits"]  # [batch, batch]
         labels = tf.range(tf.shape(logits)[0])  # [batch]: query i's positive is block i
         per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)  # [batch]
