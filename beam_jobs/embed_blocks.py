@@ -180,11 +180,12 @@ class _ParseBlockFn(beam.DoFn):
     def __init__(self, block_seq_length: int) -> None:
         super().__init__()
         self._block_seq_length = block_seq_length
+        self._spec = example_schemas.block_feature_spec()  # built once, not per record
 
     def process(self, record: bytes) -> Iterator[Any]:
         job_support.count(NAMESPACE, BLOCKS_READ)
         try:
-            row = job_support.parse_example(record, example_schemas.block_feature_spec())
+            row = job_support.parse_example(record, self._spec)
             block_id = int(row[example_schemas.BLOCK_ID])
             length = len(row[example_schemas.TITLE_IDS]) + len(row[example_schemas.BODY_IDS]) + 3
         except Exception as e:  # pylint: disable=broad-except

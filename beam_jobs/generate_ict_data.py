@@ -145,7 +145,7 @@ def run_with_args(args: argparse.Namespace, beam_args: Sequence[str]) -> dict[st
     output = args.output or cfg.data.ict_dir
 
     from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
-    vocab_hash = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, lower_case=cfg.model.lower_case).vocab_hash
+    vocab_hash = bert_tokenizer.vocab_hash(cfg.model.vocab_file)
     job_support.check_input(args.input, vocab_hash)
     job_support.prepare_output(output, PREFIX)
 
@@ -171,7 +171,7 @@ def run_with_args(args: argparse.Namespace, beam_args: Sequence[str]) -> dict[st
         "sentences_per_block": args.sentences_per_block,
         "query_max_length": cfg.model.query_seq_length - 2,
         "config_hash": config_lib.config_hash(cfg),
-        "config": job_support.config_dict(cfg),
+        "config": config_lib.to_dict(cfg),
         "seconds": round(time.time() - started, 1),
     }
     job_manifest.write_manifest(output, manifest)

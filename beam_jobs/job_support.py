@@ -102,13 +102,6 @@ def read_counters(result: beam.runners.runner.PipelineResult, namespace: str) ->
     return dict(sorted(totals.items()))
 
 
-def config_dict(cfg: config_lib.ExperimentConfig) -> Mapping[str, object]:
-    """The resolved config as plain data (for the manifest)."""
-    import yaml  # pylint: disable=import-outside-toplevel
-
-    return yaml.safe_load(config_lib.to_yaml(cfg))
-
-
 def main(run: Callable[[list[str] | None], object], name: str) -> int:
     """``python -m beam_jobs.<job>``: runs the job, reporting configuration errors without a traceback."""
     try:

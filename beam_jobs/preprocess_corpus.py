@@ -43,6 +43,7 @@ from apache_beam.io import filesystems
 from apache_beam.options import pipeline_options
 
 from beam_jobs import job_flags
+from beam_jobs import job_support
 from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.data import block_packer
@@ -162,11 +163,6 @@ def block_to_example(numbered: tuple[int, Block]) -> bytes:
     })
 
 
-def _count(name: str, value: int = 1) -> None:
-    if value:
-        beam.metrics.Metrics.counter(NAMESPACE, name).inc(value)
-
-
 class _Progress:
     """Prints ``preprocess [stage] N/T lines (P%) ...`` to stderr at most every ``interval`` seconds."""
 
@@ -223,10 +219,10 @@ class _ReadRecordsFn(beam.DoFn):
         with filesystems.FileSystems.open(path, compression_type=filesystem.CompressionTypes.AUTO) as f:
             for record in corpus_reader.iter_records(f, path, fmt):
                 if record.is_header:
-                    _count(HEADER_LINES)
+                    job_support.count(NAMESPACE, HEADER_LINES)
                     yield beam.pvalue.TaggedOutput(HEADERS, path)
                     continue
-                _count(INPUT_LINES)
+                job_support.count(NAMESPACE, INPUT_LINES)
                 assert self._progress is not None
                 self._progress.update(1)
                 yield record
@@ -268,10 +264,10 @@ class _ParseFn(beam.DoFn):
     def process(self, record: corpus_reader.RawRecord) -> Iterator[Any]:
         parsed = corpus_reader.parse_record(record)
         if isinstance(parsed, corpus_reader.DeadLetter):
-            _count(f"{DEAD_LETTERS}_{parsed.reason}")
+            job_support.count(NAMESPACE, f"{DEAD_LETTERS}_{parsed.reason}")
             yield beam.pvalue.TaggedOutput(DEAD_LETTERS, parsed)
         else:
-            _count(PARSED)
+            job_support.count(NAMESPACE, PARSED)
             yield parsed
 
 
@@ -293,7 +289,7 @@ def _keep_first(keyed: tuple[str, Iterable[corpus_reader.Document]]) -> Iterator
         if first is None or (doc.file, doc.line) < (first.file, first.line):
             first = doc
     assert first is not None
-    _count(DUPLICATES, count - 1)
+    job_support.count(NAMESPACE, DUPLICATES, count - 1)
     yield dataclasses.replace(first, duplicates=count - 1)
 
 
@@ -387,13 +383,13 @@ class _PackFn(beam.DoFn):
             packed = pack_document(doc, ids[row], sentences, self._packer, self._continuation)
             lines += doc.source_lines
             if not packed:
-                _count(f"{DEAD_LETTERS}_{corpus_reader.NO_WORDPIECES}")
+                job_support.count(NAMESPACE, f"{DEAD_LETTERS}_{corpus_reader.NO_WORDPIECES}")
                 yield beam.pvalue.TaggedOutput(DEAD_LETTERS, corpus_reader.DeadLetter(
                     doc.file, doc.line, corpus_reader.NO_WORDPIECES,
                     "the tokenizer makes no wordpiece of the body", doc.text, doc.duplicates))
                 continue
-            _count(DOCUMENTS)
-            _count(BLOCKS, len(packed))
+            job_support.count(NAMESPACE, DOCUMENTS)
+            job_support.count(NAMESPACE, BLOCKS, len(packed))
             documents += 1
             blocks += len(packed)
             yield PackedDocument(doc.content_hash, doc.source_lines, tuple(packed))
@@ -650,7 +646,7 @@ def run_job(args: argparse.Namespace, progress_total: int | None = None) -> beam
     paths = _match_inputs(args.input, args.format)
     from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
 
-    tokenizer = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, lower_case=cfg.model.lower_case)
+    vocab_hash = bert_tokenizer.vocab_hash(cfg.model.vocab_file)
     try:
         block_packer.BlockPacker(cfg.data.max_block_length, args.max_title_length)
     except ValueError as e:
@@ -662,7 +658,7 @@ def run_job(args: argparse.Namespace, progress_total: int | None = None) -> beam
         "input_format": args.format,
         "output_dir": args.output,
         "vocab_file": cfg.model.vocab_file,
-        "vocab_hash": tokenizer.vocab_hash,
+        "vocab_hash": vocab_hash,
         "lower_case": cfg.model.lower_case,
         "max_block_length": cfg.data.max_block_length,
         "max_title_length": args.max_title_length,
@@ -670,7 +666,7 @@ def run_job(args: argparse.Namespace, progress_total: int | None = None) -> beam
         "batch_size": args.batch_size,
         "beam_args": list(args.beam_args),
         "schema": sorted(example_schemas.block_feature_spec()),
-        "config": _config_dict(cfg),
+        "config": config_lib.to_dict(cfg),
         "config_hash": config_lib.config_hash(cfg),
     }
     _prepare_output(args.output)
@@ -715,21 +711,5 @@ def format_summary(manifest: Mapping[str, Any], seconds: float | None = None) ->
             f"  output:            {manifest['output_dir']} (manifest.json, vocab {manifest['vocab_hash'][:12]})")
 
 
-def _config_dict(cfg: config_lib.ExperimentConfig) -> dict[str, Any]:
-    import yaml  # pylint: disable=import-outside-toplevel
-
-    return yaml.safe_load(config_lib.to_yaml(cfg))
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m beam_jobs.preprocess_corpus``: configuration errors without a traceback."""
-    try:
-        run(list(argv) if argv is not None else sys.argv[1:])
-    except (errors.UserError, FileNotFoundError) as e:
-        print(f"preprocess_corpus: error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(job_support.main(run, "preprocess_corpus"))

@@ -228,7 +228,7 @@ def save_params(cfg: ExperimentConfig, model_dir: str | os.PathLike[str]) -> str
 
 def to_yaml(cfg: Any) -> str:
     """The YAML text of a config dataclass (sections in declaration order)."""
-    return yaml.safe_dump(_to_plain(cfg), sort_keys=False, default_flow_style=False)
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False)
 
 
 def config_hash(cfg: Any) -> str:
@@ -350,9 +350,10 @@ def _replace_path(obj: Any, parts: list[str], value: Any, dotted: str, where: st
     return dataclasses.replace(obj, **{head: new})
 
 
-def _to_plain(obj: Any) -> Any:
+def to_dict(obj: Any) -> Any:
+    """A config dataclass as plain data (dicts, lists, scalars): for YAML, JSON and manifests."""
     if dataclasses.is_dataclass(obj):
-        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, tuple):
-        return [_to_plain(v) for v in obj]
+        return [to_dict(v) for v in obj]
     return obj

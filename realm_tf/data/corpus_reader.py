@@ -24,6 +24,8 @@ import struct
 import unicodedata
 from typing import BinaryIO, Iterator
 
+import google_crc32c
+
 from realm_tf.data import example_schemas
 
 AUTO = "auto"
@@ -309,7 +311,7 @@ def _iter_tfrecords(stream: BinaryIO, path: str) -> Iterator[RawRecord]:
     """TFRecord framing: ``uint64 length, uint32 masked_crc32c(length), data, uint32 masked_crc32c(data)``.
 
     The length checksum is verified (a wrong length would misframe the rest of the file); the data
-    checksum is not (no fast CRC32C in the stack): a damaged payload shows up as an unparsable record.
+    checksum is not checked here: a damaged payload shows up as an unparsable record.
     A framing error ends the file with one ``corrupt_tfrecord`` record holding the remaining bytes.
     """
     number = 0
@@ -339,23 +341,7 @@ def _iter_tfrecords(stream: BinaryIO, path: str) -> Iterator[RawRecord]:
         return
 
 
-def _crc32c_table() -> tuple[int, ...]:
-    table = []
-    for byte in range(256):
-        crc = byte
-        for _ in range(8):
-            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
-        table.append(crc)
-    return tuple(table)
-
-
-_CRC32C_TABLE = _crc32c_table()
-
-
 def _masked_crc32c(data: bytes) -> int:
-    """TFRecord's masked CRC32C (Castagnoli), in pure Python: only used on 8-byte length fields."""
-    crc = 0xFFFFFFFF
-    for byte in data:
-        crc = _CRC32C_TABLE[(crc ^ byte) & 0xFF] ^ (crc >> 8)
-    crc ^= 0xFFFFFFFF
+    """TFRecord's masked CRC32C (Castagnoli), with the google-crc32c C implementation."""
+    crc = google_crc32c.value(data)
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF

@@ -30,6 +30,15 @@ def read_vocab(vocab_file: str) -> list[str]:
     return vocab
 
 
+def vocab_hash(vocab_file: str) -> str:
+    """SHA1 identifying a vocabulary (recorded in manifests, exports and indexes to refuse mismatches)."""
+    return _hash(read_vocab(vocab_file))
+
+
+def _hash(vocab: list[str]) -> str:
+    return hashlib.sha1("\n".join(vocab).encode("utf-8")).hexdigest()
+
+
 class BertTokenizer(tf_keras.layers.Layer):
     """WordPiece tokenizer over a BERT vocabulary, with REALM's ``join_BERT`` packing.
 
@@ -43,7 +52,7 @@ class BertTokenizer(tf_keras.layers.Layer):
         self._vocab_file = vocab_file
         self._lower_case = lower_case
         self.vocab = read_vocab(vocab_file)
-        self.vocab_hash = hashlib.sha1("\n".join(self.vocab).encode("utf-8")).hexdigest()
+        self.vocab_hash = _hash(self.vocab)
         self._ids = {token: i for i, token in enumerate(self.vocab)}
         self.pad_id = self._ids["[PAD]"]
         self.unk_id = self._ids["[UNK]"]

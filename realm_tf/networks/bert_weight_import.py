@@ -128,7 +128,7 @@ def import_bert(src: str, out: str) -> str:
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     prefix = tf.train.Checkpoint(encoder=encoder).write(out)
     config_lib.atomic_write_text(out + ".json", json.dumps(
-        {"source": os.path.abspath(resources.resolve(src)), "encoder": config_lib._to_plain(cfg)}, indent=2))
+        {"source": os.path.abspath(resources.resolve(src)), "encoder": config_lib.to_dict(cfg)}, indent=2))
     return prefix
 
 
