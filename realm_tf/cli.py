@@ -7,6 +7,7 @@ Run ``realm-tf SUBCOMMAND --help`` for the options of one subcommand.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 from typing import Callable, Sequence
@@ -56,20 +57,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return demo.run(_load(args))
 
 
-def _cmd_generate_pretraining_data(args: argparse.Namespace) -> int:
-    """Beam job: blocks -> salient-span-masked pre-training examples (beam_jobs/generate_pretraining_data)."""
-    from beam_jobs import generate_pretraining_data
-
-    generate_pretraining_data.run_with_args(args, args.beam_args)
-    return 0
-
-
-def _cmd_generate_ict_data(args: argparse.Namespace) -> int:
-    """Beam job: blocks -> Inverse Cloze Task examples (beam_jobs/generate_ict_data)."""
-    from beam_jobs import generate_ict_data
-
-    generate_ict_data.run_with_args(args, args.beam_args)
-    return 0
+def _beam_job(module: str) -> Callable[[argparse.Namespace], int]:
+    """Handler running ``beam_jobs.<module>.run_with_args`` (imported only when the subcommand runs)."""
+    def handler(args: argparse.Namespace) -> int:
+        importlib.import_module(f"beam_jobs.{module}").run_with_args(args, args.beam_args)
+        return 0
+    return handler
 
 
 def _add_beam_job_args(parser: argparse.ArgumentParser, adder: str) -> None:
@@ -120,14 +113,6 @@ def _cmd_export_retriever(args: argparse.Namespace) -> int:
 
 
 
-def _cmd_embed_blocks(args: argparse.Namespace) -> int:
-    """Beam job: re-embed every block with a retriever export, build and publish a MIPS index (REALM 3.4)."""
-    from beam_jobs import embed_blocks
-
-    embed_blocks.run_with_args(args, args.beam_args)
-    return 0
-
-
 # name -> (one-line help, handler, extra-argument adder)
 _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                            Callable[[argparse.ArgumentParser], None]]] = {
@@ -142,10 +127,10 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
     "preprocess": ("Beam job: corpus (JSONL/TSV/TFRecord) -> REALM blocks of <= 288 wordpieces + manifest",
                    _cmd_preprocess, lambda p: _add_beam_job_args(p, "add_preprocess_args")),
     "generate-pretraining-data": ("Beam job: blocks -> salient-span-masked pre-training examples (REALM 3.4)",
-                                  _cmd_generate_pretraining_data,
+                                  _beam_job("generate_pretraining_data"),
                                   lambda p: _add_beam_job_args(p, "add_pretraining_args")),
     "generate-ict-data": ("Beam job: blocks -> Inverse Cloze Task examples for the retriever warm start",
-                          _cmd_generate_ict_data, lambda p: _add_beam_job_args(p, "add_ict_args")),
+                          _beam_job("generate_ict_data"), lambda p: _add_beam_job_args(p, "add_ict_args")),
     "train-ict": ("train the retriever with the Inverse Cloze Task (resumable), then export it", _cmd_train_ict,
                   lambda p: (_add_config_args(p), p.add_argument(
                       "--input", default=None, help="ICT TFRecord pattern (default: data.ict_dir/ict-*.tfrecord*)"))),
@@ -160,7 +145,7 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                                     p.add_argument("--step", type=int, default=0,
                                                    help="version number of the export (default: checkpoint step)"))),
     "embed-blocks": ("Beam job: embed every block with a retriever export, publish a new MIPS index (REALM 3.4)",
-                     _cmd_embed_blocks, lambda p: _add_beam_job_args(p, "add_embed_blocks_args")),
+                     _beam_job("embed_blocks"), lambda p: _add_beam_job_args(p, "add_embed_blocks_args")),
 }
 
 

@@ -6,7 +6,6 @@ from a network: the package must be installed (``make test`` and ``make demo`` i
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 
@@ -33,15 +32,6 @@ def resolve(path: str) -> str:
     if not os.path.exists(resolved):
         raise FileNotFoundError(f"{path}: no '{sub}' in package '{package}' at {root}")
     return resolved
-
-
-def file_sha1(path: str) -> str:
-    """SHA1 of a file's bytes (used to tie exports and indexes to one vocabulary)."""
-    digest = hashlib.sha1()
-    with open(resolve(path), "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _find_model_root(package_dir: str, sub: str) -> str:

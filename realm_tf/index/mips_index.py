@@ -82,10 +82,6 @@ class MipsIndex(abc.ABC):
         self._require_built()
         return int(self._dim)  # type: ignore[arg-type]
 
-    @property
-    def is_built(self) -> bool:
-        return self._num_blocks is not None
-
     def describe(self) -> dict[str, Any]:
         """JSON-serialisable facts about this index (kind, size, parameters), for ``index.json``."""
         return {"kind": self.kind, "num_blocks": self.num_blocks, "dim": self.dim,
