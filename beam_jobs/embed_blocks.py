@@ -444,23 +444,6 @@ def _match(pattern: str) -> list[Any]:
     return sorted(filesystems.FileSystems.match([pattern])[0].metadata_list, key=lambda m: m.path)
 
 
-def _blocks_manifest(pattern: str, export_vocab_hash: str) -> dict[str, Any] | None:
-    """The blocks' manifest.json (None without one); refuses blocks tokenized with another vocabulary."""
-    matched = _match(pattern)
-    if not matched:
-        raise errors.UserError(f"--blocks {pattern}: no block TFRecords match (run realm-tf preprocess first)")
-    directory = filesystems.FileSystems.split(matched[0].path)[0]
-    try:
-        manifest = job_manifest.read_manifest(directory)
-    except FileNotFoundError:
-        return None
-    recorded = manifest.get("vocab_hash")
-    if recorded and recorded != export_vocab_hash:
-        raise errors.UserError(f"{job_manifest.manifest_path(directory)}: blocks were tokenized with vocabulary "
-                               f"{recorded}, the retriever export uses {export_vocab_hash}")
-    return manifest
-
-
 def _delete_matching(patterns: Sequence[str]) -> None:
     paths = [m.path for p in patterns for m in _match(p)]
     if paths:
@@ -496,7 +479,7 @@ def run_with_args(args: argparse.Namespace, beam_args: Sequence[str]) -> dict[st
         raise index_publisher.IndexVersionExistsError(
             f"{index_publisher.version_dir(index_dir, version)}: index version {version} (export step) is "
             f"already published")
-    manifest = _blocks_manifest(blocks, export["vocab_hash"])
+    manifest = job_support.check_input(blocks, export["vocab_hash"], flag="--blocks")
     expected_blocks = int(manifest["blocks"]) if manifest and "blocks" in manifest else None
     embeddings_dir = args.embeddings_dir or filesystems.FileSystems.join(
         index_dir, f".embeddings-{index_publisher.version_name(version)}-{uuid.uuid4().hex[:8]}")

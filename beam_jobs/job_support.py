@@ -8,7 +8,6 @@ finished, the job's Beam counters are read back from the result and written into
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Callable, Mapping, Sequence
 
@@ -46,19 +45,24 @@ def prepare_output(output_dir: str, prefix: str) -> None:
         filesystems.FileSystems.delete(stale)
 
 
-def check_input(pattern: str, vocab_hash: str) -> None:
-    """Fails early when no block file matches, or the blocks' manifest names another vocabulary."""
+def check_input(pattern: str, vocab_hash: str, flag: str = "--input") -> dict[str, object] | None:
+    """Fails early when no block file matches ``pattern`` or the blocks' manifest names another vocabulary.
+
+    Returns the blocks' ``manifest.json`` (None when the directory has none).
+    """
     matched = filesystems.FileSystems.match([pattern])[0].metadata_list
     if not matched:
-        raise errors.UserError(f"--input {pattern}: no block TFRecords match (run preprocess-corpus first)")
+        raise errors.UserError(f"{flag} {pattern}: no block TFRecords match (run realm-tf preprocess first)")
     directory = filesystems.FileSystems.split(matched[0].path)[0]
-    manifest = job_manifest.manifest_path(directory)
-    if filesystems.FileSystems.exists(manifest):
-        with filesystems.FileSystems.open(manifest) as f:
-            recorded = json.loads(f.read().decode("utf-8")).get("vocab_hash")
-        if recorded and recorded != vocab_hash:
-            raise errors.UserError(f"{manifest}: blocks were tokenized with vocabulary {recorded}, "
-                                   f"this job uses {vocab_hash} (check model.vocab_file / model.lower_case)")
+    try:
+        manifest = job_manifest.read_manifest(directory)
+    except FileNotFoundError:
+        return None
+    recorded = manifest.get("vocab_hash")
+    if recorded and recorded != vocab_hash:
+        raise errors.UserError(f"{job_manifest.manifest_path(directory)}: blocks were tokenized with vocabulary "
+                               f"{recorded}, this job uses {vocab_hash} (check model.vocab_file / model.lower_case)")
+    return manifest
 
 
 def parse_example(record: bytes, spec: Mapping[str, object]) -> dict[str, object]:
