@@ -528,6 +528,7 @@ def run_with_args(args: argparse.Namespace, beam_args: Sequence[str]) -> dict[st
     metadata = {
         "export_step": version,
         "export_path": export_path,
+        "exported_at": export.get("exported_at"),
         "export_config_hash": export.get("config_hash"),
         "vocab_hash": export["vocab_hash"],
         "block_seq_length": int(export["block_seq_length"]),
@@ -542,7 +543,8 @@ def run_with_args(args: argparse.Namespace, beam_args: Sequence[str]) -> dict[st
         "config_hash": config_lib.config_hash(cfg),
     }
     start = time.time()
-    path = index_publisher.publish(index_dir, version, matrix, index, metadata, cfg.index.keep_versions)
+    path = index_publisher.publish(index_dir, version, matrix, index, metadata, cfg.index.keep_versions,
+                                   pause_before_commit=args.pause_before_commit)
     publish_seconds = time.time() - start
     if not args.keep_embeddings:
         _delete_matching([embeddings_pattern, failures_pattern])

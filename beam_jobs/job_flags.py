@@ -90,6 +90,8 @@ def add_embed_blocks_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num_shards", type=int, default=0, help="embedding shards (0: let the runner decide)")
     parser.add_argument("--progress_interval", type=float, default=None, metavar="SECONDS",
                         help="progress lines every SECONDS (default: 10 on the DirectRunner, off elsewhere)")
+    parser.add_argument("--pause_before_commit", type=float, default=0.0, metavar="SECONDS",
+                        help="fault-injection tests: sleep with the new index version staged, before committing it")
 
 
 def pass_unknown_through(parser: argparse.ArgumentParser) -> None:

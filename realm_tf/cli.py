@@ -112,6 +112,47 @@ def _cmd_export_retriever(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_pretrain(args: argparse.Namespace) -> int:
+    """REALM pre-training with asynchronous index refresh; resumes from model_dir's latest checkpoint."""
+    from realm_tf.tasks import realm_pretraining
+
+    result = realm_pretraining.pretrain(_load(args), pretraining_pattern=args.input, evaluate=not args.no_eval)
+    print(realm_pretraining.format_result(result))
+    return 0
+
+
+def _cmd_refresh_index(args: argparse.Namespace) -> int:
+    """The index builder: embeds the corpus with each new retriever export and publishes an index version."""
+    from realm_tf.index import index_refresher
+
+    refresher = index_refresher.IndexRefresher(args.config, args.overrides, export_dir=args.watch or None,
+                                               index_dir=args.index_dir, beam_args=args.beam_args or None,
+                                               pause_before_commit=args.pause_before_commit)
+    if args.watch is None:
+        version = refresher.refresh_once()
+        print(f"refresh-index: {'published version ' + str(version) if version is not None else 'index is up to date'}")
+        return 0 if not refresher.failed else 1
+    print(f"refresh-index: watching {refresher.export_dir} every {refresher.poll_seconds:g}s -> "
+          f"{refresher.index_dir} (Ctrl-C to stop)", flush=True)
+    try:
+        refresher.watch()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+def _add_refresh_index_args(parser: argparse.ArgumentParser) -> None:
+    from beam_jobs import job_flags
+
+    _add_config_args(parser)
+    parser.add_argument("--watch", nargs="?", const="", default=None, metavar="EXPORT_DIR", dest="watch",
+                        help="keep watching EXPORT_DIR (default: refresh.export_dir) and index every new export; "
+                             "without --watch, index the newest export once and exit")
+    parser.add_argument("--index_dir", default=None, help="versioned index root (default: index.index_dir)")
+    parser.add_argument("--pause_before_commit", type=float, default=0.0, metavar="SECONDS",
+                        help="fault-injection tests: sleep with each new version staged, before committing it")
+    job_flags.pass_unknown_through(parser)
+
 
 # name -> (one-line help, handler, extra-argument adder)
 _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
@@ -146,6 +187,14 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                                                    help="version number of the export (default: checkpoint step)"))),
     "embed-blocks": ("Beam job: embed every block with a retriever export, publish a new MIPS index (REALM 3.4)",
                      _beam_job("embed_blocks"), lambda p: _add_beam_job_args(p, "add_embed_blocks_args")),
+    "pretrain": ("REALM pre-training (salient spans, null doc, async index refresh); resumable", _cmd_pretrain,
+                 lambda p: (_add_config_args(p),
+                            p.add_argument("--input", default=None,
+                                           help="pre-training TFRecords (default: data.pretraining_dir/pretraining-*)"),
+                            p.add_argument("--no-eval", dest="no_eval", action="store_true",
+                                           help="skip the held-out evaluation at the end"))),
+    "refresh-index": ("index builder: re-embed the corpus for each new retriever export (--watch: keep going)",
+                      _cmd_refresh_index, _add_refresh_index_args),
 }
 
 

@@ -68,6 +68,9 @@ class ModelConfig:
       reader_beam_size: blocks read per question at Open-QA time (ORQA/REALM: 5).
       max_span_width: longest answer span in wordpieces (REALM: 10).
       span_hidden_size: hidden width of the span-scoring MLP.
+      retriever_checkpoint: start the knowledge retriever from this training run's latest checkpoint (a
+        ``model_dir`` or checkpoint prefix), e.g. the ICT warm start (REALM §3.4 "Initialization"); "" to
+        start both towers from ``init_checkpoint``.
     """
 
     encoder: EncoderConfig = EncoderConfig()
@@ -84,6 +87,7 @@ class ModelConfig:
     reader_beam_size: int = 5
     max_span_width: int = 10
     span_hidden_size: int = 256
+    retriever_checkpoint: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +96,8 @@ class DataConfig:
 
     ``static_padding`` pads every batch to the configured sequence lengths (needed on TPU); by default a batch
     is padded to its longest row, which gives the same outputs for less compute (most blocks are short).
+    ``pretraining_heldout_fraction`` of the pre-training examples (chosen by a hash of their source block) are
+    never trained on; ``realm-tf pretrain`` evaluates on them.
     """
 
     corpus_pattern: str = "data/open_qa/passages.jsonl.gz"
@@ -108,6 +114,7 @@ class DataConfig:
     batch_size: int = 8
     shuffle_buffer: int = 1024
     static_padding: bool = False
+    pretraining_heldout_fraction: float = 0.02
     seed: int = 0
 
 
@@ -133,18 +140,34 @@ class IndexConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RefreshConfig:
-    """Asynchronous index refresh (REALM §3.4): export, re-embed every block, publish a new index."""
+    """Asynchronous index refresh (REALM §3.4): export, re-embed every block, publish a new index.
+
+    Attributes:
+      export_dir: where the trainer exports its retriever every ``export_every_steps`` (0: never).
+      mode: who runs the index builder during ``realm-tf pretrain``: ``process`` (the trainer starts
+        ``realm-tf refresh-index --watch`` as a child process), ``thread`` (a thread of the trainer; small
+        corpora), ``external`` (you run ``realm-tf refresh-index --watch`` yourself, e.g. on a Beam cluster).
+      beam_options: Beam pipeline options of the embed_blocks runs (``--runner=DataflowRunner``, ...).
+      keep_exports: exports kept; older ones are deleted unless an index version still needs them.
+      poll_seconds: how often the builder lists ``export_dir`` and the trainer's input pipeline lists
+        ``index.index_dir`` for a newer version.
+    """
 
     export_dir: str = "/tmp/realm_tf/export"
     export_every_steps: int = 500
     mode: str = "process"
     beam_options: tuple[str, ...] = ()
     keep_exports: int = 3
+    poll_seconds: float = 5.0
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainerConfig:
-    """Optimisation and bookkeeping of a training job (REALM Appendix A)."""
+    """Optimisation and bookkeeping of a training job (REALM Appendix A).
+
+    ``max_minutes`` > 0 stops a run (with a checkpoint) once it has trained that long, before ``steps`` if
+    need be; ``eval_examples`` caps the held-out evaluation at the end of ``realm-tf pretrain``.
+    """
 
     model_dir: str = "/tmp/realm_tf/model"
     strategy: str = "default"
@@ -156,6 +179,8 @@ class TrainerConfig:
     checkpoint_every_steps: int = 200
     keep_checkpoints: int = 3
     summary_every_steps: int = 10
+    eval_examples: int = 256
+    max_minutes: float = 0.0
     seed: int = 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Collection
 
 import tensorflow as tf
 
@@ -79,14 +80,15 @@ def complete_versions(root: str, marker: str) -> dict[int, str]:
     return dict(sorted(found.items()))
 
 
-def delete_old_versions(root: str, marker: str, keep: int, protect: int | None = None) -> list[int]:
-    """Deletes all but the newest ``keep`` complete versions (never ``protect``); returns the deleted ones.
+def delete_old_versions(root: str, marker: str, keep: int, protect: int | Collection[int] | None = None) -> list[int]:
+    """Deletes all but the newest ``keep`` complete versions (never those in ``protect``); returns the deleted ones.
 
     The marker goes first, so a reader listing concurrently sees the version as incomplete, not torn.
     Staging directories and incomplete versions may belong to a publish in progress and are left alone.
     """
     versions = complete_versions(root, marker)
-    doomed = [v for v in list(versions)[:-keep] if v != protect] if keep > 0 else []
+    protected = {protect} if isinstance(protect, int) else set(protect or ())
+    doomed = [v for v in list(versions)[:-keep] if v not in protected] if keep > 0 else []
     for version in doomed:
         try:
             tf.io.gfile.remove(os.path.join(versions[version], marker))

@@ -76,7 +76,7 @@ def read_index_json(path: str) -> dict[str, Any]:
 
 
 def publish(index_dir: str, version: int, embeddings: np.ndarray, index: mips_index.MipsIndex,
-            metadata: Mapping[str, Any], keep_versions: int) -> str:
+            metadata: Mapping[str, Any], keep_versions: int, pause_before_commit: float = 0.0) -> str:
     """Publishes ``index`` (built over ``embeddings``) as ``<index_dir>/<version>`` and returns that path.
 
     Args:
@@ -123,6 +123,9 @@ def publish(index_dir: str, version: int, embeddings: np.ndarray, index: mips_in
                    "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                    "write_seconds": round(time.perf_counter() - start, 3)}
         _write_index_json(staging, content)
+        if pause_before_commit > 0:
+            logging.warning("%s: staged; pausing %.1fs before the commit", staging, pause_before_commit)
+            time.sleep(pause_before_commit)
         _commit(staging, final)
     except BaseException:
         versioned_dirs.remove_quietly(staging)

@@ -6,6 +6,9 @@ signatures, tokenization inside the graph (needs only TensorFlow + tensorflow_te
 
 * ``embed_query(text: string[B]) -> {"embedding": float32[B, dim]}``
 * ``embed_block(title: string[B], text: string[B]) -> {"embedding": float32[B, dim]}``
+* ``embed_query_ids(input_word_ids, input_mask, input_type_ids: int32[B, L]) -> {"embedding": float32[B, dim]}``:
+  already packed queries, e.g. REALM's masked pre-training queries ``[CLS] x [SEP]`` (the trainer's input
+  pipeline embeds them with the export that built the index it searches).
 
 Each export goes to ``export_dir/<global_step>/`` atomically: written to a staging directory, ``export.json``
 (step, time, config hash, embedding dim, vocab hash) written last, then renamed into place.
@@ -24,6 +27,7 @@ from realm_tf import config as config_lib
 from realm_tf import versioned_dirs
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_retriever
+from realm_tf.networks import bert_encoder
 
 EXPORT_JSON = "export.json"
 
@@ -43,6 +47,13 @@ class RetrieverExportModule(tf.Module):
     def embed_query(self, text: tf.Tensor) -> dict[str, tf.Tensor]:
         """Embed_input(x) for raw question / query strings ``[B]`` → ``[B, dim]``."""
         packed = self.tokenizer.pack_single(self.tokenizer(text), self._query_seq_length, pad_to_seq_length=False)
+        return {"embedding": self.retriever.embed_queries(packed, training=False)}  # [B, dim]
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name=k) for k in bert_encoder.INPUT_KEYS])
+    def embed_query_ids(self, input_word_ids: tf.Tensor, input_mask: tf.Tensor,
+                        input_type_ids: tf.Tensor) -> dict[str, tf.Tensor]:
+        """Embed_input(x) for packed queries ``int32[B, L]`` (any L up to the model's positions) → ``[B, dim]``."""
+        packed = {"input_word_ids": input_word_ids, "input_mask": input_mask, "input_type_ids": input_type_ids}
         return {"embedding": self.retriever.embed_queries(packed, training=False)}  # [B, dim]
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="title"),
@@ -68,6 +79,7 @@ def export_retriever(retriever: knowledge_retriever.KnowledgeRetriever, cfg: con
     try:
         tf.saved_model.save(module, staging, signatures={
             "embed_query": module.embed_query, "embed_block": module.embed_block,
+            "embed_query_ids": module.embed_query_ids,
             "serving_default": module.embed_query})
         metadata = {
             "step": int(step),
@@ -88,7 +100,10 @@ def export_retriever(retriever: knowledge_retriever.KnowledgeRetriever, cfg: con
         if tf.io.gfile.exists(staging):
             tf.io.gfile.rmtree(staging)
         raise
-    versioned_dirs.delete_old_versions(export_dir, EXPORT_JSON, cfg.refresh.keep_exports, protect=int(step))
+    # An export stays while an index version built from it may still be served: the trainer's input pipeline
+    # embeds queries with the export of the index version it searches.
+    in_use = {int(step), *versioned_dirs.complete_versions(cfg.index.index_dir, "index.json")}
+    versioned_dirs.delete_old_versions(export_dir, EXPORT_JSON, cfg.refresh.keep_exports, protect=in_use)
     return final
 
 

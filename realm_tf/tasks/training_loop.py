@@ -3,13 +3,16 @@
 REALM, ICT and Open-QA fine-tuning share it: the task supplies a per-replica ``step_fn(batch) -> logs``
 (forward, loss, gradients, update); the loop owns the global step, checkpoints (``tf.train.CheckpointManager``
 in ``<model_dir>/checkpoints``, restored on start, so rerunning a killed job resumes), TensorBoard scalars
-(``<model_dir>/train``), progress display and hooks (e.g. exporting the retriever for the index refresh,
-Guu et al., 2020, §3.4).
+(``<model_dir>/train``, with ``examples_per_second`` and ``input_wait_fraction``: the share of wall time the
+trainer waited for its next batch), progress display and hooks (e.g. exporting the retriever for the index refresh,
+Guu et al., 2020, §3.4). SIGTERM (a preemption notice) stops the loop after the current step, with a checkpoint.
 """
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 import time
 from typing import Callable, Iterable, Mapping
 
@@ -32,6 +35,8 @@ class TrainingLoop:
       checkpoint_items: what to checkpoint besides the step (``model=…, optimizer=…``).
       global_batch_size: examples per step over all replicas (for examples/s).
     """
+
+    progress_keys = ("loss", "accuracy", "mlm_accuracy", "retrieval_utility", "index_version")
 
     def __init__(self, cfg: config_lib.TrainerConfig, strategy: tf.distribute.Strategy,
                  checkpoint_items: Mapping[str, tf.Module | tf.Variable], global_batch_size: int):
@@ -85,13 +90,24 @@ class TrainingLoop:
         total = self.cfg.steps
         bar = tqdm.tqdm(total=total, initial=self.step, desc="train", unit="step", file=sys.stderr,
                         disable=not self.chief, dynamic_ncols=True, mininterval=2.0)
-        window_start, window_steps = time.time(), 0
+        window_start, window_steps, window_wait = time.time(), 0, 0.0
+        run_start = time.time()
+        stop = _StopOnSigterm()
         while self.step < total:
+            if stop.requested:
+                print(f"\nstopping at step {self.step}: SIGTERM", flush=True)
+                break
+            if self.cfg.max_minutes > 0 and time.time() - run_start > 60.0 * self.cfg.max_minutes:
+                print(f"\nstopping at step {self.step}: trainer.max_minutes={self.cfg.max_minutes:g} reached",
+                      flush=True)
+                break
+            waited = time.perf_counter()
             try:
                 batch = next(iterator)
             except StopIteration:
                 print(f"input exhausted at step {self.step}", flush=True)
                 break
+            window_wait += time.perf_counter() - waited  # the trainer idles while the input pipeline catches up
             logs = train_step(batch)
             window_steps += 1
             step = self.step
@@ -101,13 +117,15 @@ class TrainingLoop:
                 elapsed = max(time.time() - window_start, 1e-9)
                 last["examples_per_second"] = window_steps * self.global_batch_size / elapsed
                 last["steps_per_second"] = window_steps / elapsed
+                last["input_wait_fraction"] = min(window_wait / elapsed, 1.0)
                 self._write_summaries(step, last)
-                bar.set_postfix({k: f"{v:.4g}" for k, v in last.items() if k in ("loss", "accuracy")})
-                window_start, window_steps = time.time(), 0
+                bar.set_postfix({k: f"{v:.4g}" for k, v in last.items() if k in self.progress_keys})
+                window_start, window_steps, window_wait = time.time(), 0, 0.0
             for hook in hooks:
                 hook(step, last)
             self.manager.save(checkpoint_number=self.global_step)  # no-op between checkpoint intervals
         bar.close()
+        stop.restore()
         latest = self.manager.latest_checkpoint
         if not latest or not latest.endswith(f"-{self.step}"):
             self.manager.save(checkpoint_number=self.global_step, check_interval=False)
@@ -118,3 +136,21 @@ class TrainingLoop:
         with self.writer.as_default(step=step):
             for key, value in logs.items():
                 tf.summary.scalar(key, value)
+
+
+class _StopOnSigterm:
+    """Turns SIGTERM (preemption, ``kill``, a supervisor) into "checkpoint and stop after this step"."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None

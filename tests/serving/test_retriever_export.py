@@ -39,6 +39,8 @@ def _keras_embeddings(cfg, model, tok):
 
 def test_fresh_process_without_realm_tf_gives_same_embeddings(exported, tmp_path):
     cfg, model, tok, path = exported
+    # Already-packed ids (REALM's masked queries), padded further than needed: same embeddings as the text.
+    PACKED = {k: v.numpy().tolist() for k, v in tok.pack_single(tok(tf.constant(QUERIES)), 40).items()}
     script = f"""
 import json, sys
 import numpy as np, tensorflow as tf, tensorflow_text  # noqa: F401  (registers the tokenizer ops)
@@ -46,8 +48,11 @@ assert not any(m.startswith("realm_tf") for m in sys.modules)
 m = tf.saved_model.load({path!r})
 q = m.signatures["embed_query"](text=tf.constant({QUERIES!r}))["embedding"].numpy()
 d = m.signatures["embed_block"](title=tf.constant({TITLES!r}), text=tf.constant({TEXTS!r}))["embedding"].numpy()
+packed = {{k: tf.constant(v) for k, v in {PACKED!r}.items()}}
+qi = m.signatures["embed_query_ids"](**packed)["embedding"].numpy()
 assert not any(m.startswith("realm_tf") for m in sys.modules)
 np.save({str(tmp_path / 'q.npy')!r}, q); np.save({str(tmp_path / 'd.npy')!r}, d)
+np.save({str(tmp_path / 'qi.npy')!r}, qi)
 """
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run([sys.executable, "-c", script], cwd=str(tmp_path), env=env, capture_output=True,
@@ -56,6 +61,7 @@ np.save({str(tmp_path / 'q.npy')!r}, q); np.save({str(tmp_path / 'd.npy')!r}, d)
     q, d = _keras_embeddings(cfg, model, tok)
     assert np.abs(np.load(tmp_path / "q.npy") - q).max() <= 1e-5
     assert np.abs(np.load(tmp_path / "d.npy") - d).max() <= 1e-5
+    assert np.abs(np.load(tmp_path / "qi.npy") - q).max() <= 1e-5
 
 
 def test_export_metadata_and_listing(exported):

@@ -1,0 +1,256 @@
+"""The trainer's tf.data input pipeline for REALM pre-training, with retrieval inside it (Guu et al., 2020, §3.4).
+
+For every batch of salient-span-masked queries x the pipeline, running ahead of the trainer (prefetch):
+
+1. asks the :class:`~realm_tf.index.index_loader.IndexLoader` for the newest published index version (it
+   hot-swaps when the asynchronous index builder publishes one; no restart);
+2. embeds the masked queries with **Embed_input of the export that built that index version** (the
+   ``embed_query_ids`` signature of ``export_dir/<version>/``), so queries and blocks are in one embedding
+   space;
+3. searches the index, drops the query's own source block ("exclude trivial retrievals") and prepends the
+   null document (:class:`~realm_tf.data.candidate_selection.CandidateSelector`);
+4. gathers the k candidates' wordpieces from the :class:`~realm_tf.data.block_store.BlockStore` and packs
+   ``[CLS] title [SEP] body [SEP]`` for Embed_doc and join_BERT(x, title [SEP] body) for the reader, in the
+   graph with the same ``join_bert`` the exports use.
+
+Each batch carries the index version it used and when that version's export was written, so the trainer can
+report the off-policy delay (steps and seconds between the Embed_doc that chose the candidates and the
+current weights).
+
+Elements (``static_padding`` pads to the configured lengths; otherwise to the batch's longest row):
+  ``query_*`` ``int32[batch, query_len]``, ``candidates_*`` ``int32[batch, k, block_len]``,
+  ``reader_*`` ``int32[batch, k, reader_len]``, ``masked_positions`` / ``target_ids`` ``int32[batch, masked]``,
+  ``target_weights`` ``float32[batch, masked]``, ``candidate_ids`` ``int64[batch, k]`` (-1 = null document),
+  ``index_version`` ``int64[batch]``, ``index_exported_at`` ``float64[batch]`` (Unix seconds).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import threading
+import time
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+import tensorflow as tf
+
+from realm_tf import config as config_lib
+from realm_tf import errors
+from realm_tf.data import block_store as block_store_lib
+from realm_tf.data import candidate_selection
+from realm_tf.data import example_schemas
+from realm_tf.index import index_loader as index_loader_lib
+from realm_tf.layers import bert_tokenizer
+from realm_tf.networks import bert_encoder
+from realm_tf.serving import retriever_export
+
+#: ``embed(packed query dict of int32[batch, len]) -> float32[batch, dim]``
+QueryEmbedFn = Callable[[Mapping[str, tf.Tensor]], np.ndarray]
+
+
+@dataclasses.dataclass
+class PipelineStats:
+    """What the pipeline did so far (read by the trainer for logging and by tests)."""
+
+    batches: int = 0
+    excluded_source_blocks: int = 0  # retrieved blocks dropped because they were the query's own source
+    retrieval_seconds: float = 0.0  # embedding queries + search + gathering, summed
+    versions: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # batches per version
+
+
+class RetrievalAugmentedInput:
+    """Builds the retrieval-augmented pre-training dataset around an IndexLoader and a BlockStore.
+
+    Args:
+      cfg: the experiment config (model lengths, k, data batching).
+      loader: serves the newest complete index version; refreshed between batches.
+      blocks: the knowledge corpus the index rows point into.
+      tokenizer: packs ids (``join_bert``); only its special-token ids and packing are used.
+      query_embedder_for: ``(version, index.json metadata) -> QueryEmbedFn``; default: load the
+        ``embed_query_ids`` signature of the export recorded in index.json (cached per version).
+    """
+
+    def __init__(self, cfg: config_lib.ExperimentConfig, loader: index_loader_lib.IndexLoader,
+                 blocks: block_store_lib.BlockStore, tokenizer: bert_tokenizer.BertTokenizer,
+                 query_embedder_for: Callable[[int, Mapping[str, Any]], tuple[QueryEmbedFn, float]] | None = None):
+        self.cfg = cfg
+        self.loader = loader
+        self.blocks = blocks
+        self.tokenizer = tokenizer
+        self.stats = PipelineStats()
+        self._query_embedder_for = query_embedder_for or load_export_query_embedder
+        self._embedders: dict[int, tuple[QueryEmbedFn, float]] = {}
+        self._lock = threading.Lock()
+        index_blocks = self.loader.current()[1].num_blocks
+        if index_blocks != len(blocks):
+            raise errors.UserError(f"{loader.index_dir}: index has {index_blocks} blocks but {blocks.source} has "
+                                   f"{len(blocks)}: the index was built from another corpus")
+
+    # ---- the dataset ------------------------------------------------------------------------------------
+
+    def dataset(self, file_pattern: str, batch_size: int, input_context: tf.distribute.InputContext | None = None,
+                repeat: bool = True, seed: int | None = None, shuffle: bool = True,
+                split: Callable[[Mapping[str, tf.Tensor]], tf.Tensor] | None = None) -> tf.data.Dataset:
+        """Retrieval-augmented batches of ``batch_size`` pre-training examples from ``file_pattern``.
+
+        Args:
+          input_context: under tf.distribute, shards the examples across input pipelines (workers).
+          split: ``parsed record -> bool[]`` keeping only some examples (train / held-out).
+        """
+        files = sorted(tf.io.gfile.glob(file_pattern))
+        if not files:
+            raise FileNotFoundError(f"no pre-training records match {file_pattern!r} "
+                                    f"(run `realm-tf generate-pretraining-data`)")
+        spec = example_schemas.pretraining_feature_spec()
+        keep = {k: spec[k] for k in (example_schemas.QUERY_IDS, example_schemas.MASK_POSITIONS,
+                                     example_schemas.TARGET_IDS, example_schemas.SOURCE_UID,
+                                     example_schemas.MASKING)}
+        raw = tf.data.TFRecordDataset(files)
+        if input_context is not None and input_context.num_input_pipelines > 1:
+            raw = raw.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        raw = raw.map(lambda s: tf.io.parse_single_example(s, keep))
+        if split is not None:
+            raw = raw.filter(split)
+        if repeat:
+            raw = raw.repeat()
+        if shuffle and self.cfg.data.shuffle_buffer > 1:
+            raw = raw.shuffle(self.cfg.data.shuffle_buffer, seed=seed)
+        raw = raw.ragged_batch(batch_size, drop_remainder=True).prefetch(2)
+
+        k = self.cfg.model.num_candidates
+        ragged = lambda: tf.RaggedTensorSpec([None, None], tf.int32, ragged_rank=1, row_splits_dtype=tf.int64)
+        signature = {
+            "query_ids": ragged(), "mask_positions": ragged(), "target_ids": ragged(),
+            "candidate_title_ids": ragged(), "candidate_body_ids": ragged(), "reader_doc_ids": ragged(),
+            "candidate_ids": tf.TensorSpec([None, k], tf.int64),
+            "index_version": tf.TensorSpec([None], tf.int64),
+            "index_exported_at": tf.TensorSpec([None], tf.float64),
+        }
+        dataset = tf.data.Dataset.from_generator(lambda: self._retrieve_batches(raw), output_signature=signature)
+        return dataset.map(self.pack, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+    def _retrieve_batches(self, raw: tf.data.Dataset) -> Iterator[dict[str, Any]]:
+        for records in raw:
+            yield self.retrieve(records)
+
+    # ---- per batch --------------------------------------------------------------------------------------
+
+    def retrieve(self, records: Mapping[str, tf.RaggedTensor]) -> dict[str, Any]:
+        """Candidates for one parsed batch (``query_ids``, ``mask_positions``, ``target_ids``, ``source_uid``)."""
+        start = time.perf_counter()
+        self.loader.maybe_refresh()
+        version, index, metadata = self.loader.current()  # one consistent version for the whole batch
+        embed, exported_at = self._embedder(version, metadata)
+        query_ids = tf.cast(records[example_schemas.QUERY_IDS], tf.int32)  # [batch, (len)]
+        if int(tf.reduce_max(query_ids.row_lengths())) > self.cfg.model.query_seq_length - 2:
+            raise errors.UserError(
+                f"pre-training queries have up to {int(tf.reduce_max(query_ids.row_lengths()))} wordpieces but "
+                f"model.query_seq_length={self.cfg.model.query_seq_length} leaves room for "
+                f"{self.cfg.model.query_seq_length - 2}: regenerate the data with this config")
+        packed = self.tokenizer.pack_single(query_ids, self.cfg.model.query_seq_length, pad_to_seq_length=False)
+        query_embeddings = embed(packed)  # [batch, dim]
+
+        def search(queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, int]:
+            rows, scores = index.search_batched(queries, k)  # [batch, k] each
+            return rows, scores, version
+
+        selector = candidate_selection.CandidateSelector(search, self.blocks.uids, self.cfg.model.num_candidates)
+        source_uids = [u.decode() for u in records[example_schemas.SOURCE_UID].numpy()]
+        candidates, _, excluded = selector.select(query_embeddings, source_uids)  # [batch, k]
+        self.blocks.check_ids(candidates)
+        titles, bodies, reader_docs = [], [], []
+        sep = np.asarray([self.tokenizer.sep_id], np.int32)
+        empty = np.zeros([0], np.int32)
+        for block_id in candidates.reshape(-1).tolist():
+            if block_id == candidate_selection.NULL_BLOCK:
+                titles.append(empty), bodies.append(empty), reader_docs.append(empty)
+                continue
+            title, body = self.blocks.title_ids(block_id), self.blocks.body_ids(block_id)
+            titles.append(title), bodies.append(body), reader_docs.append(np.concatenate([title, sep, body]))
+        batch = len(source_uids)
+        with self._lock:
+            self.stats.batches += 1
+            self.stats.excluded_source_blocks += excluded
+            self.stats.versions[version] += 1
+            self.stats.retrieval_seconds += time.perf_counter() - start
+        return {
+            "query_ids": query_ids.with_row_splits_dtype(tf.int64),
+            "mask_positions": tf.cast(records[example_schemas.MASK_POSITIONS], tf.int32).with_row_splits_dtype(tf.int64),
+            "target_ids": tf.cast(records[example_schemas.TARGET_IDS], tf.int32).with_row_splits_dtype(tf.int64),
+            "candidate_title_ids": _ragged(titles),  # [batch * k, (len)]
+            "candidate_body_ids": _ragged(bodies),  # [batch * k, (len)]
+            "reader_doc_ids": _ragged(reader_docs),  # [batch * k, (len)]
+            "candidate_ids": candidates,  # [batch, k]
+            "index_version": np.full([batch], version, np.int64),
+            "index_exported_at": np.full([batch], exported_at, np.float64),
+        }
+
+    def pack(self, raw: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """Packs one retrieved batch into model inputs (see the module docstring for the shapes)."""
+        m, static = self.cfg.model, self.cfg.data.static_padding
+        k = m.num_candidates
+        batch = tf.shape(raw["candidate_ids"])[0]
+        query = self.tokenizer.pack_single(raw["query_ids"], m.query_seq_length, static)  # [batch, q_len]
+        blocks = self.tokenizer.join_bert(raw["candidate_title_ids"], raw["candidate_body_ids"],
+                                          m.block_seq_length, static)  # each [batch * k, block_len]
+        repeated = tf.gather(raw["query_ids"], tf.repeat(tf.range(batch), k))  # [batch * k, (q_len)]
+        reader = self.tokenizer.join_bert(repeated, raw["reader_doc_ids"], m.reader_seq_length, static)
+        num_masked = max_predictions(self.cfg) if static else None
+        positions = raw["mask_positions"] + 1  # [batch, (masked)]: after [CLS], same in query and reader
+        out = {
+            **{"query_" + key: v for key, v in query.items()},
+            **{"candidates_" + key: tf.reshape(v, [batch, k, -1]) for key, v in blocks.items()},
+            **{"reader_" + key: tf.reshape(v, [batch, k, -1]) for key, v in reader.items()},
+            "masked_positions": positions.to_tensor(0, shape=[None, num_masked]),  # [batch, masked]
+            "target_ids": raw["target_ids"].to_tensor(0, shape=[None, num_masked]),  # [batch, masked]
+            "target_weights": tf.ones_like(positions, tf.float32).to_tensor(0.0, shape=[None, num_masked]),
+            "candidate_ids": raw["candidate_ids"],  # [batch, k]
+            "index_version": raw["index_version"],  # [batch]
+            "index_exported_at": raw["index_exported_at"],  # [batch]
+        }
+        return out
+
+    # ---- query embedders per index version ----------------------------------------------------------------
+
+    def _embedder(self, version: int, metadata: Mapping[str, Any]) -> tuple[QueryEmbedFn, float]:
+        if version not in self._embedders:
+            self._embedders = {version: self._query_embedder_for(version, metadata)}  # drop older versions
+            logging.info("input pipeline: index version %d, query embedder from %s", version,
+                         metadata.get("export_path"))
+        return self._embedders[version]
+
+
+def max_predictions(cfg: config_lib.ExperimentConfig) -> int:
+    """Masked positions per example under static padding: a salient span or BERT's 15% of a query."""
+    return max(cfg.model.max_span_width,
+               int(np.ceil(cfg.data.mask_probability * (cfg.model.query_seq_length - 2))) + 1)
+
+
+def load_export_query_embedder(version: int, metadata: Mapping[str, Any]) -> tuple[QueryEmbedFn, float]:
+    """Embed_input of the export that built index ``version`` (its ``embed_query_ids``) and its export time."""
+    path = metadata.get("export_path")
+    if not path:
+        raise errors.UserError(f"index version {version}: index.json names no export_path")
+    try:
+        export = retriever_export.read_export_metadata(path)
+    except FileNotFoundError as e:
+        raise errors.UserError(f"index version {version} was built from {path}, which no longer exists "
+                               f"(raise refresh.keep_exports)") from e
+    module = tf.saved_model.load(path)
+    if "embed_query_ids" not in module.signatures:
+        raise errors.UserError(f"{path}: the export has no embed_query_ids signature (re-export it with this "
+                               f"version of realm_tf)")
+    signature = module.signatures["embed_query_ids"]
+
+    def embed(packed: Mapping[str, tf.Tensor]) -> np.ndarray:
+        _ = module  # keeps the SavedModel's resources alive with the function
+        return signature(**{k: packed[k] for k in bert_encoder.INPUT_KEYS})["embedding"].numpy()
+
+    return embed, float(export["exported_at"])
+
+
+def _ragged(rows: list[np.ndarray]) -> tf.RaggedTensor:
+    lengths = np.fromiter((len(r) for r in rows), np.int64, count=len(rows))
+    values = np.concatenate(rows) if rows else np.zeros([0], np.int32)
+    return tf.RaggedTensor.from_row_lengths(values.astype(np.int32), lengths)

@@ -1,0 +1,118 @@
+"""The index builder of REALM's asynchronous refresh, as a long-running job (Guu et al., 2020, §3.4).
+
+    "we asynchronously refresh the MIPS index by rerunning the embedding function every several hundred
+     training steps ... two jobs running in parallel: a primary trainer job ... and a secondary index
+     builder job, which uses the parameters sent by the trainer to embed and index all documents."
+
+:class:`IndexRefresher` watches ``refresh.export_dir``. Whenever a complete export is newer than the newest
+published index version, it runs ``beam_jobs/embed_blocks`` on it (the DirectRunner locally, or any Beam
+runner through ``refresh.beam_options``), which publishes ``index_dir/<export step>/`` atomically. When it
+falls behind it skips to the newest export. A failed run is logged and counted and that export is not
+retried; the previous index version stays in service. It runs as ``realm-tf refresh-index --watch``, as a
+child process of the trainer, or as a thread inside it (``refresh.mode``).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Sequence
+
+from realm_tf import config as config_lib
+from realm_tf import versioned_dirs
+from realm_tf.index import index_publisher
+
+EXPORT_JSON = "export.json"  # completeness marker of an export (realm_tf.serving.retriever_export.EXPORT_JSON)
+
+
+class IndexRefresher:
+    """Runs embed_blocks on each new retriever export.
+
+    Args:
+      config_path: the experiment config file (the trainer passes its ``params.yaml``).
+      overrides: dotted overrides applied on top of it.
+      export_dir: exports to watch (default ``refresh.export_dir``).
+      index_dir: where versions are published (default ``index.index_dir``).
+      beam_args: Beam pipeline options (default ``refresh.beam_options``).
+      pause_before_commit: passed to embed_blocks (fault-injection tests only).
+    """
+
+    def __init__(self, config_path: str, overrides: Sequence[str] = (), export_dir: str | None = None,
+                 index_dir: str | None = None, beam_args: Sequence[str] | None = None,
+                 pause_before_commit: float = 0.0) -> None:
+        self.config_path = config_path
+        self.overrides = list(overrides)
+        cfg = config_lib.load_config(config_path, overrides)
+        self.export_dir = export_dir or cfg.refresh.export_dir
+        self.index_dir = index_dir or cfg.index.index_dir
+        self.beam_args = list(cfg.refresh.beam_options if beam_args is None else beam_args)
+        self.poll_seconds = cfg.refresh.poll_seconds
+        self.pause_before_commit = pause_before_commit
+        self.published: list[int] = []  # versions this refresher published
+        self.failed: dict[int, str] = {}  # export step -> error, not retried
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def pending_export(self) -> int | None:
+        """The newest export step that is newer than every published index version (None if none)."""
+        exports = [s for s in versioned_dirs.complete_versions(self.export_dir, EXPORT_JSON) if s not in self.failed]
+        if not exports:
+            return None
+        published = index_publisher.complete_versions(self.index_dir)
+        newest = exports[-1]
+        return newest if not published or newest > published[-1] else None
+
+    def refresh_once(self) -> int | None:
+        """Builds and publishes the index of the pending export, if any; returns its version."""
+        step = self.pending_export()
+        if step is None:
+            return None
+        from beam_jobs import embed_blocks  # pylint: disable=import-outside-toplevel  (Beam only when needed)
+        from beam_jobs import job_flags  # pylint: disable=import-outside-toplevel
+
+        parser = argparse.ArgumentParser()
+        job_flags.add_embed_blocks_args(parser)
+        argv = ["--config", self.config_path, "--export", os.path.join(self.export_dir, str(step)),
+                "--index_dir", self.index_dir, "--pause_before_commit", str(self.pause_before_commit)]
+        for override in self.overrides:
+            argv += ["--set", override]
+        args = parser.parse_args(argv)
+        start = time.time()
+        print(f"refresh-index: building index version {step} from {self.export_dir}/{step}", file=sys.stderr,
+              flush=True)
+        try:
+            embed_blocks.run_with_args(args, self.beam_args)
+        except index_publisher.IndexVersionExistsError:
+            return None  # another builder published it meanwhile
+        except Exception as e:  # pylint: disable=broad-except  # keep watching; the old index stays in service
+            logging.exception("refresh-index: export %d failed", step)
+            self.failed[step] = f"{type(e).__name__}: {e}"
+            return None
+        self.published.append(step)
+        print(f"refresh-index: published index version {step} in {time.time() - start:.1f}s", file=sys.stderr,
+              flush=True)
+        return step
+
+    def watch(self, max_versions: int | None = None) -> None:
+        """Refreshes until :meth:`stop` (or after ``max_versions`` publishes), polling every ``poll_seconds``."""
+        while not self._stop.is_set():
+            self.refresh_once()
+            if max_versions is not None and len(self.published) >= max_versions:
+                return
+            self._stop.wait(self.poll_seconds)
+
+    def start_thread(self) -> threading.Thread:
+        """Runs :meth:`watch` on a daemon thread (``refresh.mode: thread``)."""
+        self._stop.clear()
+        self._thread = threading.Thread(target=self.watch, name="index-refresher", daemon=True)
+        self._thread.start()
+        return self._thread
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stops watching; waits for a build in progress to finish (up to ``timeout``)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)

@@ -1,0 +1,313 @@
+"""REALM pre-training: retrieve, then predict the masked salient span (Guu et al., 2020, §2.3, §3, §3.4).
+
+For a masked query x the trainer maximises log p(y|x) = logsumexp_z [log p(z|x) + log p(y|z,x)] over the
+top-k candidates the MIPS index selected (candidate 0 the null document, the query's own source block
+excluded), re-embedding those k blocks with the current Embed_doc so gradients reach both retriever towers
+and the knowledge-augmented encoder. The index goes stale as the weights move; it is refreshed
+asynchronously: every ``refresh.export_every_steps`` the trainer exports its retriever, an index builder
+(:mod:`realm_tf.index.index_refresher`, a child process, a thread or your own Beam job) re-embeds the corpus,
+and the input pipeline (:mod:`realm_tf.data.retrieval_augmented_input`) swaps to the new version.
+
+TensorBoard (``<model_dir>/train``): ``loss``, ``mlm_accuracy`` (marginal prediction), ``retrieval_utility``
+(log p(y|x) − log p(y|∅,x), §3.4/§4.4), ``null_probability`` (mean p(∅|x)), ``off_policy_delay_steps`` and
+``off_policy_delay_seconds`` (how old the Embed_doc that chose the candidates is), ``index_version``,
+``examples_per_second``, ``input_wait_fraction``; held-out evaluation in ``<model_dir>/eval``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Mapping
+
+import tensorflow as tf
+import tf_keras
+
+from realm_tf import config as config_lib
+from realm_tf import errors
+from realm_tf.data import block_store
+from realm_tf.data import example_schemas
+from realm_tf.data import retrieval_augmented_input
+from realm_tf.index import index_loader
+from realm_tf.index import index_publisher
+from realm_tf.index import index_refresher
+from realm_tf.layers import bert_tokenizer
+from realm_tf.models import knowledge_augmented_encoder
+from realm_tf.models import knowledge_retriever
+from realm_tf.models import realm_pretrainer
+from realm_tf.serving import retriever_export
+from realm_tf.tasks import distribution
+from realm_tf.tasks import optimizer as optimizer_lib
+from realm_tf.tasks import realm_loss
+from realm_tf.tasks import training_loop
+
+REFRESH_MODES = ("process", "thread", "external")
+_MODEL_INPUT_PREFIXES = ("query_", "candidates_", "reader_", "masked_positions")
+
+
+class RealmPretrainingTask:
+    """Builds REALM's model, losses and metrics from an experiment config; the trainer calls it."""
+
+    def __init__(self, cfg: config_lib.ExperimentConfig):
+        self.cfg = cfg
+        self.tokenizer = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, cfg.model.lower_case)
+
+    def build_model(self) -> realm_pretrainer.RealmPretrainer:
+        """Retriever (from ``model.retriever_checkpoint`` when set, e.g. ICT) + knowledge-augmented encoder."""
+        retriever = knowledge_retriever.build_knowledge_retriever(self.cfg.model)
+        if self.cfg.model.retriever_checkpoint:
+            restore_retriever(retriever, self.cfg.model.retriever_checkpoint)
+        encoder = knowledge_augmented_encoder.build_knowledge_augmented_encoder(self.cfg.model)
+        return realm_pretrainer.RealmPretrainer(retriever, encoder, name="realm_pretrainer")
+
+    @staticmethod
+    def compute_loss(model: realm_pretrainer.RealmPretrainer, batch: Mapping[str, tf.Tensor],
+                     training: bool) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        """−log p(y|x) per example ``[batch]`` and the per-example terms of :func:`realm_loss.realm_marginal_loss`."""
+        outputs = model({k: v for k, v in batch.items() if k.startswith(_MODEL_INPUT_PREFIXES)}, training=training)
+        terms = realm_loss.realm_marginal_loss(outputs["retrieval_logits"], outputs["mlm_logits"],
+                                               batch["target_ids"], batch["target_weights"])
+        terms["null_probability"] = tf.nn.softmax(outputs["retrieval_logits"], axis=-1)[:, 0]  # [batch]
+        return terms["loss"], terms
+
+    def make_step_fn(self, model: realm_pretrainer.RealmPretrainer, optimizer: tf_keras.optimizers.Optimizer,
+                     global_batch_size: int, global_step: tf.Variable) -> training_loop.StepFn:
+        def step_fn(batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+            with tf.GradientTape() as tape:
+                per_example, terms = self.compute_loss(model, batch, training=True)
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+            variables = model.trainable_variables
+            grads = tape.gradient(loss, variables)
+            # BERT's pooler is not part of REALM's model: it gets no gradient.
+            optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables) if g is not None])
+            version = tf.cast(batch["index_version"], tf.float32)  # [batch]
+            # The candidates were chosen with the weights exported at step `index_version`; this update uses
+            # the weights after `global_step` updates.
+            delay_steps = tf.cast(global_step, tf.float32) - version  # [batch]
+            delay_seconds = tf.cast(tf.timestamp() - batch["index_exported_at"], tf.float32)  # [batch]
+            return {
+                "loss": tf.reduce_mean(per_example),
+                "mlm_accuracy": tf.reduce_sum(terms["mlm_correct"]) / tf.maximum(tf.reduce_sum(terms["mlm_count"]), 1.0),
+                "retrieval_utility": tf.reduce_mean(terms["retrieval_utility"]),
+                "null_probability": tf.reduce_mean(terms["null_probability"]),
+                "off_policy_delay_steps": tf.reduce_mean(delay_steps),
+                "off_policy_delay_seconds": tf.reduce_mean(delay_seconds),
+                "index_version": tf.reduce_max(version),
+                "learning_rate": optimizer.learning_rate(optimizer.iterations)
+                if callable(optimizer.learning_rate) else optimizer.learning_rate,
+            }
+        return step_fn
+
+    def evaluate(self, model: realm_pretrainer.RealmPretrainer, dataset: tf.data.Dataset) -> dict[str, float]:
+        """Held-out scores of the marginal model and of the same model reading only the null document.
+
+        Returns ``mlm_accuracy`` (marginal over the k candidates), ``mlm_accuracy_null_only`` (k = 1: ∅ alone),
+        ``retrieval_utility``, ``log_likelihood`` and ``log_likelihood_null_only`` (per example) and
+        ``num_examples``.
+        """
+        @tf.function(reduce_retracing=True)
+        def score(batch):
+            outputs = model({k: v for k, v in batch.items() if k.startswith(_MODEL_INPUT_PREFIXES)}, training=False)
+            full = realm_loss.realm_marginal_loss(outputs["retrieval_logits"], outputs["mlm_logits"],
+                                                  batch["target_ids"], batch["target_weights"])
+            null = realm_loss.realm_marginal_loss(outputs["retrieval_logits"][:, :1], outputs["mlm_logits"][:, :1],
+                                                  batch["target_ids"], batch["target_weights"])
+            return full, null
+
+        sums = {"correct": 0.0, "correct_null": 0.0, "count": 0.0, "ru": 0.0, "ll": 0.0, "ll_null": 0.0, "n": 0}
+        for batch in dataset:
+            full, null = score(batch)
+            sums["correct"] += float(tf.reduce_sum(full["mlm_correct"]))
+            sums["correct_null"] += float(tf.reduce_sum(null["mlm_correct"]))
+            sums["count"] += float(tf.reduce_sum(full["mlm_count"]))
+            sums["ru"] += float(tf.reduce_sum(full["retrieval_utility"]))
+            sums["ll"] += float(tf.reduce_sum(full["log_marginal"]))
+            sums["ll_null"] += float(tf.reduce_sum(null["log_marginal"]))
+            sums["n"] += int(full["loss"].shape[0])
+        n, count = max(sums["n"], 1), max(sums["count"], 1.0)
+        return {"mlm_accuracy": sums["correct"] / count, "mlm_accuracy_null_only": sums["correct_null"] / count,
+                "retrieval_utility": sums["ru"] / n, "log_likelihood": sums["ll"] / n,
+                "log_likelihood_null_only": sums["ll_null"] / n, "num_examples": sums["n"]}
+
+
+def restore_retriever(retriever: knowledge_retriever.KnowledgeRetriever, path: str) -> str:
+    """Loads a retriever trained elsewhere (ICT's ``model_dir`` or a checkpoint prefix); returns the checkpoint."""
+    checkpoint = tf.train.latest_checkpoint(os.path.join(path, "checkpoints")) or tf.train.latest_checkpoint(path)
+    if checkpoint is None and tf.io.gfile.exists(path + ".index"):
+        checkpoint = path
+    if checkpoint is None:
+        raise errors.UserError(f"model.retriever_checkpoint={path}: no checkpoint there (train ICT first: "
+                               f"realm-tf train-ict)")
+    tf.train.Checkpoint(model=retriever).read(checkpoint).assert_existing_objects_matched().expect_partial()
+    return checkpoint
+
+
+def heldout_predicate(fraction: float, heldout: bool) -> Callable[[Mapping[str, tf.Tensor]], tf.Tensor]:
+    """``record -> bool``: the held-out examples are those whose source block hashes below ``fraction``."""
+    buckets = 10000
+    threshold = int(round(fraction * buckets))
+
+    def predicate(record: Mapping[str, tf.Tensor]) -> tf.Tensor:
+        bucket = tf.strings.to_hash_bucket_fast(record[example_schemas.SOURCE_UID], buckets)
+        return tf.less(bucket, threshold) if heldout else tf.greater_equal(bucket, threshold)
+    return predicate
+
+
+def salient_heldout_predicate(fraction: float) -> Callable[[Mapping[str, tf.Tensor]], tf.Tensor]:
+    """Held-out examples whose mask is a salient span (not the random-masking fallback)."""
+    heldout = heldout_predicate(fraction, heldout=True)
+    return lambda r: tf.logical_and(heldout(r), tf.equal(r[example_schemas.MASKING], b"salient"))
+
+
+class _RefreshSupervisor:
+    """Starts the index builder the way ``refresh.mode`` says, and stops it at the end."""
+
+    def __init__(self, cfg: config_lib.ExperimentConfig, params_path: str):
+        if cfg.refresh.mode not in REFRESH_MODES:
+            raise config_lib.ConfigError(f"refresh.mode={cfg.refresh.mode!r}: expected one of {REFRESH_MODES}")
+        self.cfg = cfg
+        self.params_path = params_path
+        self.refresher: index_refresher.IndexRefresher | None = None
+        self.process: subprocess.Popen | None = None
+
+    def bootstrap(self, step: int, retriever: knowledge_retriever.KnowledgeRetriever) -> None:
+        """Publishes a first index from the current retriever when ``index_dir`` has none."""
+        if index_publisher.complete_versions(self.cfg.index.index_dir):
+            return
+        print(f"pretrain: no index in {self.cfg.index.index_dir}: exporting the retriever at step {step} and "
+              f"embedding the corpus for the first index version", file=sys.stderr, flush=True)
+        retriever_export.export_retriever(retriever, self.cfg, step)
+        refresher = index_refresher.IndexRefresher(self.params_path)
+        if refresher.refresh_once() is None:
+            raise errors.UserError(f"{self.cfg.index.index_dir}: could not build the first index: "
+                                   f"{refresher.failed or 'no export'}")
+
+    def start(self) -> None:
+        mode = self.cfg.refresh.mode
+        if self.cfg.refresh.export_every_steps <= 0 or mode == "external":
+            return
+        if mode == "thread":
+            self.refresher = index_refresher.IndexRefresher(self.params_path)
+            self.refresher.start_thread()
+        else:
+            log = open(os.path.join(self.cfg.trainer.model_dir, "refresh-index.log"), "ab")  # pylint: disable=consider-using-with
+            self.process = subprocess.Popen(  # pylint: disable=consider-using-with
+                [sys.executable, "-m", "realm_tf.cli", "refresh-index", "--config", self.params_path, "--watch"],
+                stdout=log, stderr=subprocess.STDOUT)
+            log.close()
+            print(f"pretrain: index builder running as process {self.process.pid} (log: "
+                  f"{self.cfg.trainer.model_dir}/refresh-index.log)", file=sys.stderr, flush=True)
+
+    def stop(self) -> None:
+        if self.refresher is not None:
+            self.refresher.stop()
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+def wait_for_index(loader_args: dict[str, Any], timeout: float) -> index_loader.IndexLoader:
+    """An IndexLoader once a first version is published (non-chief workers wait for the chief's)."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            return index_loader.IndexLoader(**loader_args)
+        except index_loader.IndexNotFoundError:
+            if time.time() > deadline:
+                raise
+            time.sleep(2.0)
+
+
+def pretrain(cfg: config_lib.ExperimentConfig, pretraining_pattern: str | None = None,
+             evaluate: bool = True) -> dict[str, Any]:
+    """``realm-tf pretrain``: trains for ``trainer.steps`` (resuming from ``trainer.model_dir``).
+
+    Returns the last training logs, the held-out evaluation (``eval/...``), the global step, and the index
+    versions the input pipeline used.
+    """
+    params_path = config_lib.save_params(cfg, cfg.trainer.model_dir)
+    strategy = distribution.make_strategy(cfg.trainer.strategy)
+    chief = distribution.is_chief(strategy)
+    task = RealmPretrainingTask(cfg)
+    global_batch = cfg.data.batch_size
+    with strategy.scope():
+        model = task.build_model()
+        optimizer = optimizer_lib.build_optimizer(cfg.trainer)
+    loop = training_loop.TrainingLoop(cfg.trainer, strategy, {"model": model, "optimizer": optimizer}, global_batch)
+
+    blocks = block_store.BlockStore.load(os.path.join(cfg.data.blocks_dir, "blocks-*.tfrecord*"))
+    supervisor = _RefreshSupervisor(cfg, params_path)
+    if chief:
+        supervisor.bootstrap(loop.step, model.retriever)
+    loader_args = dict(index_dir=cfg.index.index_dir, expected_dim=cfg.model.projection_size,
+                       expected_vocab_hash=task.tokenizer.vocab_hash, kind=cfg.index.kind,
+                       min_refresh_interval_seconds=cfg.refresh.poll_seconds)
+    loader = wait_for_index(loader_args, timeout=3600.0)
+    newest = loader.version or 0
+    if newest > loop.step + cfg.refresh.export_every_steps:
+        logging.warning("%s: index version %d is ahead of trainer step %d: this run's refreshes (versions = its "
+                        "steps) will not replace it until then", cfg.index.index_dir, newest, loop.step)
+    inputs = retrieval_augmented_input.RetrievalAugmentedInput(cfg, loader, blocks, task.tokenizer)
+    pattern = pretraining_pattern or os.path.join(cfg.data.pretraining_dir, "pretraining-*.tfrecord*")
+    train_split = heldout_predicate(cfg.data.pretraining_heldout_fraction, heldout=False)
+    dataset = strategy.distribute_datasets_from_function(
+        lambda ctx: inputs.dataset(pattern, ctx.get_per_replica_batch_size(global_batch), ctx,
+                                   seed=cfg.trainer.seed + ctx.input_pipeline_id, split=train_split))
+
+    export_every = cfg.refresh.export_every_steps
+    last_version = [loader.version]
+
+    def export_hook(step: int, logs: Mapping[str, float]) -> None:
+        if export_every > 0 and step % export_every == 0 and step < cfg.trainer.steps:
+            if chief:
+                path = retriever_export.export_retriever(model.retriever, cfg, step, task.tokenizer)
+                print(f"\npretrain: step {step}: exported the retriever to {path}", file=sys.stderr, flush=True)
+            else:  # every MultiWorkerMirrored worker takes part in saving; only the chief's copy is kept
+                with tempfile.TemporaryDirectory() as scratch:
+                    retriever_export.export_retriever(model.retriever, cfg, step, task.tokenizer, export_dir=scratch)
+        if loader.version != last_version[0]:
+            last_version[0] = loader.version
+            print(f"\npretrain: step {step}: input pipeline switched to index version {loader.version}",
+                  file=sys.stderr, flush=True)
+
+    if chief:
+        supervisor.start()
+    try:
+        logs = loop.run(dataset, task.make_step_fn(model, optimizer, global_batch, loop.global_step),
+                        hooks=(export_hook,), distribute_dataset=False)
+    finally:
+        supervisor.stop()
+    result: dict[str, Any] = {"step": loop.step, "train": logs, "index_versions": dict(inputs.stats.versions),
+                              "excluded_source_blocks": inputs.stats.excluded_source_blocks}
+    if evaluate and chief:
+        heldout = inputs.dataset(pattern, global_batch, repeat=False, shuffle=False,
+                                 split=salient_heldout_predicate(cfg.data.pretraining_heldout_fraction))
+        heldout = heldout.take(max(1, cfg.trainer.eval_examples // global_batch))
+        scores = task.evaluate(model, heldout)
+        writer = tf.summary.create_file_writer(os.path.join(cfg.trainer.model_dir, "eval"))
+        with writer.as_default(step=loop.step):
+            for key, value in scores.items():
+                tf.summary.scalar(key, value)
+        writer.flush()
+        result["eval"] = scores
+    return result
+
+
+def format_result(result: Mapping[str, Any]) -> str:
+    """The lines ``realm-tf pretrain`` prints at the end."""
+    train = result["train"]
+    lines = [f"pretrain: step {result['step']}: " + ", ".join(f"{k}={v:.4g}" for k, v in train.items()),
+             f"  index versions used (batches): {result['index_versions']}; "
+             f"{result['excluded_source_blocks']} retrieved source blocks excluded"]
+    if "eval" in result:
+        e = result["eval"]
+        lines.append(f"  held-out salient spans ({e['num_examples']} examples): MLM accuracy "
+                     f"{e['mlm_accuracy']:.4f} with retrieval vs {e['mlm_accuracy_null_only']:.4f} null document "
+                     f"only; retrieval utility {e['retrieval_utility']:.4f}")
+    return "\n".join(lines)

@@ -1,0 +1,70 @@
+"""IndexRefresher: indexes each new export (skipping to the newest when behind); a failing export is recorded,
+not retried, and the index in service is kept."""
+import gzip
+import itertools
+import os
+
+import pytest
+
+from realm_tf import cli
+from realm_tf import config
+from realm_tf.index import index_publisher
+from realm_tf.index import index_refresher
+from realm_tf.models import knowledge_retriever
+from realm_tf.serving import retriever_export
+
+TINY = "configs/tiny.yaml"
+
+
+@pytest.fixture()
+def setup(tmp_path):
+    with gzip.open("data/open_qa/passages.jsonl.gz", "rt") as f:
+        (tmp_path / "corpus.jsonl").write_text("".join(itertools.islice(f, 20)))
+    overrides = [f"data.blocks_dir={tmp_path}/blocks", f"index.index_dir={tmp_path}/index",
+                 f"refresh.export_dir={tmp_path}/export", "refresh.keep_exports=10"]
+    sets = sum((["--set", o] for o in overrides), [])
+    assert cli.main(["preprocess", "--config", TINY, *sets, "--input", str(tmp_path / "corpus.jsonl"),
+                     "--output", str(tmp_path / "blocks")]) == 0
+    cfg = config.load_config(TINY, overrides)
+    params = config.save_params(cfg, str(tmp_path))
+    return cfg, params, knowledge_retriever.build_knowledge_retriever(cfg.model)
+
+
+def test_indexes_new_exports_and_skips_to_the_newest(setup):
+    cfg, params, model = setup
+    refresher = index_refresher.IndexRefresher(params)
+    assert refresher.pending_export() is None and refresher.refresh_once() is None  # nothing exported yet
+    retriever_export.export_retriever(model, cfg, 3)
+    assert refresher.refresh_once() == 3
+    assert index_publisher.complete_versions(cfg.index.index_dir) == [3]
+    assert refresher.refresh_once() is None  # up to date
+    retriever_export.export_retriever(model, cfg, 5)
+    retriever_export.export_retriever(model, cfg, 9)
+    assert refresher.refresh_once() == 9  # behind: the newest export only
+    assert index_publisher.complete_versions(cfg.index.index_dir) == [3, 9]
+    meta = index_publisher.read_index_json(index_publisher.version_dir(cfg.index.index_dir, 9))
+    assert meta["export_path"].endswith("/9") and meta["exported_at"] > 0
+
+
+def test_a_failing_export_is_recorded_not_retried(setup):
+    cfg, params, model = setup
+    refresher = index_refresher.IndexRefresher(params)
+    retriever_export.export_retriever(model, cfg, 2)
+    assert refresher.refresh_once() == 2
+    broken = retriever_export.export_retriever(model, cfg, 4)
+    os.remove(os.path.join(broken, "saved_model.pb"))  # export.json says complete, but the model is gone
+    assert refresher.refresh_once() is None
+    assert 4 in refresher.failed and "saved_model" in refresher.failed[4].lower()
+    assert refresher.pending_export() is None  # not retried
+    assert index_publisher.complete_versions(cfg.index.index_dir) == [2]  # the old version stays in service
+
+
+def test_exports_backing_index_versions_are_not_pruned(setup):
+    cfg, params, model = setup
+    cfg = config.load_config(params, ["refresh.keep_exports=1"])
+    retriever_export.export_retriever(model, cfg, 1)
+    index_refresher.IndexRefresher(params).refresh_once()
+    for step in (2, 3):
+        retriever_export.export_retriever(model, cfg, step)
+    # Export 1 backs index version 1, which the trainer may still search: kept; 2 is not needed.
+    assert retriever_export.list_exports(cfg.refresh.export_dir) == [1, 3]

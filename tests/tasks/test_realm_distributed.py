@@ -1,0 +1,115 @@
+"""REALM pre-training under tf.distribute: MirroredStrategy on 2 logical CPUs (same update as one device) and
+MultiWorkerMirroredStrategy with 2 worker processes on 127.0.0.1 through TF_CONFIG."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import tensorflow as tf
+
+TINY = "configs/tiny.yaml"
+
+MIRRORED_SCRIPT = r"""
+import json, os, sys
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import numpy as np
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import tf_keras
+from realm_tf import config
+from realm_tf.data import block_store
+from realm_tf.data import retrieval_augmented_input
+from realm_tf.index import index_loader
+from realm_tf.tasks import distribution
+from realm_tf.tasks import realm_pretraining
+
+sets = json.loads(sys.argv[1])
+cfg = config.load_config("configs/tiny.yaml", sets + ["trainer.strategy=mirrored", "trainer.steps=3",
+                                                      "data.batch_size=4", "refresh.export_every_steps=2"])
+# 1. `realm-tf pretrain` itself under MirroredStrategy (2 replicas): bootstraps, exports, trains, evaluates.
+result = realm_pretraining.pretrain(cfg)
+mirrored = distribution.make_strategy("mirrored")
+assert mirrored.num_replicas_in_sync == 2, mirrored.num_replicas_in_sync
+
+# 2. One update on a global batch of 4 split over the 2 replicas equals the update on one device.
+task = realm_pretraining.RealmPretrainingTask(cfg)
+loader = index_loader.IndexLoader(cfg.index.index_dir, cfg.model.projection_size, task.tokenizer.vocab_hash,
+                                  kind=cfg.index.kind)
+blocks = block_store.BlockStore.load(cfg.data.blocks_dir + "/blocks-*.tfrecord*")
+inputs = retrieval_augmented_input.RetrievalAugmentedInput(cfg, loader, blocks, task.tokenizer)
+batch = next(iter(inputs.dataset(cfg.data.pretraining_dir + "/pretraining-*", 4, repeat=False, shuffle=False)))
+single = task.build_model()
+initial = single.get_weights()
+with mirrored.scope():
+    replicated = task.build_model()
+    replicated.set_weights(initial)
+    optimizer = tf_keras.optimizers.SGD(1.0)
+    mirrored_step = tf.Variable(5, dtype=tf.int64)
+logs_single = task.make_step_fn(single, tf_keras.optimizers.SGD(1.0), 4, tf.Variable(5, dtype=tf.int64))(batch)
+step_fn = task.make_step_fn(replicated, optimizer, 4, mirrored_step)
+halves = mirrored.experimental_distribute_values_from_function(
+    lambda ctx: {k: v[2 * ctx.replica_id_in_sync_group:2 * ctx.replica_id_in_sync_group + 2] for k, v in batch.items()})
+logs = tf.function(lambda b: mirrored.run(step_fn, args=(b,)))(halves)
+loss = float(mirrored.reduce(tf.distribute.ReduceOp.MEAN, logs["loss"], axis=None))
+moved = max(float(np.abs(a - b).max()) for a, b in zip(single.get_weights(), initial))
+diff = max(float(np.abs(a - b).max()) for a, b in zip(single.get_weights(), replicated.get_weights()))
+print(json.dumps({"step": result["step"], "versions": sorted(result["index_versions"]), "eval": result["eval"],
+                  "loss_single": float(logs_single["loss"]), "loss_mirrored": loss, "moved": moved, "diff": diff}))
+"""
+
+
+def _free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _sets(root, shared, overrides):
+    return overrides(root, shared) + ["refresh.mode=external", "refresh.poll_seconds=0.2"]
+
+
+def test_mirrored_strategy_on_two_logical_cpus(tmp_path, pretraining_workspace, workspace_overrides):
+    sets = _sets(tmp_path, pretraining_workspace, workspace_overrides)
+    result = subprocess.run([sys.executable, "-c", MIRRORED_SCRIPT, json.dumps(sets)], capture_output=True, text=True,
+                            timeout=600, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["step"] == 3 and out["eval"]["num_examples"] > 0
+    assert abs(out["loss_single"] - out["loss_mirrored"]) < 1e-4 * max(1.0, abs(out["loss_single"]))
+    assert out["moved"] > 1e-3  # the update is not trivially zero ...
+    assert out["diff"] < 1e-4, out  # ... and the 2-replica update equals the single-device one
+
+
+def test_multi_worker_mirrored_two_processes(tmp_path, pretraining_workspace, workspace_overrides):
+    sets = _sets(tmp_path, pretraining_workspace, workspace_overrides) + [
+        "trainer.strategy=multi_worker", "trainer.steps=4", "refresh.export_every_steps=2"]
+    ports = _free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    workers = []
+    for index in range(2):
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2",
+               "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
+        argv = [sys.executable, "-m", "realm_tf.cli", "pretrain", "--config", TINY, "--no-eval"]
+        for s in sets:
+            argv += ["--set", s]
+        log = open(tmp_path / f"worker{index}.log", "w")  # noqa: SIM115
+        workers.append((subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env), log))
+    try:
+        codes = [p.wait(timeout=600) for p, _ in workers]
+    finally:
+        for p, log in workers:
+            if p.poll() is None:
+                p.kill()
+            log.close()
+    logs = [open(tmp_path / f"worker{i}.log").read() for i in range(2)]
+    assert codes == [0, 0], "\n\n".join(l[-3000:] for l in logs)
+    assert "pretrain: step 4:" in logs[0] and "pretrain: step 4:" in logs[1]
+    # Only the chief (worker 0) writes the real checkpoints and exports.
+    assert tf.train.latest_checkpoint(str(tmp_path / "model" / "checkpoints")).endswith("-4")
+    assert sorted(os.listdir(tmp_path / "export")) == ["0", "2"]

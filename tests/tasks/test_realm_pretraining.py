@@ -1,0 +1,162 @@
+"""REALM pre-training task: the retrieval input pipeline, the loss against numpy, one training step."""
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from realm_tf import config
+from realm_tf.data import block_store
+from realm_tf.data import candidate_selection
+from realm_tf.data import example_schemas
+from realm_tf.data import retrieval_augmented_input
+from realm_tf.index import brute_force_index
+from realm_tf.index import index_loader
+from realm_tf.index import index_publisher
+from realm_tf.networks import bert_encoder
+from realm_tf.tasks import realm_pretraining
+
+TINY = "configs/tiny.yaml"
+
+
+@pytest.fixture()
+def setup(tmp_path, pretraining_workspace, workspace_overrides):
+    """A tiny config, the block store, the examples, and a brute-force index whose query embedder puts every
+    query's own source block first (so exclusion is tested where it matters)."""
+    cfg = config.load_config(TINY, workspace_overrides(tmp_path, pretraining_workspace))
+    task = realm_pretraining.RealmPretrainingTask(cfg)
+    blocks = block_store.BlockStore.load(f"{pretraining_workspace}/blocks/blocks-*.tfrecord*")
+    files = tf.io.gfile.glob(f"{pretraining_workspace}/pretraining/pretraining-*")
+    records = example_schemas.parse_records([r.numpy() for r in tf.data.TFRecordDataset(files)],
+                                            example_schemas.pretraining_feature_spec())
+    dim = cfg.model.projection_size
+    rng = np.random.default_rng(0)
+    embeddings = rng.normal(size=(len(blocks), dim)).astype(np.float32)  # [num_blocks, dim]
+    index = brute_force_index.BruteForceIndex()
+    index.build(embeddings)
+    index_publisher.publish(cfg.index.index_dir, 3, embeddings, index,
+                            {"vocab_hash": task.tokenizer.vocab_hash, "export_step": 3, "export_path": "none"}, 3)
+    source_of = {tuple(r[example_schemas.QUERY_IDS]): r[example_schemas.SOURCE_BLOCK_ID] for r in records}
+    cls, sep = task.tokenizer.cls_id, task.tokenizer.sep_id
+
+    def embed(packed):  # query -> 10 x its source block's embedding: the source is by far the top-1
+        ids = packed["input_word_ids"].numpy()
+        mask = packed["input_mask"].numpy()
+        out = []
+        for row, m in zip(ids, mask):
+            row = row[m == 1]
+            assert row[0] == cls and row[-1] == sep
+            out.append(10.0 * embeddings[source_of[tuple(row[1:-1].tolist())]])
+        return np.stack(out)
+
+    loader = index_loader.IndexLoader(cfg.index.index_dir, dim, task.tokenizer.vocab_hash, kind="brute_force")
+    inputs = retrieval_augmented_input.RetrievalAugmentedInput(
+        cfg, loader, blocks, task.tokenizer, query_embedder_for=lambda version, meta: (embed, 1234.5))
+    return cfg, task, blocks, records, inputs
+
+
+def test_null_document_first_source_block_never_a_candidate_and_packing(setup):
+    cfg, task, blocks, records, inputs = setup
+    k = cfg.model.num_candidates
+    pattern = f"{cfg.data.pretraining_dir}/pretraining-*"
+    dataset = inputs.dataset(pattern, batch_size=4, repeat=False, shuffle=False)
+    by_query = {tuple(r[example_schemas.QUERY_IDS]): r for r in records}
+    cls, sep, pad = task.tokenizer.cls_id, task.tokenizer.sep_id, task.tokenizer.pad_id
+    seen = 0
+    for batch in dataset:
+        cands = batch["candidate_ids"].numpy()  # [4, k]
+        assert cands.shape == (4, k) and (cands[:, 0] == candidate_selection.NULL_BLOCK).all()
+        assert (batch["index_version"].numpy() == 3).all() and (batch["index_exported_at"].numpy() == 1234.5).all()
+        for i in range(4):
+            q = batch["query_input_word_ids"].numpy()[i]
+            x = q[1:list(q).index(sep)]  # the masked query's wordpieces
+            record = by_query[tuple(x.tolist())]
+            source = record[example_schemas.SOURCE_UID]
+            for j in range(1, k):
+                assert blocks.uids[cands[i, j]] != source  # the source (top-1 by construction) is excluded
+            # Packing, checked against hand-built sequences.
+            for j in range(k):
+                block = batch["candidates_input_word_ids"].numpy()[i, j]
+                reader = batch["reader_input_word_ids"].numpy()[i, j]
+                if j == 0:
+                    expect_block, doc = [cls, sep, sep], []
+                else:
+                    t, b = blocks.title_ids(cands[i, j]).tolist(), blocks.body_ids(cands[i, j]).tolist()
+                    expect_block, doc = [cls] + t + [sep] + b + [sep], t + [sep] + b
+                    expect_block = expect_block[:cfg.model.block_seq_length - 1] + [sep] \
+                        if len(expect_block) > cfg.model.block_seq_length else expect_block
+                assert block[block != pad].tolist() == expect_block
+                budget = cfg.model.reader_seq_length - 3 - len(x)
+                assert reader[reader != pad].tolist() == [cls] + x.tolist() + [sep] + doc[:budget] + [sep]
+                positions = batch["masked_positions"].numpy()[i]
+                weights = batch["target_weights"].numpy()[i]
+                real = positions[weights > 0]
+                assert real.tolist() == [p + 1 for p in record[example_schemas.MASK_POSITIONS]]
+                assert (reader[real] == task.tokenizer.mask_id).all()
+                assert batch["target_ids"].numpy()[i][weights > 0].tolist() == record[example_schemas.TARGET_IDS]
+            seen += 1
+    assert seen == len(records) // 4 * 4
+    assert inputs.stats.excluded_source_blocks >= seen  # every query's source was retrieved, and dropped
+    assert inputs.stats.versions == {3: seen // 4}
+
+
+def _numpy_log_marginal(model, batch):
+    """−log p(y|x) from separate calls of each tower, combined in float64 numpy (independent of the task)."""
+    keys = bert_encoder.INPUT_KEYS
+    out = []
+    b, k = batch["candidate_ids"].shape
+    for i in range(b):
+        q = model.retriever.embed_queries({key: batch["query_" + key][i:i + 1] for key in keys}).numpy()[0]
+        d = model.retriever.embed_blocks({key: batch["candidates_" + key][i] for key in keys}).numpy()  # [k, dim]
+        scores = (d.astype(np.float64) @ q.astype(np.float64))  # [k]
+        log_pz = scores - np.logaddexp.reduce(scores)
+        positions = np.tile(batch["masked_positions"][i:i + 1].numpy(), [k, 1])
+        logits = model.encoder({**{key: batch["reader_" + key][i] for key in keys},
+                                "masked_positions": positions})["mlm_logits"].numpy().astype(np.float64)
+        log_probs = logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True)  # [k, masked, vocab]
+        targets = batch["target_ids"].numpy()[i]
+        weights = batch["target_weights"].numpy()[i]
+        log_py = np.array([sum(w * log_probs[z, m, t] for m, (t, w) in enumerate(zip(targets, weights)))
+                           for z in range(k)])
+        out.append(-np.logaddexp.reduce(log_pz + log_py))
+    return np.array(out)
+
+
+def test_loss_matches_numpy_with_fixed_candidates_and_one_step_trains_every_tower(setup):
+    cfg, task, _, _, inputs = setup
+    model = task.build_model()
+    batch = next(iter(inputs.dataset(f"{cfg.data.pretraining_dir}/pretraining-*", 2, repeat=False, shuffle=False)))
+    per_example, terms = task.compute_loss(model, batch, training=False)
+    np.testing.assert_allclose(per_example.numpy(), _numpy_log_marginal(model, batch), rtol=1e-4, atol=1e-4)
+    assert np.isfinite(terms["retrieval_utility"].numpy()).all()
+
+    optimizer = tf_keras.optimizers.SGD(0.5)
+    step = tf.Variable(7, dtype=tf.int64)
+    before = {v.name: v.numpy().copy() for v in model.trainable_variables}
+    logs = task.make_step_fn(model, optimizer, 2, step)(batch)
+    assert logs["off_policy_delay_steps"].numpy() == 7 - 3  # trainer step 7, index exported at step 3
+    assert logs["off_policy_delay_seconds"].numpy() > 0
+    changed = {v.name for v in model.trainable_variables if not np.array_equal(before[v.name], v.numpy())}
+    for tower in ("query_embedder/", "doc_embedder/", "reader_bert/", "masked_lm/"):
+        assert any(tower in n and ("layer_0" in n or "masked_lm" in tower) for n in changed), tower
+
+
+def test_heldout_split_is_disjoint_and_stable(setup):
+    cfg, _, _, records, _ = setup
+    uids = tf.constant([r[example_schemas.SOURCE_UID] for r in records])
+    train = realm_pretraining.heldout_predicate(0.3, heldout=False)({example_schemas.SOURCE_UID: uids}).numpy()
+    held = realm_pretraining.heldout_predicate(0.3, heldout=True)({example_schemas.SOURCE_UID: uids}).numpy()
+    assert (train ^ held).all() and 0 < held.sum() < len(records)
+    # Examples of the same source block land on the same side.
+    side = {}
+    for uid, h in zip(uids.numpy(), held):
+        assert side.setdefault(uid, h) == h
+
+
+def test_pipeline_refuses_an_index_of_another_corpus(setup, tmp_path):
+    cfg, task, blocks, _, inputs = setup
+    small = block_store.BlockStore([[1]], [[2]], ["u"], source="one-block")
+    with pytest.raises(Exception, match="another corpus"):
+        retrieval_augmented_input.RetrievalAugmentedInput(cfg, inputs.loader, small, task.tokenizer)
+    assert os.path.isdir(cfg.index.index_dir)

@@ -1,0 +1,117 @@
+"""`realm-tf pretrain` end to end on a tiny config, as separate processes: the asynchronous index refresh (with
+the index builder SIGKILLed mid-publish) and a trainer SIGKILLed and rerun."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import tensorflow as tf
+
+from realm_tf.index import index_publisher
+
+TINY = "configs/tiny.yaml"
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+
+
+def _cli(args, sets, log):
+    argv = [sys.executable, "-m", "realm_tf.cli", *args, "--config", TINY]
+    for s in sets:
+        argv += ["--set", s]
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=ENV)  # pylint: disable=consider-using-with
+
+
+def _wait(condition, timeout, what, processes=()):
+    deadline = time.time() + timeout
+    while not condition():
+        for p in processes:
+            assert p.poll() is None, f"process {p.args[3]} exited with {p.returncode} while waiting for {what}"
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _staged(index_dir):
+    """Staging directories holding a fully written version (index.json present, not yet committed)."""
+    if not os.path.isdir(index_dir):
+        return []
+    return [n for n in os.listdir(index_dir) if n.startswith(".staging")
+            and os.path.exists(os.path.join(index_dir, n, "index.json"))]
+
+
+def _tail(path, chars=4000):
+    with open(path, errors="replace") as f:
+        return f.read()[-chars:] if chars else f.read()
+
+
+def test_async_refresh_process_and_builder_killed_mid_publish(tmp_path, pretraining_workspace, workspace_overrides,
+                                                               read_scalars):
+    sets = workspace_overrides(tmp_path, pretraining_workspace) + [
+        "refresh.mode=external", "refresh.export_every_steps=3", "trainer.steps=100000", "trainer.max_minutes=8",
+        "trainer.summary_every_steps=1", "trainer.checkpoint_every_steps=100"]
+    index_dir = str(tmp_path / "index")
+    logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("trainer", "builder", "killed")}  # noqa: SIM115
+    trainer = _cli(["pretrain"], sets, logs["trainer"])
+    builder = killed = None
+    try:
+        # The trainer bootstraps index version 0 itself, then exports every 3 steps.
+        _wait(lambda: index_publisher.complete_versions(index_dir), 240, "the first index version", [trainer])
+        builder = _cli(["refresh-index", "--watch"], sets, logs["builder"])
+        _wait(lambda: max(index_publisher.complete_versions(index_dir)) > 0, 240, "a refreshed index version",
+              [trainer, builder])
+        builder.terminate()
+        builder.wait(60)
+        previous = max(index_publisher.complete_versions(index_dir))
+        # A second builder is SIGKILLed with its new version fully staged but not committed.
+        killed = _cli(["refresh-index", "--watch", "--pause_before_commit", "120"], sets, logs["killed"])
+        _wait(lambda: _staged(index_dir), 240, "a staged index version", [trainer, killed])
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(30)
+        assert max(index_publisher.complete_versions(index_dir)) == previous  # the half-published one is invisible
+        assert _staged(index_dir)  # left behind, ignored by readers
+        time.sleep(3)
+        assert trainer.poll() is None, _tail(tmp_path / "trainer.log")  # still training
+        trainer.terminate()  # SIGTERM: checkpoint, stop, evaluate, exit 0
+        assert trainer.wait(300) == 0, _tail(tmp_path / "trainer.log")
+    finally:
+        for p in (trainer, builder, killed):
+            if p is not None and p.poll() is None:
+                p.kill()
+        for f in logs.values():
+            f.close()
+    scalars = read_scalars(tmp_path / "model" / "train")
+    versions = [v for _, v in scalars["index_version"]]
+    assert len(set(versions)) >= 2 and versions[0] == 0.0, versions  # the first index, then refreshed ones
+    assert max(versions) == previous  # never the killed builder's version
+    assert versions == sorted(versions)  # the trainer only moves forward
+    assert min(v for _, v in scalars["off_policy_delay_steps"]) >= 0
+    assert min(v for _, v in scalars["off_policy_delay_seconds"]) >= 0
+    out = _tail(tmp_path / "trainer.log", chars=None)
+    assert "input pipeline switched to index version" in out and "held-out salient spans" in out
+    assert "stopping at step" in out and "SIGTERM" in out
+
+
+def test_trainer_killed_and_rerun_resumes_from_last_checkpoint(tmp_path, pretraining_workspace, workspace_overrides):
+    sets = workspace_overrides(tmp_path, pretraining_workspace) + [
+        "refresh.mode=external", "refresh.export_every_steps=0", "trainer.steps=60",
+        "trainer.checkpoint_every_steps=5"]
+    checkpoints = str(tmp_path / "model" / "checkpoints")
+    with open(tmp_path / "first.log", "w") as log:
+        trainer = _cli(["pretrain", "--no-eval"], sets, log)
+        try:
+            def step():
+                latest = tf.train.latest_checkpoint(checkpoints)
+                return int(latest.rsplit("-", 1)[1]) if latest else 0
+            _wait(lambda: step() >= 10, 300, "checkpoint 10", [trainer])
+            trainer.send_signal(signal.SIGKILL)
+            trainer.wait(30)
+        finally:
+            if trainer.poll() is None:
+                trainer.kill()
+    killed_at = step()
+    assert 10 <= killed_at < 60
+    with open(tmp_path / "second.log", "w") as log:
+        assert _cli(["pretrain", "--no-eval"], sets, log).wait(400) == 0, _tail(tmp_path / "second.log")
+    out = _tail(tmp_path / "second.log", chars=None)
+    assert f"-{killed_at} at step {killed_at}" in out, out[:3000]  # "resumed from .../ckpt-N at step N"
+    assert "pretrain: step 60:" in out
+    assert "no index in" not in out  # the index built by the first run is reused
