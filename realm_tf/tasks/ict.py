@@ -89,16 +89,10 @@ class IctTask:
     def make_step_fn(self, model: knowledge_retriever.KnowledgeRetriever, optimizer: tf_keras.optimizers.Optimizer,
                      global_batch_size: int) -> training_loop.StepFn:
         def step_fn(batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-            with tf.GradientTape() as tape:
-                per_example, metrics = self.compute_loss(model, batch, training=True)
-                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
-            variables = model.trainable_variables
-            grads = tape.gradient(loss, variables)
-            # BERT's pooler is not part of Embed (REALM uses [CLS] + projection): it gets no gradient.
-            optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables) if g is not None])
+            per_example, metrics = training_loop.minimize(lambda: self.compute_loss(model, batch, training=True),
+                                                          model.trainable_variables, optimizer, global_batch_size)
             return {"loss": tf.reduce_mean(per_example), **metrics,
-                    "learning_rate": optimizer.learning_rate(optimizer.iterations)
-                    if callable(optimizer.learning_rate) else optimizer.learning_rate}
+                    "learning_rate": training_loop.learning_rate(optimizer)}
         return step_fn
 
 

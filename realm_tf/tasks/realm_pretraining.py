@@ -76,13 +76,8 @@ class RealmPretrainingTask:
     def make_step_fn(self, model: realm_pretrainer.RealmPretrainer, optimizer: tf_keras.optimizers.Optimizer,
                      global_batch_size: int, global_step: tf.Variable) -> training_loop.StepFn:
         def step_fn(batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-            with tf.GradientTape() as tape:
-                per_example, terms = self.compute_loss(model, batch, training=True)
-                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
-            variables = model.trainable_variables
-            grads = tape.gradient(loss, variables)
-            # BERT's pooler is not part of REALM's model: it gets no gradient.
-            optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables) if g is not None])
+            per_example, terms = training_loop.minimize(lambda: self.compute_loss(model, batch, training=True),
+                                                        model.trainable_variables, optimizer, global_batch_size)
             version = tf.cast(batch["index_version"], tf.float32)  # [batch]
             # The candidates were chosen with the weights exported at step `index_version`; this update uses
             # the weights after `global_step` updates.
@@ -96,8 +91,7 @@ class RealmPretrainingTask:
                 "off_policy_delay_steps": tf.reduce_mean(delay_steps),
                 "off_policy_delay_seconds": tf.reduce_mean(delay_seconds),
                 "index_version": tf.reduce_max(version),
-                "learning_rate": optimizer.learning_rate(optimizer.iterations)
-                if callable(optimizer.learning_rate) else optimizer.learning_rate,
+                "learning_rate": training_loop.learning_rate(optimizer),
             }
         return step_fn
 
@@ -231,6 +225,9 @@ def pretrain(cfg: config_lib.ExperimentConfig, pretraining_pattern: str | None =
     Returns the last training logs, the held-out evaluation (``eval/...``), the global step, and the index
     versions the input pipeline used.
     """
+    if cfg.trainer.strategy == "multi_worker" and cfg.trainer.max_minutes > 0:
+        raise config_lib.ConfigError("trainer.max_minutes needs a single-worker strategy: each worker would stop "
+                                     "at its own time and leave the others waiting in an all-reduce")
     params_path = config_lib.save_params(cfg, cfg.trainer.model_dir)
     strategy = distribution.make_strategy(cfg.trainer.strategy)
     chief = distribution.is_chief(strategy)

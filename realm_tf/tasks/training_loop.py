@@ -14,7 +14,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import tensorflow as tf
 import tqdm
@@ -24,6 +24,29 @@ from realm_tf.tasks import distribution
 
 StepFn = Callable[[Mapping[str, tf.Tensor]], Mapping[str, tf.Tensor]]
 Hook = Callable[[int, Mapping[str, float]], None]
+LossFn = Callable[[], tuple[tf.Tensor, Any]]
+
+
+def minimize(loss_fn: LossFn, variables: Sequence[tf.Variable], optimizer: Any,
+             global_batch_size: int) -> tuple[tf.Tensor, Any]:
+    """One optimizer update inside a replica: ``loss_fn() -> (per-example loss [batch], extras)``.
+
+    The per-example loss is averaged over the *global* batch (``tf.nn.compute_average_loss``), so summing the
+    replicas' gradients gives the full-batch gradient. Variables without a gradient (BERT's pooler, which
+    REALM does not use) are left alone. Returns ``loss_fn``'s outputs.
+    """
+    with tf.GradientTape() as tape:
+        per_example, extras = loss_fn()
+        loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+    grads = tape.gradient(loss, variables)
+    optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables) if g is not None])
+    return per_example, extras
+
+
+def learning_rate(optimizer: Any) -> tf.Tensor:
+    """The optimizer's current learning rate (its schedule evaluated at its iteration count)."""
+    lr = optimizer.learning_rate
+    return lr(optimizer.iterations) if callable(lr) else tf.convert_to_tensor(lr)
 
 
 class TrainingLoop:
