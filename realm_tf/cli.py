@@ -141,6 +141,28 @@ def _cmd_refresh_index(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_finetune(args: argparse.Namespace) -> int:
+    """Open-QA fine-tuning on any {question, answers} JSONL (dev split held out); resumable."""
+    from realm_tf.tasks import open_qa
+
+    result = open_qa.finetune(_load(args), args.train)
+    print(f"finetune: step {result['step']}: " + ", ".join(f"{k}={v:.4g}" for k, v in result["train"].items()))
+    return 0
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    """Open-QA evaluation; the last line printed is one JSON object of the metrics."""
+    import json
+
+    from realm_tf.tasks import open_qa
+
+    metrics = open_qa.evaluate(_load(args), args.questions, split=args.split, model_dir=args.model,
+                               index_dir=args.index, predictions_path=args.predictions)
+    print(f"predictions: {metrics['predictions']}")
+    print(json.dumps({k: v for k, v in metrics.items() if k != "predictions"}, sort_keys=True))
+    return 0
+
+
 def _add_refresh_index_args(parser: argparse.ArgumentParser) -> None:
     from beam_jobs import job_flags
 
@@ -193,6 +215,24 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                                            help="pre-training TFRecords (default: data.pretraining_dir/pretraining-*)"),
                             p.add_argument("--no-eval", dest="no_eval", action="store_true",
                                            help="skip the held-out evaluation at the end"))),
+    "finetune": ("Open-QA fine-tuning (retriever + span reader) on a {question, answers} JSONL; resumable",
+                 _cmd_finetune,
+                 lambda p: (_add_config_args(p),
+                            p.add_argument("--train", default=None, required=True, metavar="FILE.jsonl",
+                                           help="questions with answers (.jsonl or .jsonl.gz); the dev split of "
+                                                "data.qa_dev_fraction is held out"))),
+    "evaluate": ("Open-QA evaluation: EM, regex match, retrieval accuracy@k, reader oracle, predictions JSONL",
+                 _cmd_evaluate,
+                 lambda p: (_add_config_args(p),
+                            p.add_argument("--questions", required=True, metavar="FILE.jsonl",
+                                           help="questions with answers (and optional gold_passage_ids)"),
+                            p.add_argument("--split", choices=("all", "dev", "train"), default="all",
+                                           help="evaluate all questions, or the held-out dev / the train part"),
+                            p.add_argument("--model", default=None,
+                                           help="fine-tuning run directory (default: finetune.model_dir)"),
+                            p.add_argument("--index", default=None, help="index root (default: index.index_dir)"),
+                            p.add_argument("--predictions", default=None,
+                                           help="predictions JSONL (default: <model>/predictions-<split>.jsonl)"))),
     "refresh-index": ("index builder: re-embed the corpus for each new retriever export (--watch: keep going)",
                       _cmd_refresh_index, _add_refresh_index_args),
 }

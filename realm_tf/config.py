@@ -185,10 +185,35 @@ class TrainerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class QaConfig:
+    """Open-QA fine-tuning and evaluation (REALM §4; ORQA, Lee et al. 2019).
+
+    Attributes:
+      question_seq_length: wordpieces of ``[CLS] question [SEP]`` (REALM/ORQA: 64).
+      max_answers: answer strings kept per question (the rest are ignored, counted in the logs).
+      retriever_checkpoint: start the retriever from this run (a REALM pre-training or ICT ``model_dir``);
+        "" for ``model.retriever_checkpoint`` / ``model.init_checkpoint``.
+      reader_checkpoint: start the reader BERT from a REALM pre-training ``model_dir`` (its knowledge-augmented
+        encoder); "" for ``model.init_checkpoint``.
+      recompute_doc_embeddings: re-embed the k read blocks with the current Embed_doc every step, so the
+        document tower trains too (default: frozen, as in ORQA and REALM).
+      eval_ks: k of the retrieval accuracy@k reported by ``realm-tf evaluate``.
+    """
+
+    question_seq_length: int = 64
+    max_answers: int = 16
+    retriever_checkpoint: str = ""
+    reader_checkpoint: str = ""
+    recompute_doc_embeddings: bool = False
+    eval_ks: tuple[int, ...] = (1, 5, 20, 100)
+
+
+@dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     """A whole experiment: one object, one YAML file, one ``params.yaml`` in the model directory.
 
-    ``trainer`` drives REALM pre-training / fine-tuning; ``ict`` the Inverse Cloze Task warm start.
+    ``trainer`` drives REALM pre-training; ``ict`` the Inverse Cloze Task warm start; ``finetune`` and ``qa``
+    Open-QA fine-tuning and evaluation.
     """
 
     name: str = "realm"
@@ -200,6 +225,10 @@ class ExperimentConfig:
     # The ICT warm start of the retriever is its own training job (ORQA, Lee et al. 2019: Adam, lr 1e-4).
     ict: TrainerConfig = TrainerConfig(model_dir="/tmp/realm_tf/ict", steps=1000, learning_rate=1e-4,
                                        warmup_steps=100)
+    # Open-QA fine-tuning (ORQA/REALM: lr 1e-5); its own model_dir, so pre-training checkpoints stay intact.
+    qa: QaConfig = QaConfig()
+    finetune: TrainerConfig = TrainerConfig(model_dir="/tmp/realm_tf/qa", steps=1000, learning_rate=1e-5,
+                                            warmup_steps=100)
 
 
 def load_config(path: str | os.PathLike[str] | None = None,

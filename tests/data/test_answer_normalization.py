@@ -35,3 +35,49 @@ def test_normalisation_is_idempotent():
     for raw in ["The  Police!", "an  A-Team", "Who's  the (Boss)?", "Árpád   THE great"]:
         once = answer_normalization.normalize_answer(raw)
         assert answer_normalization.normalize_answer(once) == once
+
+
+def _official_squad_v1_1_normalize_answer(s):
+    """The official SQuAD v1.1 evaluation script's normalize_answer, restated independently."""
+    import re
+    import string
+
+    def remove_articles(text):
+        return re.sub(r"\b(a|an|the)\b", " ", text)
+
+    def white_space_fix(text):
+        return " ".join(text.split())
+
+    def remove_punc(text):
+        exclude = set(string.punctuation)
+        return "".join(ch for ch in text if ch not in exclude)
+
+    def lower(text):
+        return text.lower()
+
+    return white_space_fix(remove_articles(remove_punc(lower(s))))
+
+
+@pytest.mark.parametrize("raw, expected", [
+    ("The Beatles", "beatles"),
+    ("beatles", "beatles"),
+    ("an apple", "apple"),
+    ("theater", "theater"),                  # "the" inside a word stays
+    ("The theater", "theater"),
+    ("U.S.A.", "usa"),
+    ("Rock 'n' Roll", "rock n roll"),
+    ("  The\tRolling \n\n Stones\r\n", "rolling stones"),
+    ("1939 – 1945", "1939 – 1945"),          # a non-ASCII dash is not in string.punctuation
+    ("Tom—Jerry", "tom—jerry"),
+    ("A.N. Other", "other"),                 # "a.n." loses its dots, then "an" is an article
+    ("THE END.", "end"),
+])
+def test_tricky_cases_match_official_squad_normalizer(raw, expected):
+    assert _official_squad_v1_1_normalize_answer(raw) == expected
+    assert answer_normalization.normalize_answer(raw) == expected
+
+
+def test_beatles_variants_normalize_equal():
+    assert (answer_normalization.normalize_answer("The Beatles")
+            == answer_normalization.normalize_answer("beatles")
+            == answer_normalization.normalize_answer("the beatles!"))

@@ -1,0 +1,131 @@
+"""REALM / ORQA Open-QA model: retrieve in the graph, read k blocks, score every answer span (Guu et al., 2020,
+§3.2 "Knowledge-Augmented Encoder", Open-QA fine-tuning; Lee et al., 2019, §5).
+
+    p(y | x) = Σ_{z ∈ top-k} p(z | x) Σ_{s ∈ S(z, y)} p(s | z, x)
+
+One differentiable pass for a batch of questions x:
+
+1. Embed_input(x) with the (trainable) query tower;
+2. exact MIPS over the fixed Embed_doc matrix of :class:`~realm_tf.layers.knowledge_corpus.KnowledgeCorpus`
+   → the top ``reader_beam_size`` blocks (REALM: 5); f(x, z) = Embed_input(x)ᵀ Embed_doc(z) is recomputed from
+   the gathered rows, so the gradient reaches the query tower (document embeddings are frozen, as in ORQA and
+   REALM's fine-tuning; with ``recompute_doc_embeddings`` the k blocks are re-embedded with the current
+   Embed_doc instead, so it trains too);
+3. join_BERT(x, title [SEP] body) for each block, built in the graph, read by the
+   :class:`~realm_tf.models.span_reader.SpanReader`; spans crossing the title/body [SEP] are masked.
+
+Everything runs in the graph, so the same model exports as one TF Serving signature.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import tensorflow as tf
+import tf_keras
+
+from realm_tf.layers import bert_tokenizer
+from realm_tf.layers import knowledge_corpus
+from realm_tf.models import knowledge_retriever
+from realm_tf.models import span_reader
+from realm_tf.networks import bert_encoder
+
+
+class OpenQaModel(tf_keras.Model):
+    """Knowledge retriever + in-graph corpus + span reader.
+
+    Args:
+      retriever: the two towers (Embed_input trains; Embed_doc only with ``recompute_doc_embeddings``).
+      reader: the span reader.
+      corpus: the blocks and their Embed_doc matrix (not trained, not part of the training checkpoint).
+      tokenizer: packs join_BERT in the graph.
+      reader_beam_size: k, blocks read per question.
+      reader_seq_length: length of join_BERT(x, z).
+      block_seq_length: length of ``[CLS] title [SEP] body [SEP]`` when re-embedding blocks.
+      recompute_doc_embeddings: score the k blocks with the current Embed_doc instead of the fixed matrix.
+
+    Inputs of :meth:`call`: ``question_input_word_ids`` / ``_input_mask`` / ``_input_type_ids`` ``int32[batch, q_len]``
+    (``[CLS] question [SEP]``).
+
+    Returns ``block_ids`` ``int32[batch, k]``, ``retrieval_logits`` ``[batch, k]``, ``span_logits`` /
+    ``span_starts`` / ``span_ends`` / ``span_mask`` ``[batch, k, num_spans]`` and ``reader_input_word_ids`` /
+    ``reader_input_type_ids`` ``int32[batch, k, reader_len]`` (for matching answers), and ``question_length``
+    ``int32[batch]`` (wordpieces of x in the reader input).
+    """
+
+    def __init__(self, retriever: knowledge_retriever.KnowledgeRetriever, reader: span_reader.SpanReader,
+                 corpus: knowledge_corpus.KnowledgeCorpus, tokenizer: bert_tokenizer.BertTokenizer,
+                 reader_beam_size: int, reader_seq_length: int, block_seq_length: int,
+                 recompute_doc_embeddings: bool = False, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.retriever = retriever
+        self.reader = reader
+        self.corpus = corpus
+        self.tokenizer = tokenizer
+        self.reader_beam_size = reader_beam_size
+        self.reader_seq_length = reader_seq_length
+        self.block_seq_length = block_seq_length
+        self.recompute_doc_embeddings = recompute_doc_embeddings
+
+    def retrieve(self, question: dict[str, tf.Tensor], k: int,
+                 training: bool | None = None) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """``(query_embedding [batch, dim], scores [batch, k], block_ids int32 [batch, k])``, best first."""
+        query = self.retriever.embed_queries(question, training=training)  # [batch, dim]
+        scores, block_ids = self.corpus.search(query, k)  # [batch, k] each
+        return query, scores, block_ids
+
+    def call(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> dict[str, tf.Tensor]:
+        question = {k: inputs["question_" + k] for k in bert_encoder.INPUT_KEYS}  # each [batch, q_len]
+        k = self.reader_beam_size
+        query, _, block_ids = self.retrieve(question, k, training=training)  # [batch, dim], [batch, k]
+        batch = tf.shape(block_ids)[0]
+        k = tf.shape(block_ids)[1]  # fewer when the corpus is smaller than the beam
+        flat_ids = tf.reshape(block_ids, [-1])  # [batch * k]
+        titles = self.corpus.title_ids(flat_ids)  # [batch * k, (title_len)]
+        bodies = self.corpus.body_ids(flat_ids)  # [batch * k, (body_len)]
+        if self.recompute_doc_embeddings:
+            packed = self.tokenizer.join_bert(titles, bodies, self.block_seq_length, pad_to_seq_length=False)
+            docs = tf.reshape(self.retriever.embed_blocks(packed, training=training), [batch, k, -1])  # [b, k, dim]
+        else:
+            docs = tf.stop_gradient(self.corpus.block_embeddings(block_ids))  # [batch, k, dim]
+        retrieval_logits = tf.einsum("bd,bkd->bk", query, docs)  # [batch, k]
+
+        question_ids = _unpack(question)  # [batch, (q_len)]
+        repeated = tf.gather(question_ids, tf.repeat(tf.range(batch), k))  # [batch * k, (q_len)]
+        sep = tf.RaggedTensor.from_tensor(tf.fill([batch * k, 1], self.tokenizer.sep_id))  # [batch * k, 1]
+        doc = tf.concat([titles, sep, bodies], axis=1)  # [batch * k, (title_len + 1 + body_len)]
+        reader_inputs = self.tokenizer.join_bert(repeated, doc, self.reader_seq_length, pad_to_seq_length=False)
+        reader_inputs = {key: tf.reshape(v, [batch, k, -1]) for key, v in reader_inputs.items()}  # [b, k, len]
+        read = self.reader(reader_inputs, training=training)
+        # A span may not cross the [SEP] between title and body.
+        is_sep = tf.cast(tf.equal(reader_inputs["input_word_ids"], self.tokenizer.sep_id), tf.int32)  # [b, k, len]
+        seps_before = tf.cumsum(is_sep, axis=-1)  # [batch, k, len]: [SEP]s at or before each position
+        length = tf.shape(is_sep)[-1]
+        starts = tf.minimum(read["span_starts"][0, 0], length - 1)  # [num_spans]
+        ends = tf.minimum(read["span_ends"][0, 0], length - 1)  # [num_spans]
+        # [SEP]s within [start, end]: inclusive count at the end minus the count strictly before the start.
+        seps_inside = (tf.gather(seps_before, ends, axis=-1) - tf.gather(seps_before, starts, axis=-1)
+                       + tf.gather(is_sep, starts, axis=-1))  # [batch, k, num_spans]
+        mask = read["span_mask"] & tf.equal(seps_inside, 0)  # [batch, k, num_spans]
+        logits = tf.where(mask, read["span_logits"], span_reader.MASKED_SPAN_LOGIT)  # [batch, k, num_spans]
+        return {
+            "block_ids": block_ids,  # [batch, k]
+            "retrieval_logits": retrieval_logits,  # [batch, k]
+            "span_logits": logits,  # [batch, k, num_spans]
+            "span_mask": mask,  # [batch, k, num_spans]
+            "span_starts": read["span_starts"],  # [batch, k, num_spans]
+            "span_ends": read["span_ends"],  # [batch, k, num_spans]
+            "reader_input_word_ids": reader_inputs["input_word_ids"],  # [batch, k, reader_len]
+            "reader_input_type_ids": reader_inputs["input_type_ids"],  # [batch, k, reader_len]
+            "question_length": tf.cast(question_ids.row_lengths(), tf.int32),  # [batch]
+        }
+
+    def get_config(self) -> dict[str, Any]:
+        return {"reader_beam_size": self.reader_beam_size, "reader_seq_length": self.reader_seq_length,
+                "block_seq_length": self.block_seq_length,
+                "recompute_doc_embeddings": self.recompute_doc_embeddings, "name": self.name}
+
+
+def _unpack(packed: dict[str, tf.Tensor]) -> tf.RaggedTensor:
+    """``[CLS] x [SEP] [PAD]…`` → the wordpieces of x ``int32[batch, (len)]``."""
+    lengths = tf.reduce_sum(tf.cast(packed["input_mask"], tf.int32), axis=-1) - 2  # [batch]
+    return tf.RaggedTensor.from_tensor(packed["input_word_ids"][:, 1:], lengths=lengths)

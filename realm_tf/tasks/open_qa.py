@@ -1,0 +1,410 @@
+"""Open-QA fine-tuning and evaluation of REALM (Guu et al., 2020, §4) in the ORQA setting (Lee et al., 2019).
+
+Questions come from any JSONL file with ``question`` and ``answers`` (optional ``id`` and
+``gold_passage_ids``). The model (:class:`realm_tf.models.open_qa_model.OpenQaModel`) retrieves the top
+``reader_beam_size`` blocks from the fixed corpus embeddings in the graph and scores every span; the loss
+(:func:`realm_tf.tasks.open_qa_loss.open_qa_marginal_loss`) is the retriever's marginal log-likelihood over
+blocks that contain an answer plus the reader's over all answer spans, each skipped when nothing matches.
+Answers are matched on wordpieces, in the graph, at word boundaries. Batches hold many questions (ORQA
+trained with batch 1).
+"""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import os
+import re
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from realm_tf import config as config_lib
+from realm_tf import errors
+from realm_tf.data import answer_normalization
+from realm_tf.data import block_store as block_store_lib
+from realm_tf.data import question_split
+from realm_tf.index import index_publisher
+from realm_tf.layers import bert_tokenizer
+from realm_tf.layers import knowledge_corpus
+from realm_tf.models import knowledge_retriever
+from realm_tf.models import open_qa_model
+from realm_tf.models import span_reader
+from realm_tf.tasks import open_qa_loss
+from realm_tf.tasks import training_loop
+
+_QUESTION_PREFIX = "question_"
+
+
+@dataclasses.dataclass(frozen=True)
+class QaExample:
+    """One question with its answers (and where it came from, for error messages and predictions)."""
+
+    question: str
+    answers: tuple[str, ...]
+    id: str
+    gold_passage_ids: tuple[str, ...] = ()
+
+
+def read_questions(path: str) -> list[QaExample]:
+    """Reads ``{question, answers[, id, gold_passage_ids]}`` lines (``.gz`` too); errors name file and line."""
+    opener = gzip.open if path.endswith(".gz") else open
+    examples = []
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for line_number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{line_number}"
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise errors.UserError(f"{where}: not valid JSON: {e.msg}") from e
+                question, answers = row.get("question") if isinstance(row, dict) else None, None
+                if isinstance(row, dict):
+                    answers = row.get("answers", row.get("answer"))
+                if isinstance(answers, str):
+                    answers = [answers]
+                if not isinstance(question, str) or not question.strip():
+                    raise errors.UserError(f"{where}: needs a non-empty string 'question'")
+                if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
+                    raise errors.UserError(f"{where}: needs 'answers', a list of strings")
+                gold = row.get("gold_passage_ids") or ()
+                examples.append(QaExample(question.strip(), tuple(answers), str(row.get("id", f"line{line_number}")),
+                                          tuple(str(g) for g in gold)))
+    except OSError as e:
+        raise errors.UserError(f"{path}: cannot read questions: {e.strerror or e}") from e
+    if not examples:
+        raise errors.UserError(f"{path}: no questions")
+    return examples
+
+
+def split_questions(examples: Sequence[QaExample], dev_fraction: float) -> tuple[list[QaExample], list[QaExample]]:
+    """(train, dev) by :func:`realm_tf.data.question_split.is_dev` on the question id."""
+    dev = [e for e in examples if question_split.is_dev(e.id, dev_fraction)]
+    train = [e for e in examples if not question_split.is_dev(e.id, dev_fraction)]
+    return train, dev
+
+
+def load_corpus(cfg: config_lib.ExperimentConfig, tokenizer: bert_tokenizer.BertTokenizer,
+                index_dir: str | None = None) -> tuple[knowledge_corpus.KnowledgeCorpus, block_store_lib.BlockStore, dict]:
+    """The in-graph corpus from the blocks and the newest complete index version's ``embeddings.npy``."""
+    index_dir = index_dir or cfg.index.index_dir
+    versions = index_publisher.complete_versions(index_dir)
+    if not versions:
+        raise errors.UserError(f"{index_dir}: no index (run `realm-tf embed-blocks` with a retriever export)")
+    path = index_publisher.version_dir(index_dir, versions[-1])
+    meta = index_publisher.read_index_json(path)
+    if meta.get("vocab_hash") != tokenizer.vocab_hash:
+        raise errors.UserError(f"{path}: index built with another vocabulary than model.vocab_file")
+    with tf.io.gfile.GFile(os.path.join(path, meta["embeddings"]), "rb") as f:
+        embeddings = np.load(f, allow_pickle=False)  # [num_blocks, dim]
+    blocks = block_store_lib.BlockStore.load(os.path.join(cfg.data.blocks_dir, "blocks-*.tfrecord*"))
+    if len(blocks) != embeddings.shape[0]:
+        raise errors.UserError(f"{path}: {embeddings.shape[0]} embeddings but {len(blocks)} blocks in "
+                               f"{cfg.data.blocks_dir}: the index was built from another corpus")
+    return knowledge_corpus.KnowledgeCorpus(embeddings, blocks, tokenizer), blocks, meta
+
+
+class OpenQaTask:
+    """Builds the Open-QA model, input pipeline, loss, metrics and predictions from an experiment config."""
+
+    def __init__(self, cfg: config_lib.ExperimentConfig):
+        self.cfg = cfg
+        self.tokenizer = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, cfg.model.lower_case)
+        self.continuation = tf.constant([t.startswith("##") for t in self.tokenizer.vocab])  # [vocab]
+
+    # ---- model --------------------------------------------------------------------------------------------
+
+    def build_model(self, corpus: knowledge_corpus.KnowledgeCorpus) -> open_qa_model.OpenQaModel:
+        """Retriever (``qa.retriever_checkpoint`` / ``model.retriever_checkpoint``) and reader
+        (``qa.reader_checkpoint``: the pre-trained knowledge-augmented encoder) over ``corpus``."""
+        m, qa = self.cfg.model, self.cfg.qa
+        retriever = knowledge_retriever.build_knowledge_retriever(m)
+        retriever_source = qa.retriever_checkpoint or m.retriever_checkpoint
+        if retriever_source:
+            restore_from_run(retriever_source, retriever=retriever)
+        reader = span_reader.build_span_reader(m)
+        if qa.reader_checkpoint:
+            restore_from_run(qa.reader_checkpoint, reader_bert=reader.encoder)
+        return open_qa_model.OpenQaModel(retriever, reader, corpus, self.tokenizer, m.reader_beam_size,
+                                         m.reader_seq_length, m.block_seq_length, qa.recompute_doc_embeddings,
+                                         name="open_qa")
+
+    # ---- data ---------------------------------------------------------------------------------------------
+
+    def dataset(self, examples: Sequence[QaExample], batch_size: int, repeat: bool = False, shuffle: bool = False,
+                seed: int | None = None, drop_remainder: bool = False) -> tf.data.Dataset:
+        """Batches of ``question_*`` ``int32[batch, q_len]``, ``answer_ids`` ``int32[batch, max_answers,
+        max_span_width]`` (-1 padded; answers longer than a span can be are left out) and ``index``
+        ``int32[batch]`` (position in ``examples``)."""
+        if not examples:
+            raise ValueError("no questions")
+        width, max_answers = self.cfg.model.max_span_width, self.cfg.qa.max_answers
+        answers = [list(e.answers[:max_answers]) or [""] for e in examples]
+        ds = tf.data.Dataset.from_tensor_slices({
+            "question": tf.constant([e.question for e in examples]),
+            "answers": tf.ragged.constant(answers, dtype=tf.string),
+            "index": tf.range(len(examples), dtype=tf.int32)})
+        if repeat:
+            ds = ds.repeat()
+        if shuffle:
+            ds = ds.shuffle(max(len(examples), 1) if len(examples) < 100_000 else 100_000, seed=seed)
+        ds = ds.ragged_batch(batch_size, drop_remainder=drop_remainder)
+
+        def pack(batch: Mapping[str, Any]) -> dict[str, tf.Tensor]:
+            packed = self.tokenizer.pack_single(self.tokenizer(batch["question"]), self.cfg.qa.question_seq_length,
+                                                self.cfg.data.static_padding)
+            flat = self.tokenizer(batch["answers"].flat_values)  # [num_answers, (len)]
+            too_long = flat.row_lengths() > width
+            flat = tf.ragged.boolean_mask(flat, ~too_long[:, None] & tf.ones_like(flat, tf.bool))
+            dense = flat.to_tensor(-1, shape=[None, width])  # [num_answers, width]
+            per_question = tf.RaggedTensor.from_row_splits(dense, batch["answers"].row_splits)  # [b, (a), width]
+            answer_ids = per_question.to_tensor(-1, shape=[None, max_answers, width])  # [b, max_answers, width]
+            return {**{_QUESTION_PREFIX + k: v for k, v in packed.items()}, "answer_ids": answer_ids,
+                    "index": batch["index"]}
+
+        return ds.map(pack, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+
+    # ---- loss, metrics, predictions -----------------------------------------------------------------------
+
+    def answer_span_mask(self, outputs: Mapping[str, tf.Tensor], answer_ids: tf.Tensor) -> tf.Tensor:
+        """``bool[batch, k, num_spans]``: spans whose wordpieces are an answer, starting and ending at word
+        boundaries (not inside a word split into ``##`` pieces)."""
+        width = self.cfg.model.max_span_width
+        ids = outputs["reader_input_word_ids"]  # [batch, k, len]
+        length = tf.shape(ids)[2]
+        padded = tf.pad(ids, [[0, 0], [0, 0], [0, width + 1]], constant_values=-2)  # [batch, k, len + w + 1]
+        windows = tf.stack([padded[:, :, w:w + length] for w in range(width)], axis=-1)  # [batch, k, len, w]
+        answers = answer_ids[:, None, None, :, :]  # [batch, 1, 1, answers, w]
+        equal = tf.cast(tf.equal(windows[:, :, :, None, :], answers), tf.int32)  # [batch, k, len, answers, w]
+        prefix = tf.math.cumprod(equal, axis=-1) > 0  # [batch, k, len, answers, w]: first w+1 pieces match
+        answer_length = tf.reduce_sum(tf.cast(answer_ids >= 0, tf.int32), axis=-1)  # [batch, answers]
+        exact = tf.equal(tf.range(1, width + 1)[None, None, None, None, :],
+                         answer_length[:, None, None, :, None])  # [batch, 1, 1, answers, w]: width w+1 = length
+        match = tf.reduce_any(prefix & exact & (answer_length > 0)[:, None, None, :, None], axis=3)  # [b, k, len, w]
+        continuation = tf.gather(self.continuation, tf.maximum(padded, 0)) & (padded >= 0)  # [b, k, len + w + 1]
+        starts_word = ~continuation[:, :, :length]  # [batch, k, len]
+        next_is_piece = tf.stack([continuation[:, :, w + 1:w + 1 + length] for w in range(width)], -1)  # [b,k,len,w]
+        match = match & starts_word[..., None] & ~next_is_piece  # [batch, k, len, w]
+        shape = tf.shape(outputs["span_mask"])
+        return tf.reshape(match, shape) & outputs["span_mask"]  # [batch, k, len * w]
+
+    def compute_loss(self, model: open_qa_model.OpenQaModel, batch: Mapping[str, tf.Tensor],
+                     training: bool) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        outputs = model({k: v for k, v in batch.items() if k.startswith(_QUESTION_PREFIX)}, training=training)
+        answer_mask = self.answer_span_mask(outputs, batch["answer_ids"])
+        terms = open_qa_loss.open_qa_marginal_loss(outputs["retrieval_logits"], outputs["span_logits"],
+                                                   outputs["span_mask"], answer_mask)
+        correct = tf.gather_nd(answer_mask, tf.stack([terms["predicted_block"], terms["predicted_span"]], -1),
+                               batch_dims=1)  # [batch]: the predicted span is an answer
+        terms["span_correct"] = tf.cast(correct, tf.float32)
+        return terms["loss"], terms
+
+    def make_step_fn(self, model: open_qa_model.OpenQaModel, optimizer: tf_keras.optimizers.Optimizer,
+                     global_batch_size: int) -> training_loop.StepFn:
+        variables = [v for v in model.trainable_variables]
+
+        def step_fn(batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+            _, terms = training_loop.minimize(lambda: self.compute_loss(model, batch, training=True), variables,
+                                              optimizer, global_batch_size)
+            return {"loss": tf.reduce_mean(terms["loss"]), "retriever_loss": tf.reduce_mean(terms["retriever_loss"]),
+                    "reader_loss": tf.reduce_mean(terms["reader_loss"]),
+                    "answer_in_beam": tf.reduce_mean(terms["has_answer_block"]),
+                    "span_accuracy": tf.reduce_mean(terms["span_correct"]),
+                    "learning_rate": training_loop.learning_rate(optimizer)}
+        return step_fn
+
+    def decode(self, model: open_qa_model.OpenQaModel, outputs: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """The best answer per question: ``answer`` string[batch] (cut from the block's original text),
+        ``score`` (its probability among all spans of the k blocks), ``block`` (its position in the beam)."""
+        joint = outputs["retrieval_logits"][:, :, None] + outputs["span_logits"]  # [batch, k, num_spans]
+        joint = tf.where(outputs["span_mask"], joint, span_reader.MASKED_SPAN_LOGIT)
+        shape = tf.shape(joint)
+        flat = tf.reshape(joint, [shape[0], -1])  # [batch, k * num_spans]
+        best = tf.argmax(flat, axis=-1, output_type=tf.int32)  # [batch]
+        score = tf.exp(tf.reduce_max(flat, -1) - tf.reduce_logsumexp(flat, -1))  # [batch]
+        position, span = best // shape[2], best % shape[2]  # [batch] each
+        index = tf.stack([position, span], -1)  # [batch, 2]
+        start = tf.gather_nd(outputs["span_starts"], index, batch_dims=1)  # [batch]
+        end = tf.gather_nd(outputs["span_ends"], index, batch_dims=1)  # [batch]
+        block = tf.gather(outputs["block_ids"], position, batch_dims=1)  # [batch]
+        word_ids = tf.gather(outputs["reader_input_word_ids"], position, batch_dims=1)  # [batch, len]
+        type_ids = tf.gather(outputs["reader_input_type_ids"], position, batch_dims=1)  # [batch, len]
+        question_len = tf.reduce_sum(tf.cast(tf.equal(type_ids, 0) & tf.not_equal(word_ids, self.tokenizer.pad_id),
+                                             tf.int32), -1) - 2  # [batch]: x as read (after any truncation)
+        title_start = question_len + 2  # [batch]
+        title_len = tf.cast(model.corpus.title_ids(block).row_lengths(), tf.int32)  # [batch]
+        body_start = title_start + title_len + 1  # [batch]
+        in_title = start < body_start  # [batch]
+        offset = tf.where(in_title, title_start, body_start)  # [batch]
+        answer = model.corpus.span_text(block, in_title, start - offset, end - offset)  # [batch]
+        return {"answer": answer, "score": score, "block": position, "block_id": block}
+
+
+def restore_from_run(path: str, retriever: knowledge_retriever.KnowledgeRetriever | None = None,
+                     reader_bert: tf_keras.layers.Layer | None = None) -> str:
+    """Loads the retriever and/or the reader BERT from the latest checkpoint of a run directory.
+
+    Understands REALM pre-training (``model = RealmPretrainer``: ``model.retriever``, ``model.encoder.encoder``),
+    ICT (``model = KnowledgeRetriever``) and Open-QA fine-tuning (``retriever``, ``reader.encoder``) runs.
+    """
+    checkpoint = tf.train.latest_checkpoint(os.path.join(path, "checkpoints")) or tf.train.latest_checkpoint(path)
+    if checkpoint is None:
+        raise errors.UserError(f"{path}: no checkpoint to start from")
+    keys = {name for name, _ in tf.train.list_variables(checkpoint)}
+    if any(k.startswith("model/retriever/") for k in keys):  # REALM pre-training
+        parts: dict[str, Any] = {}
+        if retriever is not None:
+            parts["retriever"] = retriever
+        if reader_bert is not None:
+            parts["encoder"] = tf.train.Checkpoint(encoder=reader_bert)
+        tree = tf.train.Checkpoint(model=tf.train.Checkpoint(**parts))
+    elif any(k.startswith("reader/") or k.startswith("retriever/") for k in keys):  # Open-QA fine-tuning
+        parts = {}
+        if retriever is not None:
+            parts["retriever"] = retriever
+        if reader_bert is not None:
+            parts["reader"] = tf.train.Checkpoint(encoder=reader_bert)
+        tree = tf.train.Checkpoint(**parts)
+    else:  # ICT: model = KnowledgeRetriever
+        if reader_bert is not None:
+            raise errors.UserError(f"{checkpoint}: an ICT checkpoint has no reader (qa.reader_checkpoint)")
+        tree = tf.train.Checkpoint(model=retriever)
+    tree.read(checkpoint).assert_existing_objects_matched().expect_partial()
+    return checkpoint
+
+
+def exact_match(prediction: str, answers: Iterable[str]) -> bool:
+    """SQuAD exact match: equal after ``normalize_answer``, against any answer."""
+    norm = answer_normalization.normalize_answer(prediction)
+    return any(norm == answer_normalization.normalize_answer(a) for a in answers)
+
+
+def regex_match(prediction: str, patterns: Iterable[str]) -> bool:
+    """CuratedTREC-style match: an answer is a regular expression matched at the start, case-insensitively
+    (a pattern that is not a valid regex is matched literally)."""
+    for pattern in patterns:
+        try:
+            compiled = re.compile(pattern, flags=re.IGNORECASE | re.UNICODE | re.MULTILINE)
+        except re.error:
+            compiled = re.compile(re.escape(pattern), flags=re.IGNORECASE)
+        if compiled.match(prediction) is not None:
+            return True
+    return False
+
+
+def _restore_finetuned(model: open_qa_model.OpenQaModel, model_dir: str) -> str | None:
+    """Loads the latest fine-tuning checkpoint of ``model_dir`` (retriever + whole reader); None if none."""
+    checkpoint = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+    if checkpoint is not None:
+        tf.train.Checkpoint(retriever=model.retriever, reader=model.reader).read(checkpoint).expect_partial()
+    return checkpoint
+
+
+def finetune(cfg: config_lib.ExperimentConfig, train_path: str) -> dict[str, Any]:
+    """``realm-tf finetune``: trains on the non-dev questions of ``train_path`` for ``finetune.steps``.
+
+    The dev split (``data.qa_dev_fraction`` of the question ids) is never trained on; ``realm-tf evaluate
+    --split dev`` scores it. Resumes from ``finetune.model_dir``.
+    """
+    from realm_tf.tasks import distribution  # pylint: disable=import-outside-toplevel
+    from realm_tf.tasks import optimizer as optimizer_lib  # pylint: disable=import-outside-toplevel
+
+    config_lib.save_params(cfg, cfg.finetune.model_dir)
+    task = OpenQaTask(cfg)
+    train, dev = split_questions(read_questions(train_path), cfg.data.qa_dev_fraction)
+    if not train:
+        raise errors.UserError(f"{train_path}: every question is in the dev split (data.qa_dev_fraction)")
+    strategy = distribution.make_strategy(cfg.finetune.strategy)
+    batch_size = cfg.data.batch_size
+    with strategy.scope():
+        corpus, _, meta = load_corpus(cfg, task.tokenizer)
+        model = task.build_model(corpus)
+        optimizer = optimizer_lib.build_optimizer(cfg.finetune)
+    loop = training_loop.TrainingLoop(cfg.finetune, strategy, {"retriever": model.retriever, "reader": model.reader,
+                                                               "optimizer": optimizer}, batch_size)
+    print(f"finetune: {len(train)} training questions ({len(dev)} held out), corpus {meta['num_blocks']} blocks "
+          f"from index version {meta['version']}", flush=True)
+    dataset = task.dataset(train, batch_size, repeat=True, shuffle=True, seed=cfg.finetune.seed, drop_remainder=True)
+    logs = loop.run(dataset, task.make_step_fn(model, optimizer, batch_size))
+    return {"step": loop.step, "train": logs, "num_train": len(train), "num_dev": len(dev)}
+
+
+def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str = "all", model_dir: str | None = None,
+             index_dir: str | None = None, predictions_path: str | None = None) -> dict[str, float]:
+    """``realm-tf evaluate``: exact match, regex match, retrieval accuracy@k, reader oracle; writes predictions.
+
+    Args:
+      split: ``all`` questions of the file, or its ``dev`` / ``train`` part (``data.qa_dev_fraction``).
+      model_dir: fine-tuning run to load (default ``finetune.model_dir``; without a checkpoint the model is
+        evaluated as initialised, e.g. zero-shot).
+    """
+    from realm_tf.tasks import retrieval_metrics  # pylint: disable=import-outside-toplevel
+
+    task = OpenQaTask(cfg)
+    examples = read_questions(questions_path)
+    if split != "all":
+        train, dev = split_questions(examples, cfg.data.qa_dev_fraction)
+        examples = {"train": train, "dev": dev}[split]
+    if not examples:
+        raise errors.UserError(f"{questions_path}: no questions in split {split!r}")
+    corpus, blocks, meta = load_corpus(cfg, task.tokenizer, index_dir)
+    model = task.build_model(corpus)
+    model_dir = model_dir or cfg.finetune.model_dir
+    restored = _restore_finetuned(model, model_dir)
+    max_k = max(cfg.qa.eval_ks)
+
+    @tf.function(reduce_retracing=True)
+    def run(batch):
+        question = {k: v for k, v in batch.items() if k.startswith(_QUESTION_PREFIX)}
+        outputs = model(question, training=False)
+        decoded = task.decode(model, outputs)
+        oracle = tf.reduce_any(task.answer_span_mask(outputs, batch["answer_ids"]), axis=[1, 2])  # [batch]
+        _, _, top = model.retrieve({k[len(_QUESTION_PREFIX):]: v for k, v in question.items()}, max_k)
+        return decoded, oracle, top
+
+    predictions, retrieved = [], []
+    em = rm = oracle_hits = 0
+    for batch in task.dataset(examples, cfg.data.batch_size):
+        decoded, oracle, top = run(batch)
+        for i, index in enumerate(batch["index"].numpy()):
+            example = examples[index]
+            answer = decoded["answer"][i].numpy().decode("utf-8", "replace")
+            hit_em, hit_rm = exact_match(answer, example.answers), regex_match(answer, example.answers)
+            em, rm, oracle_hits = em + hit_em, rm + hit_rm, oracle_hits + bool(oracle[i])
+            rows = top[i].numpy()
+            retrieved.append(rows)
+            predictions.append({"id": example.id, "question": example.question, "prediction": answer,
+                                "score": float(decoded["score"][i]), "answers": list(example.answers),
+                                "exact_match": hit_em, "block_id": int(decoded["block_id"][i]),
+                                "retrieved_block_ids": [int(r) for r in rows[:cfg.model.reader_beam_size]],
+                                "retrieved_titles": [blocks.titles[r] for r in rows[:cfg.model.reader_beam_size]]})
+    n = len(examples)
+    matcher = retrieval_metrics.AnswerMatcher(blocks.texts)
+    width = max(len(r) for r in retrieved)
+    padded = np.full([n, width], -1, np.int64)
+    for q, rows in enumerate(retrieved):
+        padded[q, :len(rows)] = rows
+    ordered = [p["answers"] for p in predictions]
+    metrics = {"exact_match": em / n, "regex_match": rm / n, "reader_oracle": oracle_hits / n}
+    metrics.update({k: v for k, v in retrieval_metrics.retrieval_metrics(padded, matcher, ordered,
+                                                                         ks=cfg.qa.eval_ks).items()
+                    if k != "num_questions"})
+    metrics["num_questions"] = n
+    predictions_path = predictions_path or os.path.join(model_dir, f"predictions-{split}.jsonl")
+    tf.io.gfile.makedirs(os.path.dirname(predictions_path) or ".")
+    with tf.io.gfile.GFile(predictions_path, "w") as f:
+        f.write("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in predictions))
+    step = int(restored.rsplit("-", 1)[1]) if restored else 0
+    writer = tf.summary.create_file_writer(os.path.join(model_dir, f"eval_{split}"))
+    with writer.as_default(step=step):
+        for key, value in metrics.items():
+            tf.summary.scalar(key, value)
+    writer.flush()
+    metrics["checkpoint"] = restored or ""
+    metrics["index_version"] = meta["version"]
+    metrics["predictions"] = predictions_path
+    return metrics

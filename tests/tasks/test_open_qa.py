@@ -1,0 +1,134 @@
+"""Open-QA task: in-graph answer matching vs the numpy reference, answers cut from the original text,
+fine-tune + evaluate through the CLI, EM / regex matching."""
+import json
+import re
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from realm_tf import cli
+from realm_tf import config
+from realm_tf.data import answer_normalization
+from realm_tf.data import answer_spans
+from realm_tf.index import index_refresher
+from realm_tf.models import knowledge_retriever
+from realm_tf.serving import retriever_export
+from realm_tf.tasks import open_qa
+
+TINY = "configs/tiny.yaml"
+QUESTIONS = ["who wrote the lyrics", "when did the crisis begin", "what is the capital city", "where was he born",
+             "which team won the cup", "how many people live there"]
+
+
+@pytest.fixture(scope="module")
+def qa(tmp_path_factory, pretraining_workspace):
+    root = tmp_path_factory.mktemp("qa")
+    overrides = [f"data.blocks_dir={pretraining_workspace}/blocks", f"index.index_dir={root}/index",
+                 f"refresh.export_dir={root}/export", f"finetune.model_dir={root}/model", "data.batch_size=3",
+                 "finetune.steps=4", "finetune.warmup_steps=0", "finetune.learning_rate=1e-3",
+                 "finetune.summary_every_steps=2", "data.qa_dev_fraction=0.3"]
+    cfg = config.load_config(TINY, overrides)
+    params = config.save_params(cfg, str(root))
+    retriever_export.export_retriever(knowledge_retriever.build_knowledge_retriever(cfg.model), cfg, 0)
+    assert index_refresher.IndexRefresher(params).refresh_once() == 0
+    task = open_qa.OpenQaTask(cfg)
+    corpus, blocks, _ = open_qa.load_corpus(cfg, task.tokenizer)
+    model = task.build_model(corpus)
+    # Answers taken from the blocks the (random) model retrieves, so that matches exist: a title, a word of
+    # the body, a two-word phrase, and something absent.
+    examples = [open_qa.QaExample(q, ("placeholder",), f"q{i}") for i, q in enumerate(QUESTIONS)]
+    batch = next(iter(task.dataset(examples, len(examples))))
+    outputs = model({k: v for k, v in batch.items() if k.startswith("question_")})
+    ids = outputs["block_ids"].numpy()
+    with_answers = []
+    for i, e in enumerate(examples):
+        first, second = int(ids[i, 0]), int(ids[i, -1])
+        words = re.findall(r"[A-Za-z]{4,}", blocks.texts[second])
+        answers = (blocks.titles[first], words[len(words) // 2], " ".join(words[1:3]), "zzqx unfindable")
+        with_answers.append(open_qa.QaExample(e.question, answers, e.id))
+    return cfg, root, task, model, blocks, with_answers
+
+
+def test_answer_span_mask_matches_the_numpy_reference(qa):
+    cfg, _, task, model, _, examples = qa
+    batch = next(iter(task.dataset(examples, len(examples))))
+    outputs = model({k: v for k, v in batch.items() if k.startswith("question_")})
+    mask = task.answer_span_mask(outputs, batch["answer_ids"]).numpy()  # [batch, k, num_spans]
+    table = answer_spans.continuation_table(task.tokenizer.vocab)
+    valid = outputs["span_mask"].numpy()
+    total = 0
+    for i, e in enumerate(examples):
+        answers = [a for a in task.tokenizer(tf.constant(list(e.answers))).to_list()
+                   if len(a) <= cfg.model.max_span_width]
+        expected = answer_spans.answer_span_mask(outputs["reader_input_word_ids"].numpy()[i],
+                                                 outputs["reader_input_type_ids"].numpy()[i], answers,
+                                                 cfg.model.max_span_width, table) & valid[i]
+        np.testing.assert_array_equal(mask[i], expected)
+        total += int(expected.sum())
+    assert total >= len(examples)  # every question has matches (its titles and words were taken from its blocks)
+
+
+def test_decoded_answer_is_the_span_in_the_original_text(qa):
+    _, _, task, model, _, examples = qa
+    batch = next(iter(task.dataset(examples, len(examples))))
+    outputs = model({k: v for k, v in batch.items() if k.startswith("question_")})
+    decoded = task.decode(model, outputs)
+    joint = outputs["retrieval_logits"].numpy()[:, :, None] + outputs["span_logits"].numpy()
+    joint = np.where(outputs["span_mask"].numpy(), joint, -np.inf)
+    for i in range(len(examples)):
+        block, span = np.unravel_index(np.argmax(joint[i]), joint[i].shape)
+        assert decoded["block"].numpy()[i] == block
+        start, end = outputs["span_starts"].numpy()[i, block, span], outputs["span_ends"].numpy()[i, block, span]
+        pieces = outputs["reader_input_word_ids"].numpy()[i, block, start:end + 1]
+        assert task.tokenizer.sep_id not in pieces.tolist()
+        wordpieces = task.tokenizer.detokenize(tf.constant([pieces])).numpy()[0].decode()
+        answer = decoded["answer"].numpy()[i].decode()
+        squash = lambda s: re.sub(r"\W", "", s.lower())  # detokenized text loses case and spacing
+        assert squash(answer) == squash(wordpieces), (answer, wordpieces)
+        probs = np.exp(joint[i] - np.logaddexp.reduce(joint[i][np.isfinite(joint[i])]))
+        assert decoded["score"].numpy()[i] == pytest.approx(probs.max(), rel=1e-4)
+
+
+def test_finetune_then_evaluate_through_the_cli(qa, capsys):
+    cfg, root, _, _, _, examples = qa
+    path = root / "questions.jsonl"
+    path.write_text("".join(json.dumps({"id": f"id{n}-{e.id}", "question": e.question, "answers": list(e.answers)})
+                            + "\n" for n in range(4) for e in examples))
+    sets = ["--set", f"data.blocks_dir={cfg.data.blocks_dir}", "--set", f"index.index_dir={cfg.index.index_dir}",
+            "--set", f"finetune.model_dir={root}/model", "--set", "data.batch_size=3", "--set", "finetune.steps=4",
+            "--set", "finetune.warmup_steps=0", "--set", "data.qa_dev_fraction=0.3"]
+    assert cli.main(["finetune", "--config", TINY, *sets, "--train", str(path)]) == 0
+    assert tf.train.latest_checkpoint(str(root / "model" / "checkpoints")).endswith("-4")
+    capsys.readouterr()
+    assert cli.main(["evaluate", "--config", TINY, *sets, "--questions", str(path), "--split", "dev"]) == 0
+    metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    train, dev = open_qa.split_questions(open_qa.read_questions(str(path)), 0.3)
+    assert metrics["num_questions"] == len(dev) > 0 and metrics["checkpoint"].endswith("-4")
+    for key in ("exact_match", "regex_match", "reader_oracle", "accuracy@1", "accuracy@5", "accuracy@20",
+                "accuracy@100"):
+        assert 0.0 <= metrics[key] <= 1.0, key
+    assert metrics["accuracy@100"] == 1.0  # the answers were taken from the corpus, and it has < 100 blocks
+    predictions = [json.loads(line) for line in open(root / "model" / "predictions-dev.jsonl")]
+    assert [p["id"] for p in predictions] == [e.id for e in dev]
+    assert all(p["prediction"] and len(p["retrieved_titles"]) == cfg.model.reader_beam_size for p in predictions)
+    em = np.mean([open_qa.exact_match(p["prediction"], p["answers"]) for p in predictions])
+    assert metrics["exact_match"] == pytest.approx(em)
+
+
+def test_exact_and_regex_match():
+    assert open_qa.exact_match("The Beatles.", ["beatles"]) and not open_qa.exact_match("Beatle", ["beatles"])
+    assert open_qa.exact_match("  an  Apple ", ["apple"])
+    assert open_qa.regex_match("1973 oil crisis", [r"19\d\d"]) and not open_qa.regex_match("in 1973", [r"19\d\d"])
+    assert open_qa.regex_match("C++ (language)", ["c++"])  # an invalid regex is matched literally
+    assert answer_normalization.normalize_answer("U.S.A.") == "usa"
+
+
+def test_bad_question_files_name_the_line(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"question": "ok?", "answers": ["a"]}\n{"question": "", "answers": ["a"]}\n')
+    with pytest.raises(Exception, match=r"q.jsonl:2: needs a non-empty string 'question'"):
+        open_qa.read_questions(str(path))
+    path.write_text('{"question": "ok?", "answers": "a"}\nnot json\n')
+    with pytest.raises(Exception, match=r"q.jsonl:2: not valid JSON"):
+        open_qa.read_questions(str(path))
