@@ -163,6 +163,25 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    """Exports the fine-tuned Open-QA model (search, reading, decoding in the graph) for TF Serving."""
+    from realm_tf.serving import open_qa_export
+
+    path = open_qa_export.export_open_qa(_load(args), args.out, model_dir=args.model, index_dir=args.index)
+    print(f"exported the Open-QA model to {path} (serving_default: question -> answer, score, blocks)")
+    return 0
+
+
+def _cmd_ask(args: argparse.Namespace) -> int:
+    """Answers questions with an exported Open-QA model."""
+    from realm_tf.serving import answerer
+
+    qa = answerer.Answerer(args.model)
+    for result in qa.ask_batch(args.questions):
+        print(answerer.format_answer(result, snippet=args.snippet))
+    return 0
+
+
 def _add_refresh_index_args(parser: argparse.ArgumentParser) -> None:
     from beam_jobs import job_flags
 
@@ -233,6 +252,17 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                             p.add_argument("--index", default=None, help="index root (default: index.index_dir)"),
                             p.add_argument("--predictions", default=None,
                                            help="predictions JSONL (default: <model>/predictions-<split>.jsonl)"))),
+    "export": ("export the fine-tuned Open-QA model as one SavedModel for TF Serving (MIPS in the graph)",
+               _cmd_export,
+               lambda p: (_add_config_args(p), p.add_argument("--out", required=True, help="SavedModel directory"),
+                          p.add_argument("--model", default=None,
+                                         help="fine-tuning run directory (default: finetune.model_dir)"),
+                          p.add_argument("--index", default=None, help="index root (default: index.index_dir)"))),
+    "ask": ("answer questions with an exported Open-QA model: answer, score and the evidence blocks", _cmd_ask,
+            lambda p: (p.add_argument("questions", nargs="+", help="one or more questions"),
+                       p.add_argument("--model", default="runs/minilm/served",
+                                      help="directory written by realm-tf export (default: runs/minilm/served)"),
+                       p.add_argument("--snippet", type=int, default=160, help="characters of each block shown"))),
     "refresh-index": ("index builder: re-embed the corpus for each new retriever export (--watch: keep going)",
                       _cmd_refresh_index, _add_refresh_index_args),
 }

@@ -1,7 +1,12 @@
-"""Shared test set-up: tf-models needs Keras 2 (tf_keras), chosen before TensorFlow is first imported."""
+"""Shared test set-up: tf-models needs Keras 2 (tf_keras), chosen before TensorFlow is first imported; and a
+tiny REALM workspace (real bundled passages run through the real data jobs) for the training and serving tests."""
+import gzip
+import itertools
 import os
 import pathlib
 import sys
+
+import pytest
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -10,3 +15,51 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 os.chdir(REPO)  # configs name bundled data by repo-relative paths
+
+TINY = "configs/tiny.yaml"
+
+
+@pytest.fixture(scope="session")
+def workspace_overrides():
+    """``overrides(root, shared)``: a tiny config on the shared blocks/examples, per-test index/export/model."""
+    return lambda root, shared: [f"data.blocks_dir={shared}/blocks", f"data.pretraining_dir={shared}/pretraining",
+            f"index.index_dir={root}/index", f"refresh.export_dir={root}/export", f"trainer.model_dir={root}/model",
+            "data.batch_size=2", "data.shuffle_buffer=8", "trainer.warmup_steps=0", "trainer.eval_examples=4",
+            "refresh.poll_seconds=0.2"]
+
+
+@pytest.fixture(scope="session")
+def pretraining_workspace(tmp_path_factory):
+    """``(shared_dir)`` holding ``blocks/`` (80 passages) and ``pretraining/`` (salient-span examples)."""
+    shared = tmp_path_factory.mktemp("realm_shared")
+    with gzip.open("data/open_qa/passages.jsonl.gz", "rt") as f:
+        lines = list(itertools.islice(f, 80))
+    with open(shared / "corpus.jsonl", "w") as f:
+        f.writelines(lines)
+    from realm_tf import cli  # pylint: disable=import-outside-toplevel  (after TF_USE_LEGACY_KERAS is set)
+
+    sets = ["--set", f"data.blocks_dir={shared}/blocks", "--set", f"data.pretraining_dir={shared}/pretraining"]
+    assert cli.main(["preprocess", "--config", TINY, *sets, "--input", str(shared / "corpus.jsonl"),
+                     "--output", str(shared / "blocks")]) == 0
+    assert cli.main(["generate-pretraining-data", "--config", TINY, *sets]) == 0
+    assert os.listdir(shared / "pretraining")
+    return shared
+
+
+@pytest.fixture(scope="session")
+def read_scalars():
+    """``read(logdir) -> {tag: [(step, value), ...]}`` of the TensorBoard scalars under ``logdir``."""
+    return _read_scalars
+
+
+def _read_scalars(logdir):
+    import glob
+
+    import tensorflow as tf
+
+    out = {}
+    for path in sorted(glob.glob(os.path.join(str(logdir), "events.out.tfevents.*"))):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                out.setdefault(value.tag, []).append((event.step, float(tf.make_ndarray(value.tensor))))
+    return {k: sorted(v) for k, v in out.items()}

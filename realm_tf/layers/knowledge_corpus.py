@@ -15,6 +15,8 @@ the matrix in place when a refreshed index is published (fine-tuning with ``qa.r
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import tensorflow as tf
 
@@ -61,8 +63,17 @@ class KnowledgeCorpus(tf.Module):
     def num_blocks(self) -> tf.Tensor:
         return tf.shape(self.embeddings)[0]
 
+    def use_searcher(self, searcher: Any) -> None:
+        """Searches with ``searcher.search(queries, k) -> (scores, ids)`` (e.g. the in-graph ScaNN op of
+        :mod:`realm_tf.index.in_graph_scann`) instead of the exact matmul."""
+        self.searcher = searcher
+
     def search(self, queries: tf.Tensor, k: int) -> tuple[tf.Tensor, tf.Tensor]:
-        """Exact MIPS: ``(scores float32[batch, k], block_ids int32[batch, k])`` for ``queries [batch, dim]``."""
+        """MIPS: ``(scores float32[batch, k], block_ids int32[batch, k])`` for ``queries [batch, dim]``; exact
+        (one matmul and top-k) unless :meth:`use_searcher` installed another searcher."""
+        searcher = getattr(self, "searcher", None)
+        if searcher is not None:
+            return searcher.search(queries, k)
         scores = tf.matmul(queries, self.embeddings, transpose_b=True)  # [batch, num_blocks]
         top = tf.math.top_k(scores, k=tf.minimum(k, self.num_blocks))
         return top.values, top.indices

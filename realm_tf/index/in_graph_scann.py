@@ -1,0 +1,43 @@
+"""ScaNN as a TensorFlow resource that survives ``tf.saved_model.save``: MIPS inside a served graph.
+
+REALM's Open-QA model (Guu et al., 2020, §4) retrieves from millions of blocks per question; served with
+TF Serving, the search has to be part of the SavedModel. ScaNN's TF op searcher lives in a resource handle
+that ``tf.saved_model`` cannot serialise by itself. :class:`InGraphScannSearcher` is a
+``TrackableResource`` whose creator function rebuilds the handle from the searcher's assets (kept as
+variables by ScaNN's own ``ScannState``) each time the SavedModel is loaded, so the serving signature calls
+``scann_search_batched`` directly. A server (or any process) loading it must have ScaNN's custom ops
+registered: ``import scann`` (Python), or TF Serving built/linked with ScaNN's op library.
+"""
+from __future__ import annotations
+
+import uuid
+
+import tensorflow as tf
+from scann.scann_ops.py import scann_ops
+
+from realm_tf.index import scann_index
+
+
+class InGraphScannSearcher(tf.Module):
+    """The ScaNN searcher saved under ``directory`` (:meth:`ScannIndex.save`) as a savable TF module.
+
+    Args:
+      directory: a ScaNN searcher directory (an index version's ``searcher/``).
+    """
+
+    def __init__(self, directory: str) -> None:
+        super().__init__(name="in_graph_scann")
+        self.state = scann_index.load_tf_searcher(directory).serialize_to_module()  # ScannState: assets as variables
+        self._shared_name = f"realm-scann-{uuid.uuid4()}"
+
+    def _handle(self) -> tf.Tensor:
+        s = self.state
+        return scann_ops.tensors_to_scann(s.dataset, s.scann_config, s.serialized_partitioner, s.datapoint_to_token,
+                                          s.ah_codebook, s.hashed_dataset, s.int8_dataset, s.int8_multipliers,
+                                          s.dp_norms, shared_name=self._shared_name)
+
+    def search(self, queries: tf.Tensor, k: int) -> tuple[tf.Tensor, tf.Tensor]:
+        """``(scores float32[batch, k], block_ids int32[batch, k])`` for ``queries float32[batch, dim]``."""
+        ids, scores = scann_ops.scann_search_batched(self._handle(), queries, k, -1, -1, False)
+        shape = [tf.shape(queries)[0], k]  # the op's outputs have no static rank
+        return tf.reshape(scores, shape), tf.reshape(tf.cast(ids, tf.int32), shape)

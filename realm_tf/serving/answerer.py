@@ -1,0 +1,85 @@
+"""Python API over an exported Open-QA SavedModel: ``Answerer(path).ask("question")``.
+
+The same SavedModel TF Serving serves (:mod:`realm_tf.serving.open_qa_export`); this class only loads it
+(registering the tokenizer's and ScaNN's custom ops first) and turns its tensors into plain Python::
+
+    from realm_tf.serving import answerer
+    qa = answerer.Answerer("runs/minilm/served")
+    result = qa.ask("who wrote the lyrics of he ain't heavy he's my brother")
+    print(result.answer, result.score, result.blocks[0].title)
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Sequence
+
+import tensorflow as tf
+
+from realm_tf import errors
+
+
+@dataclasses.dataclass(frozen=True)
+class Evidence:
+    """One retrieved block: its title, text and retrieval score f(x, z)."""
+
+    block_id: int
+    title: str
+    text: str
+    score: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    """The answer span, its probability among all spans of the read blocks, and the blocks read."""
+
+    question: str
+    answer: str
+    score: float
+    blocks: tuple[Evidence, ...]
+
+
+class Answerer:
+    """Loads an Open-QA export once; :meth:`ask` answers questions with it."""
+
+    def __init__(self, export_path: str):
+        marker = os.path.join(export_path, "realm_qa.json")
+        if not tf.io.gfile.exists(marker):
+            raise errors.UserError(f"{export_path}: not a complete Open-QA export (no realm_qa.json; run "
+                                   f"`realm-tf export --out {export_path}`)")
+        with tf.io.gfile.GFile(marker) as f:
+            self.metadata = json.load(f)
+        import tensorflow_text  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import  (tokenizer ops)
+        if self.metadata.get("searcher") == "scann":
+            import scann  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import  (ScaNN's ops)
+        self._model = tf.saved_model.load(export_path)
+        self._serve = self._model.signatures["serving_default"]
+
+    def ask_batch(self, questions: Sequence[str]) -> list[Answer]:
+        """Answers several questions in one call of the model."""
+        if not questions:
+            return []
+        out = {k: v.numpy() for k, v in self._serve(question=tf.constant(list(questions), tf.string)).items()}
+        results = []
+        for i, question in enumerate(questions):
+            blocks = tuple(Evidence(int(out["block_id"][i, j]), out["block_title"][i, j].decode("utf-8", "replace"),
+                                    out["block_text"][i, j].decode("utf-8", "replace"), float(out["block_score"][i, j]))
+                           for j in range(out["block_id"].shape[1]))
+            results.append(Answer(question, out["answer"][i].decode("utf-8", "replace"), float(out["score"][i]),
+                                  blocks))
+        return results
+
+    def ask(self, question: str) -> Answer:
+        """Answers one question."""
+        return self.ask_batch([question])[0]
+
+
+def format_answer(result: Answer, snippet: int = 160) -> str:
+    """Human-readable lines: the answer with its score, then the blocks read (title + snippet)."""
+    lines = [f"Q: {result.question}", f"A: {result.answer}    (score {result.score:.3f})", "evidence:"]
+    for rank, block in enumerate(result.blocks, 1):
+        text = " ".join(block.text.split())
+        lines.append(f"  {rank}. [{block.title}] (f={block.score:.2f}) "
+                     f"{text[:snippet]}{'…' if len(text) > snippet else ''}")
+    return "\n".join(lines)

@@ -1,0 +1,115 @@
+"""Open-QA serving export: answers in a fresh process without realm_tf (ScaNN searched in the graph) equal the
+Keras model's; saved_model_cli runs it; bad requests are cleaned, not crashes."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from realm_tf import config
+from realm_tf.index import index_refresher
+from realm_tf.models import knowledge_retriever
+from realm_tf.serving import open_qa_export
+from realm_tf.serving import retriever_export
+
+TINY = "configs/tiny.yaml"
+QUESTIONS = ["who wrote the lyrics of he ain't heavy he's my brother", "when did the oil crisis begin",
+             "what is the capital of kenya", "who won the world cup in 1966", "how many moons does mars have"]
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, pretraining_workspace):
+    root = tmp_path_factory.mktemp("serving")
+    cfg = config.load_config(TINY, [f"data.blocks_dir={pretraining_workspace}/blocks", f"index.index_dir={root}/index",
+                                    f"refresh.export_dir={root}/export", f"finetune.model_dir={root}/model",
+                                    "index.kind=scann"])
+    params = config.save_params(cfg, str(root))
+    retriever_export.export_retriever(knowledge_retriever.build_knowledge_retriever(cfg.model), cfg, 0)
+    assert index_refresher.IndexRefresher(params).refresh_once() == 0
+    task, model, info = open_qa_export.build_model(cfg, in_graph_scann=False)  # the Keras model, exact search
+    assert info["searcher"] == "exact matmul" and not info["checkpoint"]
+    # A fine-tuning checkpoint, so that the export (built anew) has the same weights as this Keras model.
+    tf.train.Checkpoint(retriever=model.retriever, reader=model.reader).save(str(root / "model" / "checkpoints" / "ckpt"))
+    path = open_qa_export.export_open_qa(cfg, str(root / "served"))
+    return cfg, path, task, model
+
+
+def _keras_answers(task, model, questions):
+    packed = task.tokenizer.pack_single(task.tokenizer(tf.constant(questions)), task.cfg.qa.question_seq_length,
+                                        pad_to_seq_length=False)
+    outputs = model({"question_" + k: v for k, v in packed.items()})
+    decoded = task.decode(model, outputs)
+    return [a.decode() for a in decoded["answer"].numpy()], decoded["score"].numpy(), outputs["block_ids"].numpy()
+
+
+def test_fresh_process_without_realm_tf_answers_like_the_keras_model(exported, tmp_path):
+    cfg, path, task, model = exported
+    meta = json.load(open(os.path.join(path, open_qa_export.EXPORT_JSON)))
+    assert meta["searcher"] == "scann"  # ScaNN's TF op inside the graph
+    script = f"""
+import json, sys
+import tensorflow as tf, tensorflow_text, scann  # noqa: F401  (custom ops: tokenizer, ScaNN)
+m = tf.saved_model.load({path!r})
+out = m.signatures["serving_default"](question=tf.constant({QUESTIONS!r}))
+assert not any(n.startswith("realm_tf") for n in sys.modules)
+print(json.dumps({{"answer": [a.decode() for a in out["answer"].numpy()], "score": out["score"].numpy().tolist(),
+                  "block_id": out["block_id"].numpy().tolist(), "title": out["block_title"].numpy()[0, 0].decode()}}))
+"""
+    result = subprocess.run([sys.executable, "-c", script], cwd=str(tmp_path), env=ENV, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    served = json.loads(result.stdout.strip().splitlines()[-1])
+    answers, scores, block_ids = _keras_answers(task, model, QUESTIONS)
+    assert served["answer"] == answers and all(answers)
+    np.testing.assert_allclose(served["score"], scores, rtol=1e-4)
+    np.testing.assert_array_equal(served["block_id"], block_ids)
+    assert served["title"] == model.corpus.titles.numpy()[block_ids[0, 0]].decode()
+
+
+def test_saved_model_cli_run(exported, tmp_path):
+    _, path, _, _ = exported
+    # saved_model_cli itself, in a process that has registered the custom ops first (as TF Serving must).
+    script = ("import sys, tensorflow_text, scann\nfrom tensorflow.python.tools import saved_model_cli\n"
+              "sys.argv = ['saved_model_cli'] + sys.argv[1:]\nsaved_model_cli.main()\n")
+    result = subprocess.run([sys.executable, "-c", script, "run", "--dir", path, "--tag_set", "serve",
+                             "--signature_def", "serving_default", "--input_exprs", "question=['who wrote it']"],
+                            env=ENV, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "answer" in result.stdout and "block_title" in result.stdout
+
+
+def test_bad_requests_are_cleaned_not_crashes(exported):
+    _, path, _, _ = exported
+    served = tf.saved_model.load(path).signatures["serving_default"]
+    out = served(question=tf.constant(["", "x " * 50_000, b"\xff\xfe who \xc3\x28 wrote", "   "]))
+    answers, scores = out["answer"].numpy(), out["score"].numpy()
+    assert answers[0] == b"" and scores[0] == 0.0 and answers[3] == b"" and scores[3] == 0.0  # empty questions
+    assert answers[1] and answers[2] and 0 < scores[1] <= 1 and 0 < scores[2] <= 1  # truncated / repaired
+    big = served(question=tf.constant([f"question number {i}" for i in range(256)]))
+    assert big["answer"].shape == (256,) and big["block_title"].shape[0] == 256
+
+
+def test_export_refuses_to_overwrite(exported):
+    cfg, path, _, _ = exported
+    with pytest.raises(Exception, match="already holds an export"):
+        open_qa_export.export_open_qa(cfg, path)
+
+
+def test_ask_cli_and_python_api(exported, capsys):
+    _, path, task, model = exported
+    from realm_tf import cli
+    from realm_tf.serving import answerer
+
+    result = answerer.Answerer(path).ask(QUESTIONS[0])
+    answers, scores, block_ids = _keras_answers(task, model, QUESTIONS[:1])
+    assert result.answer == answers[0] and result.score == pytest.approx(float(scores[0]), rel=1e-4)
+    assert [b.block_id for b in result.blocks] == block_ids[0].tolist()
+    assert cli.main(["ask", QUESTIONS[0], "--model", path]) == 0
+    out = capsys.readouterr().out
+    assert f"A: {answers[0]}" in out and f"[{result.blocks[0].title}]" in out
+    assert cli.main(["ask", "x", "--model", path + "-missing"]) == 2  # a clear error, not a traceback
+    assert "not a complete Open-QA export" in capsys.readouterr().err
