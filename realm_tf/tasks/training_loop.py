@@ -114,6 +114,7 @@ class TrainingLoop:
         bar = tqdm.tqdm(total=total, initial=self.step, desc="train", unit="step", file=sys.stderr,
                         disable=not self.chief, dynamic_ncols=True, mininterval=2.0)
         window_start, window_steps, window_wait = time.time(), 0, 0.0
+        window_sums: dict[str, float] = {}
         run_start = time.time()
         stop = _StopOnSigterm()
         while self.step < total:
@@ -135,15 +136,19 @@ class TrainingLoop:
             window_steps += 1
             step = self.step
             last = {k: float(v) for k, v in logs.items()}
+            for key, value in last.items():
+                window_sums[key] = window_sums.get(key, 0.0) + value
             bar.update(1)
             if step % self.cfg.summary_every_steps == 0 or step == total:
                 elapsed = max(time.time() - window_start, 1e-9)
+                # Scalars are means over the steps since the last summary, not the last (noisy) step alone.
+                last = {key: value / window_steps for key, value in window_sums.items()}
                 last["examples_per_second"] = window_steps * self.global_batch_size / elapsed
                 last["steps_per_second"] = window_steps / elapsed
                 last["input_wait_fraction"] = min(window_wait / elapsed, 1.0)
                 self._write_summaries(step, last)
                 bar.set_postfix({k: f"{v:.4g}" for k, v in last.items() if k in self.progress_keys})
-                window_start, window_steps, window_wait = time.time(), 0, 0.0
+                window_start, window_steps, window_wait, window_sums = time.time(), 0, 0.0, {}
             for hook in hooks:
                 hook(step, last)
             self.manager.save(checkpoint_number=self.global_step)  # no-op between checkpoint intervals

@@ -49,3 +49,18 @@ def test_variable_lengths_do_not_retrace_every_step_and_resume(tmp_path):
     seen = []
     again.run(_dataset(), step_fn, hooks=(lambda s, l: seen.append(s),))
     assert seen == [9, 10]
+
+
+def test_summaries_are_means_over_the_window(tmp_path, read_scalars):
+    loop, step_fn, _ = _loop(tmp_path, steps=6)  # summaries every 2 steps
+    counter = tf.Variable(0.0)
+
+    def counting_step(batch):
+        logs = step_fn(batch)
+        counter.assign_add(1.0)
+        return {**logs, "counter": counter.read_value()}  # 1, 2, 3, ... per step
+
+    loop.run(_dataset(), counting_step)
+    scalars = read_scalars(tmp_path / "train")
+    assert scalars["counter"] == [(2, 1.5), (4, 3.5), (6, 5.5)]
+    assert all(0.0 <= v <= 1.0 for _, v in scalars["input_wait_fraction"])
