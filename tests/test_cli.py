@@ -1,4 +1,5 @@
 """The realm-tf command line: help text, config printing, errors without tracebacks."""
+import json
 import os
 import subprocess
 import sys
@@ -9,7 +10,7 @@ from realm_tf import cli
 def _run(*args):
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3")
     return subprocess.run([sys.executable, "-m", "realm_tf.cli", *args], capture_output=True, text=True, env=env,
-                          timeout=300)
+                          timeout=900)
 
 
 def test_help_lists_every_subcommand_with_one_line():
@@ -30,8 +31,17 @@ def test_config_prints_overrides_and_bad_key_is_a_clean_error():
     assert "unknown key 'trainer.nope'" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_demo_on_tiny_config_writes_params(tmp_path):
-    result = _run("demo", "--config", "configs/tiny.yaml", "--set", f"trainer.model_dir={tmp_path}")
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert (tmp_path / "params.yaml").exists()
-    assert "plan:" in result.stdout
+def test_demo_runs_the_whole_loop_on_the_tiny_config(tmp_path):
+    work = tmp_path / "demo"
+    result = _run("demo", "--config", "configs/tiny.yaml", "--workdir", str(work), "--questions", "40",
+                  "--pretrain-steps", "2", "--finetune-steps", "4")
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    for name in ("corpus", "preprocess", "pretraining-data", "pretrain", "index", "finetune", "evaluate", "export",
+                 "ask"):
+        assert f"] {name}:" in result.stdout and f"=== {name} done" in result.stdout, name
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("EM ") and "accuracy@5" in last
+    metrics = json.loads((work / "metrics.json").read_text())
+    assert metrics["num_questions"] > 0 and 0 <= metrics["exact_match"] <= 1
+    assert (work / "params.yaml").exists() and (work / "served" / "realm_qa.json").exists()
+    assert "A: " in result.stdout  # the sample questions were answered
