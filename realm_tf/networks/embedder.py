@@ -37,7 +37,9 @@ class Embedder(tf_keras.Model):
         self._initializer_range = initializer_range
         self.projection = tf_keras.layers.Dense(
             projection_size,
-            kernel_initializer=tf_keras.initializers.TruncatedNormal(stddev=initializer_range),
+            # A fixed seed: a retriever built from the same pre-trained BERT gets the same projection in every
+            # process, so an index embedded by one job matches the query tower another job builds.
+            kernel_initializer=tf_keras.initializers.TruncatedNormal(stddev=initializer_range, seed=1234),
             name="projection")
         self.layer_norm = tf_keras.layers.LayerNormalization(epsilon=1e-12, name="layer_norm")
 

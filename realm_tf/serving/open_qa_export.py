@@ -93,6 +93,8 @@ def build_model(cfg: config_lib.ExperimentConfig, model_dir: str | None = None, 
     checkpoint = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
     if checkpoint is not None:
         tf.train.Checkpoint(retriever=model.retriever, reader=model.reader).read(checkpoint).expect_partial()
+    if not cfg.qa.recompute_doc_embeddings:
+        open_qa.check_index_matches(task, model)
     searcher = "exact matmul"
     if in_graph_scann and meta.get("kind") == "scann":
         from realm_tf.index import in_graph_scann as scann_lib  # pylint: disable=import-outside-toplevel

@@ -244,6 +244,26 @@ class OpenQaTask:
         return {"answer": answer, "score": score, "block": position, "block_id": block}
 
 
+def check_index_matches(task: "OpenQaTask", model: open_qa_model.OpenQaModel, sample: int = 8) -> float:
+    """Re-embeds a few blocks with the model's Embed_doc and compares them with the index's rows.
+
+    The index is only valid for the document tower that built it; a query tower from other weights would
+    search it blindly. Raises UserError when they differ (returns the largest difference otherwise).
+    """
+    ids = tf.range(tf.minimum(sample, model.corpus.num_blocks))  # [sample]
+    packed = task.tokenizer.join_bert(model.corpus.title_ids(ids), model.corpus.body_ids(ids),
+                                      task.cfg.model.block_seq_length, pad_to_seq_length=False)
+    fresh = model.retriever.embed_blocks(packed, training=False)  # [sample, dim]
+    diff = float(tf.reduce_max(tf.abs(fresh - model.corpus.block_embeddings(ids))))
+    if diff > 1e-3:
+        raise errors.UserError(
+            f"the index's block embeddings differ from this model's Embed_doc (max |diff| {diff:.3g}): the index "
+            f"was built from other retriever weights. Start the retriever from the run that exported it "
+            f"(qa.retriever_checkpoint / model.retriever_checkpoint), or rebuild the index from this model's "
+            f"weights (realm-tf export-retriever, realm-tf embed-blocks)")
+    return diff
+
+
 def restore_from_run(path: str, retriever: knowledge_retriever.KnowledgeRetriever | None = None,
                      reader_bert: tf_keras.layers.Layer | None = None) -> str:
     """Loads the retriever and/or the reader BERT from the latest checkpoint of a run directory.
@@ -326,6 +346,8 @@ def finetune(cfg: config_lib.ExperimentConfig, train_path: str) -> dict[str, Any
         optimizer = optimizer_lib.build_optimizer(cfg.finetune)
     loop = training_loop.TrainingLoop(cfg.finetune, strategy, {"retriever": model.retriever, "reader": model.reader,
                                                                "optimizer": optimizer}, batch_size)
+    if not cfg.qa.recompute_doc_embeddings:
+        check_index_matches(task, model)  # frozen Embed_doc: the index must come from it
     print(f"finetune: {len(train)} training questions ({len(dev)} held out), corpus {meta['num_blocks']} blocks "
           f"from index version {meta['version']}", flush=True)
     dataset = task.dataset(train, batch_size, repeat=True, shuffle=True, seed=cfg.finetune.seed, drop_remainder=True)
@@ -355,6 +377,8 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
     model = task.build_model(corpus)
     model_dir = model_dir or cfg.finetune.model_dir
     restored = _restore_finetuned(model, model_dir)
+    if not cfg.qa.recompute_doc_embeddings:
+        check_index_matches(task, model)
     max_k = max(cfg.qa.eval_ks)
 
     @tf.function(reduce_retracing=True)

@@ -24,11 +24,13 @@ ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, pretraining_workspace):
     root = tmp_path_factory.mktemp("serving")
+    retriever = knowledge_retriever.build_knowledge_retriever(config.load_config(TINY).model)
+    tf.train.Checkpoint(model=retriever).save(str(root / "ict" / "checkpoints" / "ckpt"))  # the index's weights
     cfg = config.load_config(TINY, [f"data.blocks_dir={pretraining_workspace}/blocks", f"index.index_dir={root}/index",
                                     f"refresh.export_dir={root}/export", f"finetune.model_dir={root}/model",
-                                    "index.kind=scann"])
+                                    "index.kind=scann", f"qa.retriever_checkpoint={root}/ict"])
     params = config.save_params(cfg, str(root))
-    retriever_export.export_retriever(knowledge_retriever.build_knowledge_retriever(cfg.model), cfg, 0)
+    retriever_export.export_retriever(retriever, cfg, 0)
     assert index_refresher.IndexRefresher(params).refresh_once() == 0
     task, model, info = open_qa_export.build_model(cfg, in_graph_scann=False)  # the Keras model, exact search
     assert info["searcher"] == "exact matmul" and not info["checkpoint"]

@@ -28,9 +28,12 @@ def qa(tmp_path_factory, pretraining_workspace):
                  f"refresh.export_dir={root}/export", f"finetune.model_dir={root}/model", "data.batch_size=3",
                  "finetune.steps=4", "finetune.warmup_steps=0", "finetune.learning_rate=1e-3",
                  "finetune.summary_every_steps=2", "data.qa_dev_fraction=0.3"]
-    cfg = config.load_config(TINY, overrides)
+    # The retriever comes from a "run" (an ICT-style checkpoint) that also built the index, as in real use.
+    retriever = knowledge_retriever.build_knowledge_retriever(config.load_config(TINY).model)
+    tf.train.Checkpoint(model=retriever).save(str(root / "ict" / "checkpoints" / "ckpt"))
+    cfg = config.load_config(TINY, overrides + [f"qa.retriever_checkpoint={root}/ict"])
     params = config.save_params(cfg, str(root))
-    retriever_export.export_retriever(knowledge_retriever.build_knowledge_retriever(cfg.model), cfg, 0)
+    retriever_export.export_retriever(retriever, cfg, 0)
     assert index_refresher.IndexRefresher(params).refresh_once() == 0
     task = open_qa.OpenQaTask(cfg)
     corpus, blocks, _ = open_qa.load_corpus(cfg, task.tokenizer)
@@ -97,7 +100,8 @@ def test_finetune_then_evaluate_through_the_cli(qa, capsys):
                             + "\n" for n in range(4) for e in examples))
     sets = ["--set", f"data.blocks_dir={cfg.data.blocks_dir}", "--set", f"index.index_dir={cfg.index.index_dir}",
             "--set", f"finetune.model_dir={root}/model", "--set", "data.batch_size=3", "--set", "finetune.steps=4",
-            "--set", "finetune.warmup_steps=0", "--set", "data.qa_dev_fraction=0.3"]
+            "--set", "finetune.warmup_steps=0", "--set", "data.qa_dev_fraction=0.3",
+            "--set", f"qa.retriever_checkpoint={cfg.qa.retriever_checkpoint}"]
     assert cli.main(["finetune", "--config", TINY, *sets, "--train", str(path)]) == 0
     assert tf.train.latest_checkpoint(str(root / "model" / "checkpoints")).endswith("-4")
     capsys.readouterr()
@@ -114,6 +118,16 @@ def test_finetune_then_evaluate_through_the_cli(qa, capsys):
     assert all(p["prediction"] and len(p["retrieved_titles"]) == cfg.model.reader_beam_size for p in predictions)
     em = np.mean([open_qa.exact_match(p["prediction"], p["answers"]) for p in predictions])
     assert metrics["exact_match"] == pytest.approx(em)
+
+
+def test_an_index_from_other_weights_is_refused(qa):
+    cfg, _, task, model, _, _ = qa
+    assert open_qa.check_index_matches(task, model) < 1e-3
+    other = task.build_model(model.corpus)  # restored like `model`, then its Embed_doc is changed
+    kernel = other.retriever.doc_embedder.projection.kernel
+    kernel.assign(tf.random.stateless_normal(kernel.shape, seed=[1, 2]))
+    with pytest.raises(Exception, match="index's block embeddings differ from this model's Embed_doc"):
+        open_qa.check_index_matches(task, other)
 
 
 def test_exact_and_regex_match():
