@@ -45,6 +45,9 @@ from realm_tf.layers import bert_tokenizer
 from realm_tf.networks import bert_encoder
 from realm_tf.serving import retriever_export
 
+#: Retrieved batches buffered ahead of the trainer.
+PREFETCH_BATCHES = 2
+
 #: ``embed(packed query dict of int32[batch, len]) -> float32[batch, dim]``
 QueryEmbedFn = Callable[[Mapping[str, tf.Tensor]], np.ndarray]
 
@@ -128,7 +131,9 @@ class RetrievalAugmentedInput:
             "index_exported_at": tf.TensorSpec([None], tf.float64),
         }
         dataset = tf.data.Dataset.from_generator(lambda: self._retrieve_batches(raw), output_signature=signature)
-        return dataset.map(self.pack, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
+        # A fixed, small prefetch: every buffered batch was retrieved with the index of its time, so a deep
+        # (AUTOTUNE) buffer would add its length to the off-policy delay and hold back a refreshed index.
+        return dataset.map(self.pack, num_parallel_calls=2).prefetch(PREFETCH_BATCHES)
 
     def _retrieve_batches(self, raw: tf.data.Dataset) -> Iterator[dict[str, Any]]:
         for records in raw:

@@ -1,6 +1,7 @@
 """`realm-tf pretrain` end to end on a tiny config, as separate processes: the asynchronous index refresh (with
 the index builder SIGKILLed mid-publish) and a trainer SIGKILLed and rerun."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,6 +39,18 @@ def _staged(index_dir):
             and os.path.exists(os.path.join(index_dir, n, "index.json"))]
 
 
+def _trainer_step(path):
+    """The trainer's step from its progress bar (``N/100000``) in its log."""
+    steps = re.findall(r"(\d+)/100000", _tail(path, chars=None))
+    return int(steps[-1]) if steps else 0
+
+
+def _switch_step(path):
+    """The step at which the trainer's input pipeline first moved to a refreshed index (None before)."""
+    found = re.search(r"pretrain: step (\d+): input pipeline switched to index version", _tail(path, chars=None))
+    return int(found.group(1)) if found else None
+
+
 def _tail(path, chars=4000):
     with open(path, errors="replace") as f:
         return f.read()[-chars:] if chars else f.read()
@@ -58,6 +71,8 @@ def test_async_refresh_process_and_builder_killed_mid_publish(tmp_path, pretrain
         builder = _cli(["refresh-index", "--watch"], sets, logs["builder"])
         _wait(lambda: max(index_publisher.complete_versions(index_dir)) > 0, 240, "a refreshed index version",
               [trainer, builder])
+        _wait(lambda: "input pipeline switched to index version" in _tail(tmp_path / "trainer.log", chars=None), 240,
+              "the trainer to use the refreshed index", [trainer, builder])
         builder.terminate()
         builder.wait(60)
         previous = max(index_publisher.complete_versions(index_dir))
@@ -70,6 +85,10 @@ def test_async_refresh_process_and_builder_killed_mid_publish(tmp_path, pretrain
         assert _staged(index_dir)  # left behind, ignored by readers
         time.sleep(3)
         assert trainer.poll() is None, _tail(tmp_path / "trainer.log")  # still training
+        # Batches retrieved before the switch are still in the prefetch buffer: train past them.
+        switched = _switch_step(tmp_path / "trainer.log")
+        _wait(lambda: _trainer_step(tmp_path / "trainer.log") >= switched + 6, 300, "training on the new index",
+              [trainer])
         trainer.terminate()  # SIGTERM: checkpoint, stop, evaluate, exit 0
         assert trainer.wait(300) == 0, _tail(tmp_path / "trainer.log")
     finally:
