@@ -100,10 +100,12 @@ class KnowledgeCorpus(tf.Module):
         first, last = tf.cast(first, tf.int64), tf.cast(last, tf.int64)
         title_base = tf.gather(self.title_splits, block_ids)  # [n]
         body_base = tf.gather(self.body_splits, block_ids)  # [n]
-        starts = tf.where(in_title, tf.gather(self.title_starts, title_base + first),
-                          tf.gather(self.body_starts, body_base + first))  # [n] bytes
-        ends = tf.where(in_title, tf.gather(self.title_ends, title_base + last),
-                        tf.gather(self.body_ends, body_base + last))  # [n] bytes
+        # tf.where evaluates both branches: clip each gather into its own array (the unused one may overrun it).
+        _at = lambda offsets, at: tf.gather(offsets, tf.clip_by_value(at, 0, tf.size(offsets, tf.int64) - 1))
+        starts = tf.where(in_title, _at(self.title_starts, title_base + first),
+                          _at(self.body_starts, body_base + first))  # [n] bytes
+        ends = tf.where(in_title, _at(self.title_ends, title_base + last),
+                        _at(self.body_ends, body_base + last))  # [n] bytes
         text = tf.where(in_title, tf.gather(self.titles, block_ids), tf.gather(self.texts, block_ids))  # [n]
         return tf.strings.substr(text, starts, tf.maximum(ends - starts, 0))
 
