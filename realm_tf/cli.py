@@ -158,7 +158,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     from realm_tf.tasks import open_qa
 
     metrics = open_qa.evaluate(_load(args), args.questions, split=args.split, model_dir=args.model,
-                               index_dir=args.index, predictions_path=args.predictions)
+                               index_dir=args.index, predictions_path=args.predictions, retriever=args.retriever)
     print(f"predictions: {metrics['predictions']}")
     print(json.dumps({k: v for k, v in metrics.items() if k != "predictions"}, sort_keys=True))
     return 0
@@ -260,7 +260,10 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                                            help="fine-tuning run directory (default: finetune.model_dir)"),
                             p.add_argument("--index", default=None, help="index root (default: index.index_dir)"),
                             p.add_argument("--predictions", default=None,
-                                           help="predictions JSONL (default: <model>/predictions-<split>.jsonl)"))),
+                                           help="predictions JSONL (default: <model>/predictions-<split>.jsonl)"),
+                            p.add_argument("--retriever", choices=("dense", "bm25"), default="dense",
+                                           help="dense: the model's retriever; bm25: BM25's top blocks read by the "
+                                                "same reader (the baseline; needs bm25s)"))),
     "export": ("export the fine-tuned Open-QA model as one SavedModel for TF Serving (MIPS in the graph)",
                _cmd_export,
                lambda p: (_add_config_args(p), p.add_argument("--out", required=True, help="SavedModel directory"),

@@ -44,7 +44,9 @@ class OpenQaModel(tf_keras.Model):
       recompute_doc_embeddings: score the k blocks with the current Embed_doc instead of the fixed matrix.
 
     Inputs of :meth:`call`: ``question_input_word_ids`` / ``_input_mask`` / ``_input_type_ids`` ``int32[batch, q_len]``
-    (``[CLS] question [SEP]``).
+    (``[CLS] question [SEP]``). Optional ``block_ids`` ``int32[batch, k]``: blocks chosen by another retriever
+    (e.g. BM25) to read instead of searching; their ``retrieval_logits`` are 0, so the reader alone ranks the
+    spans (the "BM25 + reader" baseline of REALM's Table 1).
 
     Returns ``block_ids`` ``int32[batch, k]``, ``retrieval_logits`` ``[batch, k]``, ``span_logits`` /
     ``span_starts`` / ``span_ends`` / ``span_mask`` ``[batch, k, num_spans]`` and ``reader_input_word_ids`` /
@@ -75,19 +77,25 @@ class OpenQaModel(tf_keras.Model):
 
     def call(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> dict[str, tf.Tensor]:
         question = {k: inputs["question_" + k] for k in bert_encoder.INPUT_KEYS}  # each [batch, q_len]
-        k = self.reader_beam_size
-        query, _, block_ids = self.retrieve(question, k, training=training)  # [batch, dim], [batch, k]
+        given = inputs.get("block_ids")
+        if given is None:
+            query, _, block_ids = self.retrieve(question, self.reader_beam_size, training=training)  # [b, d], [b, k]
+        else:
+            block_ids = tf.cast(given, tf.int32)  # [batch, k]
         batch = tf.shape(block_ids)[0]
         k = tf.shape(block_ids)[1]  # fewer when the corpus is smaller than the beam
         flat_ids = tf.reshape(block_ids, [-1])  # [batch * k]
         titles = self.corpus.title_ids(flat_ids)  # [batch * k, (title_len)]
         bodies = self.corpus.body_ids(flat_ids)  # [batch * k, (body_len)]
-        if self.recompute_doc_embeddings:
-            packed = self.tokenizer.join_bert(titles, bodies, self.block_seq_length, pad_to_seq_length=False)
-            docs = tf.reshape(self.retriever.embed_blocks(packed, training=training), [batch, k, -1])  # [b, k, dim]
+        if given is not None:
+            retrieval_logits = tf.zeros(tf.shape(block_ids), tf.float32)  # [batch, k]: no retriever prior
         else:
-            docs = tf.stop_gradient(self.corpus.block_embeddings(block_ids))  # [batch, k, dim]
-        retrieval_logits = tf.einsum("bd,bkd->bk", query, docs)  # [batch, k]
+            if self.recompute_doc_embeddings:
+                packed = self.tokenizer.join_bert(titles, bodies, self.block_seq_length, pad_to_seq_length=False)
+                docs = tf.reshape(self.retriever.embed_blocks(packed, training=training), [batch, k, -1])  # [b,k,d]
+            else:
+                docs = tf.stop_gradient(self.corpus.block_embeddings(block_ids))  # [batch, k, dim]
+            retrieval_logits = tf.einsum("bd,bkd->bk", query, docs)  # [batch, k]
 
         question_ids = _unpack(question)  # [batch, (q_len)]
         repeated = tf.gather(question_ids, tf.repeat(tf.range(batch), k))  # [batch * k, (q_len)]

@@ -355,16 +355,27 @@ def finetune(cfg: config_lib.ExperimentConfig, train_path: str) -> dict[str, Any
     return {"step": loop.step, "train": logs, "num_train": len(train), "num_dev": len(dev)}
 
 
+RETRIEVERS = ("dense", "bm25")
+
+
 def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str = "all", model_dir: str | None = None,
-             index_dir: str | None = None, predictions_path: str | None = None) -> dict[str, float]:
+             index_dir: str | None = None, predictions_path: str | None = None,
+             retriever: str = "dense") -> dict[str, float]:
     """``realm-tf evaluate``: exact match, regex match, retrieval accuracy@k, reader oracle; writes predictions.
 
     Args:
       split: ``all`` questions of the file, or its ``dev`` / ``train`` part (``data.qa_dev_fraction``).
       model_dir: fine-tuning run to load (default ``finetune.model_dir``; without a checkpoint the model is
         evaluated as initialised, e.g. zero-shot).
+      retriever: ``dense``: the model's own retriever (MIPS over the index); ``bm25``: BM25's top blocks read by
+        the same reader, without a retrieval prior (REALM's "BM25 + BERT" baseline). Metrics, predictions and
+        TensorBoard scalars of ``bm25`` get a ``-bm25`` / ``_bm25`` suffix.
     """
+    from realm_tf.index import bm25_retriever  # pylint: disable=import-outside-toplevel
     from realm_tf.tasks import retrieval_metrics  # pylint: disable=import-outside-toplevel
+
+    if retriever not in RETRIEVERS:
+        raise errors.UserError(f"unknown retriever {retriever!r}: one of {', '.join(RETRIEVERS)}")
 
     task = OpenQaTask(cfg)
     examples = read_questions(questions_path)
@@ -377,23 +388,32 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
     model = task.build_model(corpus)
     model_dir = model_dir or cfg.finetune.model_dir
     restored = _restore_finetuned(model, model_dir)
-    if not cfg.qa.recompute_doc_embeddings:
-        check_index_matches(task, model)
     max_k = max(cfg.qa.eval_ks)
+    sparse = None
+    if retriever == "bm25":
+        bm25 = bm25_retriever.Bm25Retriever(blocks.titles, blocks.texts)
+        sparse, _ = bm25.search([e.question for e in examples], max_k)  # [num_questions, max_k]
+    elif not cfg.qa.recompute_doc_embeddings:
+        check_index_matches(task, model)
 
     @tf.function(reduce_retracing=True)
-    def run(batch):
+    def run(batch, sparse_top):
         question = {k: v for k, v in batch.items() if k.startswith(_QUESTION_PREFIX)}
-        outputs = model(question, training=False)
+        if sparse_top is None:
+            outputs = model(question, training=False)
+            _, _, top = model.retrieve({k[len(_QUESTION_PREFIX):]: v for k, v in question.items()}, max_k)
+        else:  # [batch, max_k] from BM25: read its first reader_beam_size blocks
+            outputs = model({**question, "block_ids": sparse_top[:, :cfg.model.reader_beam_size]}, training=False)
+            top = sparse_top
         decoded = task.decode(model, outputs)
         oracle = tf.reduce_any(task.answer_span_mask(outputs, batch["answer_ids"]), axis=[1, 2])  # [batch]
-        _, _, top = model.retrieve({k[len(_QUESTION_PREFIX):]: v for k, v in question.items()}, max_k)
         return decoded, oracle, top
 
     predictions, retrieved = [], []
     em = rm = oracle_hits = 0
     for batch in task.dataset(examples, cfg.data.batch_size):
-        decoded, oracle, top = run(batch)
+        sparse_top = None if sparse is None else tf.constant(sparse[batch["index"].numpy()], tf.int32)
+        decoded, oracle, top = run(batch, sparse_top)
         for i, index in enumerate(batch["index"].numpy()):
             example = examples[index]
             answer = decoded["answer"][i].numpy().decode("utf-8", "replace")
@@ -418,17 +438,19 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
                                                                          ks=cfg.qa.eval_ks).items()
                     if k != "num_questions"})
     metrics["num_questions"] = n
-    predictions_path = predictions_path or os.path.join(model_dir, f"predictions-{split}.jsonl")
+    suffix = "" if retriever == "dense" else f"-{retriever}"
+    predictions_path = predictions_path or os.path.join(model_dir, f"predictions-{split}{suffix}.jsonl")
     tf.io.gfile.makedirs(os.path.dirname(predictions_path) or ".")
     with tf.io.gfile.GFile(predictions_path, "w") as f:
         f.write("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in predictions))
     step = int(restored.rsplit("-", 1)[1]) if restored else 0
-    writer = tf.summary.create_file_writer(os.path.join(model_dir, f"eval_{split}"))
+    writer = tf.summary.create_file_writer(os.path.join(model_dir, f"eval_{split}{suffix.replace('-', '_')}"))
     with writer.as_default(step=step):
         for key, value in metrics.items():
             tf.summary.scalar(key, value)
     writer.flush()
     metrics["checkpoint"] = restored or ""
     metrics["index_version"] = meta["version"]
+    metrics["retriever"] = retriever
     metrics["predictions"] = predictions_path
     return metrics

@@ -11,6 +11,7 @@ from realm_tf import cli
 from realm_tf import config
 from realm_tf.data import answer_normalization
 from realm_tf.data import answer_spans
+from realm_tf.index import bm25_retriever
 from realm_tf.index import index_refresher
 from realm_tf.models import knowledge_retriever
 from realm_tf.serving import retriever_export
@@ -118,6 +119,42 @@ def test_finetune_then_evaluate_through_the_cli(qa, capsys):
     assert all(p["prediction"] and len(p["retrieved_titles"]) == cfg.model.reader_beam_size for p in predictions)
     em = np.mean([open_qa.exact_match(p["prediction"], p["answers"]) for p in predictions])
     assert metrics["exact_match"] == pytest.approx(em)
+
+
+def test_given_block_ids_are_read_without_a_retrieval_prior(qa):
+    _, _, task, model, blocks, examples = qa
+    batch = next(iter(task.dataset(examples, len(examples))))
+    question = {k: v for k, v in batch.items() if k.startswith("question_")}
+    chosen = tf.constant([[(3 * i + j) % len(blocks) for j in range(2)] for i in range(len(examples))], tf.int32)
+    outputs = model({**question, "block_ids": chosen})
+    np.testing.assert_array_equal(outputs["block_ids"], chosen)
+    np.testing.assert_array_equal(outputs["retrieval_logits"], np.zeros(chosen.shape))
+    for i in range(len(examples)):
+        for j in range(2):
+            title = task.tokenizer(tf.constant([blocks.titles[int(chosen[i, j])]])).to_list()[0]
+            ids = outputs["reader_input_word_ids"].numpy()[i, j].tolist()
+            start = ids.index(task.tokenizer.sep_id) + 1  # join_BERT(x, title [SEP] body): z after x's [SEP]
+            assert ids[start:start + len(title)] == title
+
+
+def test_bm25_evaluation_reads_bm25_blocks_with_the_same_reader(qa, capsys):
+    cfg, root, _, _, blocks, examples = qa
+    path = root / "bm25_questions.jsonl"
+    path.write_text("".join(json.dumps({"id": e.id, "question": e.question, "answers": list(e.answers)}) + "\n"
+                            for e in examples))
+    sets = ["--set", f"data.blocks_dir={cfg.data.blocks_dir}", "--set", f"index.index_dir={cfg.index.index_dir}",
+            "--set", f"finetune.model_dir={root}/model", "--set", "data.batch_size=4",
+            "--set", f"qa.retriever_checkpoint={cfg.qa.retriever_checkpoint}"]
+    assert cli.main(["evaluate", "--config", TINY, *sets, "--questions", str(path), "--retriever", "bm25"]) == 0
+    metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert metrics["retriever"] == "bm25" and metrics["num_questions"] == len(examples)
+    expected, _ = bm25_retriever.Bm25Retriever(blocks.titles, blocks.texts).search([e.question for e in examples],
+                                                                                   cfg.model.reader_beam_size)
+    predictions = [json.loads(line) for line in open(root / "model" / "predictions-all-bm25.jsonl")]
+    assert [p["retrieved_block_ids"] for p in predictions] == expected.tolist()
+    assert all(p["block_id"] in p["retrieved_block_ids"] for p in predictions)  # the answer is read from them
+    em = np.mean([open_qa.exact_match(p["prediction"], p["answers"]) for p in predictions])
+    assert metrics["exact_match"] == pytest.approx(em) and metrics["accuracy@100"] == 1.0
 
 
 def test_an_index_from_other_weights_is_refused(qa):
