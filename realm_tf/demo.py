@@ -83,10 +83,10 @@ def run(cfg: config_lib.ExperimentConfig, workdir: str = "runs/demo", num_questi
         from realm_tf.index import index_refresher  # pylint: disable=import-outside-toplevel
         from realm_tf.models import knowledge_retriever  # pylint: disable=import-outside-toplevel
         from realm_tf.serving import retriever_export  # pylint: disable=import-outside-toplevel
-        from realm_tf.tasks import open_qa  # pylint: disable=import-outside-toplevel
+        from realm_tf.tasks import warm_start  # pylint: disable=import-outside-toplevel
 
         model = knowledge_retriever.build_knowledge_retriever(cfg.model)
-        open_qa.restore_from_run(cfg.trainer.model_dir, retriever=model)
+        warm_start.restore_from_run(cfg.trainer.model_dir, retriever=model)
         retriever_export.export_retriever(model, cfg, cfg.trainer.steps)
         index_refresher.IndexRefresher(params).refresh_once()
 

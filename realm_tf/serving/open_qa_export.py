@@ -90,11 +90,7 @@ def build_model(cfg: config_lib.ExperimentConfig, model_dir: str | None = None, 
     corpus, _, meta = open_qa.load_corpus(cfg, task.tokenizer, index_dir)
     model = task.build_model(corpus)
     model_dir = model_dir or cfg.finetune.model_dir
-    checkpoint = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
-    if checkpoint is not None:
-        tf.train.Checkpoint(retriever=model.retriever, reader=model.reader).read(checkpoint).expect_partial()
-    if not cfg.qa.recompute_doc_embeddings:
-        open_qa.check_index_matches(task, model)
+    checkpoint = open_qa.load_finetuned(task, model, model_dir)
     searcher = "exact matmul"
     if in_graph_scann and meta.get("kind") == "scann":
         from realm_tf.index import in_graph_scann as scann_lib  # pylint: disable=import-outside-toplevel

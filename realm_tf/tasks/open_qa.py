@@ -34,6 +34,7 @@ from realm_tf.models import open_qa_model
 from realm_tf.models import span_reader
 from realm_tf.tasks import open_qa_loss
 from realm_tf.tasks import training_loop
+from realm_tf.tasks import warm_start
 
 _QUESTION_PREFIX = "question_"
 
@@ -125,10 +126,10 @@ class OpenQaTask:
         retriever = knowledge_retriever.build_knowledge_retriever(m)
         retriever_source = qa.retriever_checkpoint or m.retriever_checkpoint
         if retriever_source:
-            restore_from_run(retriever_source, retriever=retriever)
+            warm_start.restore_from_run(retriever_source, retriever=retriever)
         reader = span_reader.build_span_reader(m)
         if qa.reader_checkpoint:
-            restore_from_run(qa.reader_checkpoint, reader_bert=reader.encoder)
+            warm_start.restore_from_run(qa.reader_checkpoint, reader_bert=reader.encoder)
         return open_qa_model.OpenQaModel(retriever, reader, corpus, self.tokenizer, m.reader_beam_size,
                                          m.reader_seq_length, m.block_seq_length, qa.recompute_doc_embeddings,
                                          name="open_qa")
@@ -264,39 +265,6 @@ def check_index_matches(task: "OpenQaTask", model: open_qa_model.OpenQaModel, sa
     return diff
 
 
-def restore_from_run(path: str, retriever: knowledge_retriever.KnowledgeRetriever | None = None,
-                     reader_bert: tf_keras.layers.Layer | None = None) -> str:
-    """Loads the retriever and/or the reader BERT from the latest checkpoint of a run directory.
-
-    Understands REALM pre-training (``model = RealmPretrainer``: ``model.retriever``, ``model.encoder.encoder``),
-    ICT (``model = KnowledgeRetriever``) and Open-QA fine-tuning (``retriever``, ``reader.encoder``) runs.
-    """
-    checkpoint = tf.train.latest_checkpoint(os.path.join(path, "checkpoints")) or tf.train.latest_checkpoint(path)
-    if checkpoint is None:
-        raise errors.UserError(f"{path}: no checkpoint to start from")
-    keys = {name for name, _ in tf.train.list_variables(checkpoint)}
-    if any(k.startswith("model/retriever/") for k in keys):  # REALM pre-training
-        parts: dict[str, Any] = {}
-        if retriever is not None:
-            parts["retriever"] = retriever
-        if reader_bert is not None:
-            parts["encoder"] = tf.train.Checkpoint(encoder=reader_bert)
-        tree = tf.train.Checkpoint(model=tf.train.Checkpoint(**parts))
-    elif any(k.startswith("reader/") or k.startswith("retriever/") for k in keys):  # Open-QA fine-tuning
-        parts = {}
-        if retriever is not None:
-            parts["retriever"] = retriever
-        if reader_bert is not None:
-            parts["reader"] = tf.train.Checkpoint(encoder=reader_bert)
-        tree = tf.train.Checkpoint(**parts)
-    else:  # ICT: model = KnowledgeRetriever
-        if reader_bert is not None:
-            raise errors.UserError(f"{checkpoint}: an ICT checkpoint has no reader (qa.reader_checkpoint)")
-        tree = tf.train.Checkpoint(model=retriever)
-    tree.read(checkpoint).assert_existing_objects_matched().expect_partial()
-    return checkpoint
-
-
 def exact_match(prediction: str, answers: Iterable[str]) -> bool:
     """SQuAD exact match: equal after ``normalize_answer``, against any answer."""
     norm = answer_normalization.normalize_answer(prediction)
@@ -316,11 +284,19 @@ def regex_match(prediction: str, patterns: Iterable[str]) -> bool:
     return False
 
 
-def _restore_finetuned(model: open_qa_model.OpenQaModel, model_dir: str) -> str | None:
-    """Loads the latest fine-tuning checkpoint of ``model_dir`` (retriever + whole reader); None if none."""
+def load_finetuned(task: OpenQaTask, model: open_qa_model.OpenQaModel, model_dir: str,
+                   check_index: bool = True) -> str | None:
+    """Loads the latest fine-tuning checkpoint of ``model_dir`` (retriever + whole reader) into ``model``.
+
+    With ``check_index`` and frozen document embeddings, also runs :func:`check_index_matches`: the index must
+    come from this Embed_doc. Returns the checkpoint, or None when there is none (the model stays as initialised,
+    e.g. zero-shot).
+    """
     checkpoint = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
     if checkpoint is not None:
         tf.train.Checkpoint(retriever=model.retriever, reader=model.reader).read(checkpoint).expect_partial()
+    if check_index and not task.cfg.qa.recompute_doc_embeddings:
+        check_index_matches(task, model)
     return checkpoint
 
 
@@ -387,14 +363,12 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
     corpus, blocks, meta = load_corpus(cfg, task.tokenizer, index_dir)
     model = task.build_model(corpus)
     model_dir = model_dir or cfg.finetune.model_dir
-    restored = _restore_finetuned(model, model_dir)
+    restored = load_finetuned(task, model, model_dir, check_index=retriever == "dense")
     max_k = max(cfg.qa.eval_ks)
     sparse = None
     if retriever == "bm25":
         bm25 = bm25_retriever.Bm25Retriever(blocks.titles, blocks.texts)
         sparse, _ = bm25.search([e.question for e in examples], max_k)  # [num_questions, max_k]
-    elif not cfg.qa.recompute_doc_embeddings:
-        check_index_matches(task, model)
 
     @tf.function(reduce_retracing=True)
     def run(batch, sparse_top):

@@ -43,6 +43,7 @@ from realm_tf.tasks import distribution
 from realm_tf.tasks import optimizer as optimizer_lib
 from realm_tf.tasks import realm_loss
 from realm_tf.tasks import training_loop
+from realm_tf.tasks import warm_start
 
 REFRESH_MODES = ("process", "thread", "external")
 _MODEL_INPUT_PREFIXES = ("query_", "candidates_", "reader_", "masked_positions")
@@ -59,7 +60,7 @@ class RealmPretrainingTask:
         """Retriever (from ``model.retriever_checkpoint`` when set, e.g. ICT) + knowledge-augmented encoder."""
         retriever = knowledge_retriever.build_knowledge_retriever(self.cfg.model)
         if self.cfg.model.retriever_checkpoint:
-            restore_retriever(retriever, self.cfg.model.retriever_checkpoint)
+            warm_start.restore_from_run(self.cfg.model.retriever_checkpoint, retriever=retriever)
         encoder = knowledge_augmented_encoder.build_knowledge_augmented_encoder(self.cfg.model)
         return realm_pretrainer.RealmPretrainer(retriever, encoder, name="realm_pretrainer")
 
@@ -125,18 +126,6 @@ class RealmPretrainingTask:
         return {"mlm_accuracy": sums["correct"] / count, "mlm_accuracy_null_only": sums["correct_null"] / count,
                 "retrieval_utility": sums["ru"] / n, "log_likelihood": sums["ll"] / n,
                 "log_likelihood_null_only": sums["ll_null"] / n, "num_examples": sums["n"]}
-
-
-def restore_retriever(retriever: knowledge_retriever.KnowledgeRetriever, path: str) -> str:
-    """Loads a retriever trained elsewhere (ICT's ``model_dir`` or a checkpoint prefix); returns the checkpoint."""
-    checkpoint = tf.train.latest_checkpoint(os.path.join(path, "checkpoints")) or tf.train.latest_checkpoint(path)
-    if checkpoint is None and tf.io.gfile.exists(path + ".index"):
-        checkpoint = path
-    if checkpoint is None:
-        raise errors.UserError(f"model.retriever_checkpoint={path}: no checkpoint there (train ICT first: "
-                               f"realm-tf train-ict)")
-    tf.train.Checkpoint(model=retriever).read(checkpoint).assert_existing_objects_matched().expect_partial()
-    return checkpoint
 
 
 def heldout_predicate(fraction: float, heldout: bool) -> Callable[[Mapping[str, tf.Tensor]], tf.Tensor]:

@@ -1,0 +1,54 @@
+"""Warm starts across REALM's stages: ICT → REALM pre-training → Open-QA fine-tuning (Guu et al., 2020, §3.4, §4).
+
+Each stage saves a differently shaped checkpoint; :func:`restore_from_run` reads the retriever towers and/or
+the reader BERT out of any of them.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import tensorflow as tf
+import tf_keras
+
+from realm_tf import errors
+from realm_tf.models import knowledge_retriever
+
+
+def restore_from_run(path: str, retriever: knowledge_retriever.KnowledgeRetriever | None = None,
+                     reader_bert: tf_keras.layers.Layer | None = None) -> str:
+    """Loads the retriever and/or the reader BERT from the latest checkpoint of a run directory (or a prefix).
+
+    REALM starts its retriever from ICT (Guu et al., 2020, §3.4 "Initialization") and Open-QA fine-tuning from
+    the pre-trained retriever and knowledge-augmented encoder (§4.2).
+
+    Understands REALM pre-training (``model = RealmPretrainer``: ``model.retriever``, ``model.encoder.encoder``),
+    ICT (``model = KnowledgeRetriever``) and Open-QA fine-tuning (``retriever``, ``reader.encoder``) runs.
+    """
+    checkpoint = tf.train.latest_checkpoint(os.path.join(path, "checkpoints")) or tf.train.latest_checkpoint(path)
+    if checkpoint is None and tf.io.gfile.exists(path + ".index"):
+        checkpoint = path  # a checkpoint prefix
+    if checkpoint is None:
+        raise errors.UserError(f"{path}: no checkpoint to start from (a run directory, e.g. of realm-tf train-ict, "
+                               f"pretrain or finetune, or a checkpoint prefix)")
+    keys = {name for name, _ in tf.train.list_variables(checkpoint)}
+    if any(k.startswith("model/retriever/") for k in keys):  # REALM pre-training
+        parts: dict[str, Any] = {}
+        if retriever is not None:
+            parts["retriever"] = retriever
+        if reader_bert is not None:
+            parts["encoder"] = tf.train.Checkpoint(encoder=reader_bert)
+        tree = tf.train.Checkpoint(model=tf.train.Checkpoint(**parts))
+    elif any(k.startswith("reader/") or k.startswith("retriever/") for k in keys):  # Open-QA fine-tuning
+        parts = {}
+        if retriever is not None:
+            parts["retriever"] = retriever
+        if reader_bert is not None:
+            parts["reader"] = tf.train.Checkpoint(encoder=reader_bert)
+        tree = tf.train.Checkpoint(**parts)
+    else:  # ICT: model = KnowledgeRetriever
+        if reader_bert is not None:
+            raise errors.UserError(f"{checkpoint}: an ICT checkpoint has no reader (qa.reader_checkpoint)")
+        tree = tf.train.Checkpoint(model=retriever)
+    tree.read(checkpoint).assert_existing_objects_matched().expect_partial()
+    return checkpoint
