@@ -13,7 +13,6 @@ child process of the trainer, or as a thread inside it (``refresh.mode``).
 """
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -71,20 +70,16 @@ class IndexRefresher:
         if step is None:
             return None
         from beam_jobs import embed_blocks  # pylint: disable=import-outside-toplevel  (Beam only when needed)
-        from beam_jobs import job_flags  # pylint: disable=import-outside-toplevel
 
-        parser = argparse.ArgumentParser()
-        job_flags.add_embed_blocks_args(parser)
         argv = ["--config", self.config_path, "--export", os.path.join(self.export_dir, str(step)),
                 "--index_dir", self.index_dir, "--pause_before_commit", str(self.pause_before_commit)]
         for override in self.overrides:
             argv += ["--set", override]
-        args = parser.parse_args(argv)
         start = time.time()
         print(f"refresh-index: building index version {step} from {self.export_dir}/{step}", file=sys.stderr,
               flush=True)
         try:
-            embed_blocks.run_with_args(args, self.beam_args)
+            embed_blocks.run([*argv, *self.beam_args])  # job flags, then Beam pipeline options
         except index_publisher.IndexVersionExistsError:
             return None  # another builder published it meanwhile
         except Exception as e:  # pylint: disable=broad-except  # keep watching; the old index stays in service
