@@ -167,6 +167,9 @@ class TrainerConfig:
 
     ``max_minutes`` > 0 stops a run (with a checkpoint) once it has trained that long, before ``steps`` if
     need be; ``eval_examples`` caps the held-out evaluation at the end of ``realm-tf pretrain``.
+    ``learning_rate_scales``: ``"REGEX=SCALE"`` items; variables whose name matches REGEX (first match wins)
+    train at ``learning_rate × SCALE``, e.g. ``["masked_lm=10", "knowledge_retriever=0.1"]`` for a new MLM head
+    and a retriever kept near its warm start (``tasks/optimizer.ScaledAdamWeightDecay``).
     """
 
     model_dir: str = "/tmp/realm_tf/model"
@@ -181,6 +184,7 @@ class TrainerConfig:
     summary_every_steps: int = 10
     eval_examples: int = 256
     max_minutes: float = 0.0
+    learning_rate_scales: tuple[str, ...] = ()
     seed: int = 0
 
 

@@ -1,15 +1,81 @@
 """AdamW with linear warm-up and linear decay, REALM's optimiser (Guu et al., 2020, App. A), built with
-tf-models' ``official.modeling.optimization``."""
+tf-models' ``official.modeling.optimization``; optionally with per-variable learning-rate scales."""
 from __future__ import annotations
 
+import re
+from typing import Any, Sequence
+
 from official.modeling import optimization
+from official.modeling.optimization import legacy_adamw
 import tf_keras
 
 from realm_tf import config as config_lib
 
 
+class ScaledAdamWeightDecay(legacy_adamw.AdamWeightDecay):
+    """tf-models' AdamW where variables matching a pattern take ``learning_rate × scale`` (the update and the
+    decoupled weight decay both scale; the schedule, moments and checkpoint layout are AdamW's).
+
+    Adam's update is invariant to the scale of the gradient, so scaling gradients cannot do this. REALM trains
+    every parameter at one rate because its reader starts from BERT with its MLM head; on an import without
+    one (MiniLM) the head starts from scratch, and a higher rate for it is the usual remedy. A lower rate for
+    the retriever keeps its warm start while the reader learns to use retrieval.
+
+    Args:
+      lr_scales: ``(regex, scale)`` pairs; a variable takes the scale of the first regex found in its name
+        (``re.search``), 1 when none matches.
+      **kwargs: ``AdamWeightDecay``'s arguments.
+    """
+
+    def __init__(self, lr_scales: Sequence[tuple[str, float]] = (), **kwargs: Any):
+        super().__init__(**kwargs)
+        self.lr_scales = tuple((str(p), float(s)) for p, s in lr_scales)
+        self._compiled = [(re.compile(p), s) for p, s in self.lr_scales]
+
+    def lr_scale(self, variable_name: str) -> float:
+        """The learning-rate scale of the variable called ``variable_name``."""
+        return next((s for pattern, s in self._compiled if pattern.search(variable_name)), 1.0)
+
+    def _scaled_state(self, var: Any, apply_state: dict | None) -> dict | None:
+        scale = self.lr_scale(var.name)
+        if scale == 1.0:
+            return apply_state
+        key = (var.device, var.dtype.base_dtype)
+        coefficients = (apply_state or {}).get(key) or self._fallback_apply_state(*key)
+        return {key: dict(coefficients, lr_t=coefficients["lr_t"] * scale)}
+
+    def _resource_apply_dense(self, grad: Any, var: Any, apply_state: dict | None = None) -> Any:
+        return super()._resource_apply_dense(grad, var, self._scaled_state(var, apply_state))
+
+    def _resource_apply_sparse(self, grad: Any, var: Any, indices: Any, apply_state: dict | None = None) -> Any:
+        return super()._resource_apply_sparse(grad, var, indices, self._scaled_state(var, apply_state))
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "lr_scales": [list(item) for item in self.lr_scales]}
+
+
+def parse_lr_scales(items: Sequence[str]) -> tuple[tuple[str, float], ...]:
+    """``("REGEX=SCALE", ...)`` (``trainer.learning_rate_scales``) → ``((regex, scale), ...)``; ConfigError
+    naming the item when it is malformed."""
+    parsed = []
+    for item in items:
+        pattern, sep, scale = str(item).rpartition("=")
+        try:
+            if not sep or not pattern:
+                raise ValueError("expected REGEX=SCALE")
+            re.compile(pattern)
+            value = float(scale)
+            if value < 0:
+                raise ValueError("the scale must be >= 0")
+        except (ValueError, re.error) as e:
+            raise config_lib.ConfigError(f"learning_rate_scales item {item!r}: {e}") from e
+        parsed.append((pattern, value))
+    return tuple(parsed)
+
+
 def build_optimizer(cfg: config_lib.TrainerConfig) -> tf_keras.optimizers.Optimizer:
-    """AdamW (weight decay off for LayerNorm and biases), global-norm clipping, warm-up then linear decay."""
+    """AdamW (weight decay off for LayerNorm and biases), global-norm clipping, warm-up then linear decay;
+    :class:`ScaledAdamWeightDecay` when ``cfg.learning_rate_scales`` is set."""
     opt_config = optimization.OptimizationConfig({
         "optimizer": {"type": "adamw", "adamw": {
             "weight_decay_rate": cfg.weight_decay,
@@ -24,4 +90,9 @@ def build_optimizer(cfg: config_lib.TrainerConfig) -> tf_keras.optimizers.Optimi
         "warmup": {"type": "linear", "linear": {"warmup_steps": cfg.warmup_steps}},
     })
     factory = optimization.OptimizerFactory(opt_config)
-    return factory.build_optimizer(factory.build_learning_rate())
+    schedule = factory.build_learning_rate()
+    if not cfg.learning_rate_scales:
+        return factory.build_optimizer(schedule)
+    kwargs = {k: v for k, v in opt_config.optimizer.get().as_dict().items() if v is not None}
+    return ScaledAdamWeightDecay(lr_scales=parse_lr_scales(cfg.learning_rate_scales), learning_rate=schedule,
+                                 **kwargs)

@@ -1,0 +1,72 @@
+"""AdamW with per-variable learning-rate scales vs a numpy AdamW step, and the plain optimizer unchanged."""
+import dataclasses
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from realm_tf import config
+from realm_tf.tasks import optimizer as optimizer_lib
+
+BASE = dataclasses.replace(config.TrainerConfig(), learning_rate=1e-2, warmup_steps=0, steps=100, weight_decay=0.1,
+                           clip_norm=100.0)
+
+
+def _variables():
+    rng = np.random.default_rng(0)
+    return {name: tf.Variable(rng.normal(size=[3, 2]).astype(np.float32), name=name)
+            for name in ("head/kernel", "retriever/kernel", "encoder/kernel", "encoder/bias")}
+
+
+def _numpy_adamw_first_step(w, g, lr, decay):
+    # Legacy Adam at t = 1: lr * sqrt(1 - b2) / (1 - b1) * m / (sqrt(v) + eps), m = (1 - b1) g, v = (1 - b2) g²;
+    # tf-models' AdamW first applies the decoupled decay w -= lr * rate * w.
+    b1, b2, eps = 0.9, 0.999, 1e-7
+    w = w - lr * decay * w
+    m, v = (1 - b1) * g, (1 - b2) * g * g
+    return w - lr * np.sqrt(1 - b2) / (1 - b1) * m / (np.sqrt(v) + eps)
+
+
+def test_scaled_variables_take_scaled_steps_and_the_rest_plain_adamw():
+    cfg = dataclasses.replace(BASE, learning_rate_scales=("head=10", "retriever=0.1", "kernel=2"))
+    variables = _variables()
+    start = {k: v.numpy() for k, v in variables.items()}
+    grads = {k: tf.constant(np.random.default_rng(1).normal(size=[3, 2]).astype(np.float32) * 0.01) for k in variables}
+    opt = optimizer_lib.build_optimizer(cfg)
+    assert isinstance(opt, optimizer_lib.ScaledAdamWeightDecay)
+    opt.apply_gradients([(grads[k], v) for k, v in variables.items()])
+    # First match wins: head -> 10, retriever -> 0.1, encoder/kernel -> 2; encoder/bias unscaled, never decayed.
+    for name, scale, decay in (("head/kernel", 10, 0.1), ("retriever/kernel", 0.1, 0.1), ("encoder/kernel", 2, 0.1),
+                               ("encoder/bias", 1, 0.0)):
+        expected = _numpy_adamw_first_step(start[name], grads[name].numpy(), 1e-2 * scale, decay)
+        np.testing.assert_allclose(variables[name].numpy(), expected, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_without_scales_the_optimizer_is_tf_models_adamw_with_the_same_steps():
+    plain, scaled = optimizer_lib.build_optimizer(BASE), optimizer_lib.build_optimizer(
+        dataclasses.replace(BASE, learning_rate_scales=("nothing-matches=5",)))
+    assert not isinstance(plain, optimizer_lib.ScaledAdamWeightDecay)
+    a, b = _variables(), _variables()
+    for step in range(3):
+        grads = {k: tf.constant(np.random.default_rng(step).normal(size=[3, 2]).astype(np.float32)) for k in a}
+        plain.apply_gradients([(grads[k], v) for k, v in a.items()])
+        scaled.apply_gradients([(grads[k], v) for k, v in b.items()])
+    for k in a:
+        np.testing.assert_allclose(a[k].numpy(), b[k].numpy(), rtol=1e-6, err_msg=k)
+    assert scaled.get_config()["lr_scales"] == [["nothing-matches", 5.0]]
+
+
+@pytest.mark.parametrize("item, message", [("masked_lm", "expected REGEX=SCALE"), ("=3", "expected REGEX=SCALE"),
+                                           ("head=-1", "must be >= 0"), ("head=fast", "could not convert"),
+                                           ("[head=2", "unterminated character set")])
+def test_malformed_scales_name_the_item(item, message):
+    with pytest.raises(config.ConfigError, match=message):
+        optimizer_lib.build_optimizer(dataclasses.replace(BASE, learning_rate_scales=(item,)))
+
+
+def test_scales_load_from_yaml_and_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("trainer:\n  learning_rate_scales: ['masked_lm=10', 'knowledge_retriever=0.1']\n")
+    assert config.load_config(str(path)).trainer.learning_rate_scales == ("masked_lm=10", "knowledge_retriever=0.1")
+    cfg = config.load_config(str(path), ["trainer.learning_rate_scales=[masked_lm=3]"])
+    assert cfg.trainer.learning_rate_scales == ("masked_lm=3",)
