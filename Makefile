@@ -8,7 +8,7 @@ STAMP := $(VENV)/.setup-$(SETUP_HASH)
 export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: venv test demo clean
+.PHONY: venv test test-fast demo clean
 
 venv: $(STAMP)
 
@@ -22,6 +22,10 @@ $(STAMP): setup.py
 
 test: venv
 	$(PY) -m pytest -q tests
+
+# The inner loop: everything but the end-to-end runs marked `slow` (CI runs `make test`).
+test-fast: venv
+	$(PY) -m pytest -q -m "not slow" tests
 
 demo: venv
 	$(VENV)/bin/realm-tf demo --config configs/minilm.yaml

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from realm_tf import cli
 
 
@@ -31,6 +33,7 @@ def test_config_prints_overrides_and_bad_key_is_a_clean_error():
     assert "unknown key 'trainer.nope'" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_demo_runs_the_whole_loop_on_the_tiny_config(tmp_path):
     work = tmp_path / "demo"
     result = _run("demo", "--config", "configs/tiny.yaml", "--workdir", str(work), "--questions", "40",

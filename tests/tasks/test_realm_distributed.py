@@ -6,7 +6,10 @@ import socket
 import subprocess
 import sys
 
+import pytest
 import tensorflow as tf
+
+pytestmark = pytest.mark.slow  # separate processes, minutes each: `make test-fast` skips them
 
 TINY = "configs/tiny.yaml"
 

@@ -7,9 +7,12 @@ import subprocess
 import sys
 import time
 
+import pytest
 import tensorflow as tf
 
 from realm_tf.index import index_publisher
+
+pytestmark = pytest.mark.slow  # separate processes, minutes each: `make test-fast` skips them
 
 TINY = "configs/tiny.yaml"
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
