@@ -70,3 +70,22 @@ def test_scales_load_from_yaml_and_overrides(tmp_path):
     assert config.load_config(str(path)).trainer.learning_rate_scales == ("masked_lm=10", "knowledge_retriever=0.1")
     cfg = config.load_config(str(path), ["trainer.learning_rate_scales=[masked_lm=3]"])
     assert cfg.trainer.learning_rate_scales == ("masked_lm=3",)
+
+
+def test_a_plain_adamw_checkpoint_resumes_into_the_scaled_optimizer(tmp_path):
+    """Adding scales to a running experiment keeps its moments and step count (same checkpoint layout)."""
+    variables = _variables()
+    plain = optimizer_lib.build_optimizer(BASE)
+    for step in range(2):
+        plain.apply_gradients([(tf.fill(v.shape, 0.1 * (step + 1)), v) for v in variables.values()])
+    prefix = tf.train.Checkpoint(optimizer=plain, **{k.replace("/", "_"): v for k, v in variables.items()}).save(
+        str(tmp_path / "ckpt"))
+    fresh = {k: tf.Variable(tf.zeros_like(v), name=k) for k, v in variables.items()}
+    scaled = optimizer_lib.build_optimizer(dataclasses.replace(BASE, learning_rate_scales=("head=10",)))
+    tf.train.Checkpoint(optimizer=scaled, **{k.replace("/", "_"): v for k, v in fresh.items()}).read(
+        prefix).assert_existing_objects_matched()
+    scaled.apply_gradients([(tf.zeros_like(v), v) for v in fresh.values()])  # creates the slots (restored lazily)
+    assert int(scaled.iterations) == 3
+    for k in variables:
+        np.testing.assert_allclose(scaled.get_slot(fresh[k], "m").numpy(),
+                                   plain.get_slot(variables[k], "m").numpy() * 0.9, rtol=1e-6, err_msg=k)
