@@ -15,11 +15,13 @@ import gzip
 import json
 import os
 import re
+import sys
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
 import tf_keras
+import tqdm
 
 from realm_tf import config as config_lib
 from realm_tf import errors
@@ -385,7 +387,10 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
 
     predictions, retrieved = [], []
     em = rm = oracle_hits = 0
+    progress = tqdm.tqdm(total=len(examples), desc=f"evaluate {retriever}", unit="question", file=sys.stderr,
+                         mininterval=10.0)
     for batch in task.dataset(examples, cfg.data.batch_size):
+        progress.update(int(batch["index"].shape[0]))
         sparse_top = None if sparse is None else tf.constant(sparse[batch["index"].numpy()], tf.int32)
         decoded, oracle, top = run(batch, sparse_top)
         for i, index in enumerate(batch["index"].numpy()):
@@ -400,6 +405,7 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
                                 "exact_match": hit_em, "block_id": int(decoded["block_id"][i]),
                                 "retrieved_block_ids": [int(r) for r in rows[:cfg.model.reader_beam_size]],
                                 "retrieved_titles": [blocks.titles[r] for r in rows[:cfg.model.reader_beam_size]]})
+    progress.close()
     n = len(examples)
     matcher = retrieval_metrics.AnswerMatcher(blocks.texts)
     width = max(len(r) for r in retrieved)
