@@ -44,6 +44,26 @@ def cli(args: list[str]) -> None:
     subprocess.run([sys.executable, "-m", "realm_tf.cli", *args], check=True)
 
 
+def measure_latency(export: str, questions: str, dev_fraction: float, count: int) -> tuple[np.ndarray, int]:
+    """Milliseconds per batch-1 request to the exported model over ``count`` dev questions (after 3 warm-ups)."""
+    _, dev = open_qa.split_questions(open_qa.read_questions(questions), dev_fraction)
+    model = answerer.Answerer(export)
+    for example in dev[:3]:
+        model.ask(example.question)  # warm-up (first calls trace and allocate)
+    latencies = []
+    for example in dev[3:3 + count]:
+        t = time.perf_counter()
+        model.ask(example.question)
+        latencies.append(time.perf_counter() - t)
+    return 1000 * np.asarray(latencies), len(latencies)
+
+
+def format_latency(latencies_ms: np.ndarray, count: int) -> str:
+    return (f"serving (exported SavedModel, ScaNN op in the graph, batch 1, {count} requests, os.cpu_count "
+            f"{os.cpu_count()}): p50 {np.percentile(latencies_ms, 50):.0f} ms, p99 "
+            f"{np.percentile(latencies_ms, 99):.0f} ms, mean {latencies_ms.mean():.0f} ms")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="configs/minilm.yaml")
@@ -52,7 +72,14 @@ def main() -> int:
     parser.add_argument("--blocks", default="runs/bench/blocks", help="the bundled corpus, preprocessed")
     parser.add_argument("--questions", default="data/open_qa/qa_qed_train.jsonl.gz")
     parser.add_argument("--latency_questions", type=int, default=100, help="batch-1 requests timed")
+    parser.add_argument("--latency_only", metavar="EXPORT", default=None,
+                        help="only time batch-1 requests to this exported model (on an otherwise idle machine)")
     args = parser.parse_args()
+    if args.latency_only:
+        cfg = config_lib.load_config(args.config, args.overrides)
+        print(format_latency(*measure_latency(args.latency_only, args.questions, cfg.data.qa_dev_fraction,
+                                              args.latency_questions)))
+        return 0
 
     out = args.out
     overrides = [f"data.blocks_dir={args.blocks}", f"index.index_dir={out}/index", f"refresh.export_dir={out}/export",
@@ -88,16 +115,7 @@ def main() -> int:
     export = os.path.join(out, "serving", str(int(time.time())))
     open_qa_export.export_open_qa(cfg, export)
     timings["export"] = time.time() - start
-    _, dev = open_qa.split_questions(open_qa.read_questions(args.questions), cfg.data.qa_dev_fraction)
-    model = answerer.Answerer(export)
-    for example in dev[:3]:
-        model.ask(example.question)  # warm-up (first calls trace and allocate)
-    latencies = []
-    for example in dev[3:3 + args.latency_questions]:
-        t = time.perf_counter()
-        model.ask(example.question)
-        latencies.append(time.perf_counter() - t)
-    latencies_ms = 1000 * np.asarray(latencies)
+    latencies_ms, count = measure_latency(export, args.questions, cfg.data.qa_dev_fraction, args.latency_questions)
 
     step = tf.train.latest_checkpoint(os.path.join(cfg.finetune.model_dir, "checkpoints"))
     print(f"\n== Open-QA benchmark: {results['dense']['num_questions']} held-out dev questions "
@@ -105,9 +123,7 @@ def main() -> int:
     print(f"{'metric':<16}{'REALM retriever + reader':>26}{'BM25 + same reader':>22}")
     for key in ROWS:
         print(f"{key:<16}{results['dense'][key]:>26.3f}{results['bm25'][key]:>22.3f}")
-    print(f"serving (exported SavedModel, ScaNN op in the graph, batch 1, {len(latencies)} requests): "
-          f"p50 {np.percentile(latencies_ms, 50):.0f} ms, p99 {np.percentile(latencies_ms, 99):.0f} ms, "
-          f"mean {latencies_ms.mean():.0f} ms")
+    print(format_latency(latencies_ms, count))
     print("wall time: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in timings.items()))
     print(f"exported model: {export}")
     return 0
