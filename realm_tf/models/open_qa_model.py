@@ -12,7 +12,8 @@ One differentiable pass for a batch of questions x:
    REALM's fine-tuning; with ``recompute_doc_embeddings`` the k blocks are re-embedded with the current
    Embed_doc instead, so it trains too);
 3. join_BERT(x, title [SEP] body) for each block, built in the graph, read by the
-   :class:`~realm_tf.models.span_reader.SpanReader`; spans crossing the title/body [SEP] are masked.
+   :class:`~realm_tf.models.span_reader.SpanReader`; spans crossing the title/body [SEP] or cutting a word
+   (starting on a ``##`` piece or stopping before one) are masked.
 
 Everything runs in the graph, so the same model exports as one TF Serving signature.
 """
@@ -67,6 +68,7 @@ class OpenQaModel(tf_keras.Model):
         self.reader_seq_length = reader_seq_length
         self.block_seq_length = block_seq_length
         self.recompute_doc_embeddings = recompute_doc_embeddings
+        self._continuation = tf.constant([t.startswith("##") for t in tokenizer.vocab])  # [vocab]: "##" pieces
 
     def retrieve(self, question: dict[str, tf.Tensor], k: int,
                  training: bool | None = None) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
@@ -113,7 +115,12 @@ class OpenQaModel(tf_keras.Model):
         # [SEP]s within [start, end]: inclusive count at the end minus the count strictly before the start.
         seps_inside = (tf.gather(seps_before, ends, axis=-1) - tf.gather(seps_before, starts, axis=-1)
                        + tf.gather(is_sep, starts, axis=-1))  # [batch, k, num_spans]
-        mask = read["span_mask"] & tf.equal(seps_inside, 0)  # [batch, k, num_spans]
+        # An answer is whole words: a span may not start on a "##" piece nor stop before one (the training
+        # targets never do, so without this a prediction can cut a word, "Kirk Kerk" for "Kirk Kerkorian").
+        piece = tf.gather(self._continuation, reader_inputs["input_word_ids"])  # [batch, k, len]
+        next_piece = tf.concat([piece[..., 1:], tf.zeros_like(piece[..., :1])], axis=-1)  # [batch, k, len]
+        whole_words = ~tf.gather(piece, starts, axis=-1) & ~tf.gather(next_piece, ends, axis=-1)  # [b, k, spans]
+        mask = read["span_mask"] & tf.equal(seps_inside, 0) & whole_words  # [batch, k, num_spans]
         logits = tf.where(mask, read["span_logits"], span_reader.MASKED_SPAN_LOGIT)  # [batch, k, num_spans]
         return {
             "block_ids": block_ids,  # [batch, k]

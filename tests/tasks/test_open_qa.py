@@ -73,6 +73,28 @@ def test_answer_span_mask_matches_the_numpy_reference(qa):
     assert total >= len(examples)  # every question has matches (its titles and words were taken from its blocks)
 
 
+def test_only_whole_word_spans_outside_the_title_body_sep_are_valid(qa):
+    cfg, _, task, model, _, examples = qa
+    batch = next(iter(task.dataset(examples, len(examples))))
+    outputs = {k: v.numpy() for k, v in model({k: v for k, v in batch.items() if k.startswith("question_")}).items()}
+    table = answer_spans.continuation_table(task.tokenizer.vocab)
+    ids, mask = outputs["reader_input_word_ids"], outputs["span_mask"]
+    starts, ends = outputs["span_starts"], outputs["span_ends"]
+    cut_words = 0
+    for b, k, s in np.ndindex(*mask.shape):
+        start, end = starts[b, k, s], ends[b, k, s]
+        row = ids[b, k]
+        expected = (end < len(row) and row[end] != task.tokenizer.pad_id
+                    and task.tokenizer.sep_id not in row[start:end + 1].tolist()
+                    and row[start] != task.tokenizer.cls_id  # x and z: segment ids say which; spans lie in z
+                    and not table[row[start]] and not (end + 1 < len(row) and table[row[end + 1]]))
+        if mask[b, k, s]:
+            assert expected, (b, k, s)
+            assert outputs["reader_input_type_ids"][b, k, start] == 1
+        cut_words += bool(not table[row[start]] and end + 1 < len(row) and table[row[end + 1]])
+    assert cut_words > 0  # the reader inputs do have word-cutting spans, and they are masked
+
+
 def test_decoded_answer_is_the_span_in_the_original_text(qa):
     _, _, task, model, _, examples = qa
     batch = next(iter(task.dataset(examples, len(examples))))
