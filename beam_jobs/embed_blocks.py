@@ -527,7 +527,7 @@ def run_with_args(args: argparse.Namespace, beam_args: Sequence[str]) -> dict[st
     build_seconds = time.time() - start
     metadata = {
         "export_step": version,
-        "export_path": export_path,
+        "export_path": export_path if "://" in export_path else os.path.abspath(export_path),
         "exported_at": export.get("exported_at"),
         "export_config_hash": export.get("config_hash"),
         "vocab_hash": export["vocab_hash"],

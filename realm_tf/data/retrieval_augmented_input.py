@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
+import os
 import threading
 import time
 from typing import Any, Callable, Iterator, Mapping
@@ -82,7 +84,8 @@ class RetrievalAugmentedInput:
         self.blocks = blocks
         self.tokenizer = tokenizer
         self.stats = PipelineStats()
-        self._query_embedder_for = query_embedder_for or load_export_query_embedder
+        self._query_embedder_for = query_embedder_for or functools.partial(load_export_query_embedder,
+                                                                           export_dir=cfg.refresh.export_dir)
         self._embedders: dict[int, tuple[QueryEmbedFn, float]] = {}
         self._lock = threading.Lock()
         index_blocks = self.loader.current()[1].num_blocks
@@ -232,16 +235,30 @@ def max_predictions(cfg: config_lib.ExperimentConfig) -> int:
                int(np.ceil(cfg.data.mask_probability * (cfg.model.query_seq_length - 2))) + 1)
 
 
-def load_export_query_embedder(version: int, metadata: Mapping[str, Any]) -> tuple[QueryEmbedFn, float]:
-    """Embed_input of the export that built index ``version`` (its ``embed_query_ids``) and its export time."""
-    path = metadata.get("export_path")
-    if not path:
+def load_export_query_embedder(version: int, metadata: Mapping[str, Any],
+                               export_dir: str | None = None) -> tuple[QueryEmbedFn, float]:
+    """Embed_input of the export that built index ``version`` (its ``embed_query_ids``) and its export time.
+
+    The export is looked up where ``index.json`` says (``export_path``), then as ``<export_dir>/<version>``
+    (an index version is numbered by its export's step), so a run moved or started from another directory
+    still finds it.
+    """
+    recorded = metadata.get("export_path")
+    candidates = [p for p in (recorded, os.path.join(export_dir, str(version)) if export_dir else None) if p]
+    if not candidates:
         raise errors.UserError(f"index version {version}: index.json names no export_path")
-    try:
-        export = retriever_export.read_export_metadata(path)
-    except FileNotFoundError as e:
-        raise errors.UserError(f"index version {version} was built from {path}, which no longer exists "
-                               f"(raise refresh.keep_exports)") from e
+    path, export = None, None
+    for candidate in candidates:
+        try:
+            export = retriever_export.read_export_metadata(candidate)
+        except FileNotFoundError:
+            continue
+        if int(export.get("step", version)) == version:
+            path = candidate
+            break
+    if path is None:
+        raise errors.UserError(f"index version {version} was built from the export {' or '.join(candidates)}, "
+                               f"which no longer exists (raise refresh.keep_exports)")
     module = tf.saved_model.load(path)
     if "embed_query_ids" not in module.signatures:
         raise errors.UserError(f"{path}: the export has no embed_query_ids signature (re-export it with this "

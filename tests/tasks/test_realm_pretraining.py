@@ -160,3 +160,25 @@ def test_pipeline_refuses_an_index_of_another_corpus(setup, tmp_path):
     with pytest.raises(Exception, match="another corpus"):
         retrieval_augmented_input.RetrievalAugmentedInput(cfg, inputs.loader, small, task.tokenizer)
     assert os.path.isdir(cfg.index.index_dir)
+
+
+def test_query_embedder_export_is_found_after_the_run_moved(tmp_path):
+    """index.json records where its export was; a run moved (or started from another directory) falls back
+    to <refresh.export_dir>/<version>, and only to an export of that very step."""
+    from realm_tf.models import knowledge_retriever  # pylint: disable=import-outside-toplevel
+    from realm_tf.serving import retriever_export  # pylint: disable=import-outside-toplevel
+
+    cfg = config.load_config("configs/tiny.yaml", [f"refresh.export_dir={tmp_path}/export"])
+    retriever = knowledge_retriever.build_knowledge_retriever(cfg.model)
+    path = retriever_export.export_retriever(retriever, cfg, 7)
+    moved = {"export_path": "old/place/export/7"}
+    embed, exported_at = retrieval_augmented_input.load_export_query_embedder(7, moved, export_dir=f"{tmp_path}/export")
+    assert exported_at == retriever_export.read_export_metadata(path)["exported_at"]
+    packed = {"input_word_ids": tf.constant([[101, 2000, 102, 0]], tf.int32),
+              "input_mask": tf.constant([[1, 1, 1, 0]], tf.int32), "input_type_ids": tf.zeros([1, 4], tf.int32)}
+    np.testing.assert_allclose(embed(packed), retriever.embed_queries(packed, training=False).numpy(), atol=1e-5)
+    with pytest.raises(Exception, match="which no longer exists"):
+        retrieval_augmented_input.load_export_query_embedder(7, moved)
+    os.rename(path, f"{tmp_path}/export/8")  # the export of step 7 under another version's name
+    with pytest.raises(Exception, match="which no longer exists"):
+        retrieval_augmented_input.load_export_query_embedder(8, moved, export_dir=f"{tmp_path}/export")
