@@ -30,6 +30,7 @@ import tqdm  # noqa: E402
 
 from realm_tf.data import example_schemas  # noqa: E402
 from realm_tf.data import question_split  # noqa: E402
+from realm_tf.index import bm25_retriever  # noqa: E402
 from realm_tf.index import brute_force_index  # noqa: E402
 from realm_tf.serving import retriever_export  # noqa: E402
 from realm_tf.tasks import retrieval_metrics  # noqa: E402
@@ -105,14 +106,9 @@ def scann_retrieve(queries: np.ndarray, block_embeddings: np.ndarray, k: int) ->
 
 
 def bm25_retrieve(questions: list[dict], blocks: dict[str, list], k: int) -> np.ndarray:
-    import bm25s  # dev extra
-
-    corpus = [f"{t} {x}" for t, x in zip(blocks["title"], blocks["text"])]
-    retriever = bm25s.BM25()
-    retriever.index(bm25s.tokenize(corpus, stopwords="en", show_progress=False), show_progress=False)
-    rows, _ = retriever.retrieve(bm25s.tokenize([q["question"] for q in questions], stopwords="en",
-                                                show_progress=False), k=k, show_progress=False)
-    return np.asarray(rows)
+    retriever = bm25_retriever.Bm25Retriever(blocks["title"], blocks["text"])
+    rows, _ = retriever.search([q["question"] for q in questions], k)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -29,7 +29,8 @@ class Bm25Retriever:
         try:
             import bm25s  # pylint: disable=import-outside-toplevel
         except ImportError as e:
-            raise errors.UserError("the BM25 retriever needs the bm25s package: pip install bm25s (also in the dev extra)") from e
+            raise errors.UserError("the BM25 retriever needs the bm25s package: pip install bm25s "
+                                   "(also in the dev extra)") from e
         self._bm25s = bm25s
         self.num_blocks = len(texts)
         self._index = bm25s.BM25()
