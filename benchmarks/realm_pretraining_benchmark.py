@@ -30,7 +30,7 @@ import tensorflow as tf  # noqa: E402
 from realm_tf import config as config_lib  # noqa: E402
 from realm_tf.tasks import realm_pretraining  # noqa: E402
 
-CURVES = ("loss", "mlm_accuracy", "retrieval_utility", "null_probability", "off_policy_delay_steps",
+CURVES = ("loss", "mlm_accuracy", "retrieval_utility", "null_probability", "query_similarity", "off_policy_delay_steps",
           "off_policy_delay_seconds", "index_version", "steps_per_second", "examples_per_second",
           "input_wait_fraction")
 
@@ -75,13 +75,19 @@ def main() -> int:
     scalars = read_scalars(os.path.join(cfg.trainer.model_dir, "train"))
     w = args.window
     print(f"\n== REALM pre-training benchmark ({wall / 60:.1f} min wall in this run, final step {result['step']}) ==")
-    print(f"{'scalar':<26}{'first ' + str(w) + ' points':>16}{'last ' + str(w) + ' points':>16}   (steps)")
+    frozen = cfg.trainer.freeze_retriever_steps
+    middle = f"{'up to step ' + str(frozen):>16}" if frozen else ""
+    print(f"{'scalar':<26}{'first ' + str(w) + ' points':>16}{middle}{'last ' + str(w) + ' points':>16}   (steps)")
     for tag in CURVES:
         points = scalars.get(tag, [])
         if not points:
             continue
         head, tail = points[:w], points[-w:]
-        print(f"{tag:<26}{np.mean([v for _, v in head]):>16.4f}{np.mean([v for _, v in tail]):>16.4f}   "
+        mid = ""
+        if frozen:  # the window that ends where the retriever starts training
+            before = [v for s, v in points if s <= frozen][-w:]
+            mid = f"{np.mean(before):>16.4f}" if before else f"{'-':>16}"
+        print(f"{tag:<26}{np.mean([v for _, v in head]):>16.4f}{mid}{np.mean([v for _, v in tail]):>16.4f}   "
               f"({head[0][0]}-{head[-1][0]} / {tail[0][0]}-{tail[-1][0]})")
     ru = scalars.get("retrieval_utility", [])
     if ru:

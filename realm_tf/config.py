@@ -170,6 +170,12 @@ class TrainerConfig:
     ``learning_rate_scales``: ``"REGEX=SCALE"`` items; variables whose name matches REGEX (first match wins)
     train at ``learning_rate × SCALE``, e.g. ``["masked_lm=10", "knowledge_retriever=0.1"]`` for a new MLM head
     and a retriever kept near its warm start (``tasks/optimizer.ScaledAdamWeightDecay``).
+
+    REALM pre-training only (``realm-tf pretrain``):
+    ``mlm_head_warmup_blocks`` > 0: before step 1 of a new run, fit the reader's masked-LM head on that many
+    corpus blocks with the reader BERT frozen (``tasks/mlm_head_warmup``; for imports without an MLM head).
+    ``freeze_retriever_steps``: the retriever gets no updates before this step, so it is not trained on the
+    judgement of a reader that cannot read yet; no exports (the index stays exact) until then.
     """
 
     model_dir: str = "/tmp/realm_tf/model"
@@ -185,6 +191,8 @@ class TrainerConfig:
     eval_examples: int = 256
     max_minutes: float = 0.0
     learning_rate_scales: tuple[str, ...] = ()
+    mlm_head_warmup_blocks: int = 0
+    freeze_retriever_steps: int = 0
     seed: int = 0
 
 

@@ -9,7 +9,8 @@ asynchronously: every ``refresh.export_every_steps`` the trainer exports its ret
 and the input pipeline (:mod:`realm_tf.data.retrieval_augmented_input`) swaps to the new version.
 
 TensorBoard (``<model_dir>/train``): ``loss``, ``mlm_accuracy`` (marginal prediction), ``retrieval_utility``
-(log p(y|x) − log p(y|∅,x), §3.4/§4.4), ``null_probability`` (mean p(∅|x)), ``off_policy_delay_steps`` and
+(log p(y|x) − log p(y|∅,x), §3.4/§4.4), ``null_probability`` (mean p(∅|x)), ``query_similarity`` (mean cosine
+between a batch's query embeddings: near 1 = a collapsed retriever), ``off_policy_delay_steps`` and
 ``off_policy_delay_seconds`` (how old the Embed_doc that chose the candidates is), ``index_version``,
 ``examples_per_second``, ``input_wait_fraction``; held-out evaluation in ``<model_dir>/eval``.
 """
@@ -40,6 +41,7 @@ from realm_tf.models import knowledge_retriever
 from realm_tf.models import realm_pretrainer
 from realm_tf.serving import retriever_export
 from realm_tf.tasks import distribution
+from realm_tf.tasks import mlm_head_warmup
 from realm_tf.tasks import optimizer as optimizer_lib
 from realm_tf.tasks import realm_loss
 from realm_tf.tasks import training_loop
@@ -72,13 +74,18 @@ class RealmPretrainingTask:
         terms = realm_loss.realm_marginal_loss(outputs["retrieval_logits"], outputs["mlm_logits"],
                                                batch["target_ids"], batch["target_weights"])
         terms["null_probability"] = tf.nn.softmax(outputs["retrieval_logits"], axis=-1)[:, 0]  # [batch]
+        terms["query_similarity"] = query_similarity(outputs["query_embedding"])  # [batch]
         return terms["loss"], terms
 
     def make_step_fn(self, model: realm_pretrainer.RealmPretrainer, optimizer: tf_keras.optimizers.Optimizer,
-                     global_batch_size: int, global_step: tf.Variable) -> training_loop.StepFn:
+                     global_batch_size: int, global_step: tf.Variable,
+                     train_retriever: bool = True) -> training_loop.StepFn:
+        """One update of the whole model, or of the reader alone (``train_retriever=False``)."""
+        variables = model.trainable_variables if train_retriever else model.encoder.trainable_variables
+
         def step_fn(batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
             per_example, terms = training_loop.minimize(lambda: self.compute_loss(model, batch, training=True),
-                                                        model.trainable_variables, optimizer, global_batch_size)
+                                                        variables, optimizer, global_batch_size)
             version = tf.cast(batch["index_version"], tf.float32)  # [batch]
             # The candidates were chosen with the weights exported at step `index_version`; this update uses
             # the weights after `global_step` updates.
@@ -89,6 +96,7 @@ class RealmPretrainingTask:
                 "mlm_accuracy": tf.reduce_sum(terms["mlm_correct"]) / tf.maximum(tf.reduce_sum(terms["mlm_count"]), 1.0),
                 "retrieval_utility": tf.reduce_mean(terms["retrieval_utility"]),
                 "null_probability": tf.reduce_mean(terms["null_probability"]),
+                "query_similarity": tf.reduce_mean(terms["query_similarity"]),
                 "off_policy_delay_steps": tf.reduce_mean(delay_steps),
                 "off_policy_delay_seconds": tf.reduce_mean(delay_seconds),
                 "index_version": tf.reduce_max(version),
@@ -126,6 +134,19 @@ class RealmPretrainingTask:
         return {"mlm_accuracy": sums["correct"] / count, "mlm_accuracy_null_only": sums["correct_null"] / count,
                 "retrieval_utility": sums["ru"] / n, "log_likelihood": sums["ll"] / n,
                 "log_likelihood_null_only": sums["ll_null"] / n, "num_examples": sums["n"]}
+
+
+def query_similarity(query_embedding: tf.Tensor) -> tf.Tensor:
+    """``[batch]``: each query's mean cosine to the *other* queries of the batch (0 for a batch of one).
+
+    Unrelated queries have near-orthogonal embeddings; a mean near 1 says the retriever has collapsed onto
+    one direction and retrieves the same blocks for every query.
+    """
+    unit = tf.math.l2_normalize(query_embedding, axis=-1)  # [batch, dim]
+    cosine = tf.matmul(unit, unit, transpose_b=True)  # [batch, batch]
+    batch = tf.cast(tf.shape(unit)[0], cosine.dtype)
+    others = tf.reduce_sum(cosine, axis=-1) - tf.linalg.diag_part(cosine)  # [batch]
+    return others / tf.maximum(batch - 1.0, 1.0)
 
 
 def heldout_predicate(fraction: float, heldout: bool) -> Callable[[Mapping[str, tf.Tensor]], tf.Tensor]:
@@ -228,6 +249,15 @@ def pretrain(cfg: config_lib.ExperimentConfig, pretraining_pattern: str | None =
     loop = training_loop.TrainingLoop(cfg.trainer, strategy, {"model": model, "optimizer": optimizer}, global_batch)
 
     blocks = block_store.BlockStore.load(os.path.join(cfg.data.blocks_dir, "blocks-*.tfrecord*"))
+    if cfg.trainer.mlm_head_warmup_blocks > 0 and loop.step == 0 and not loop.restored_from:
+        # Every worker fits the same head (same blocks, same seed) before the first all-reduce.
+        warmup = mlm_head_warmup.warm_up_mlm_head(model.encoder, blocks, task.tokenizer,
+                                                  cfg.trainer.mlm_head_warmup_blocks, seed=cfg.trainer.seed)
+        print("pretrain: MLM head warm-up on the frozen reader: " + ", ".join(f"{k}={v:.4g}" for k, v in
+                                                                             warmup.items()), file=sys.stderr, flush=True)
+        with loop.writer.as_default(step=0):
+            for key, value in warmup.items():
+                tf.summary.scalar("mlm_head_warmup/" + key, value)
     supervisor = _RefreshSupervisor(cfg, params_path)
     if chief:
         supervisor.bootstrap(loop.step, model.retriever)
@@ -247,10 +277,12 @@ def pretrain(cfg: config_lib.ExperimentConfig, pretraining_pattern: str | None =
                                    seed=cfg.trainer.seed + ctx.input_pipeline_id, split=train_split))
 
     export_every = cfg.refresh.export_every_steps
+    frozen_until = cfg.trainer.freeze_retriever_steps
     last_version = [loader.version]
 
     def export_hook(step: int, logs: Mapping[str, float]) -> None:
-        if export_every > 0 and step % export_every == 0 and step < cfg.trainer.steps:
+        # While the retriever is frozen its index is exact: nothing to export.
+        if export_every > 0 and step % export_every == 0 and frozen_until < step < cfg.trainer.steps:
             if chief:
                 path = retriever_export.export_retriever(model.retriever, cfg, step, task.tokenizer)
                 print(f"\npretrain: step {step}: exported the retriever to {path}", file=sys.stderr, flush=True)
@@ -264,9 +296,18 @@ def pretrain(cfg: config_lib.ExperimentConfig, pretraining_pattern: str | None =
 
     if chief:
         supervisor.start()
+    iterator = iter(dataset)  # one iterator for both stages: no example twice
+    logs: dict[str, float] = {}
     try:
-        logs = loop.run(dataset, task.make_step_fn(model, optimizer, global_batch, loop.global_step),
-                        hooks=(export_hook,), distribute_dataset=False)
+        if loop.step < frozen_until:
+            print(f"pretrain: training the reader alone until step {frozen_until} "
+                  f"(trainer.freeze_retriever_steps)", file=sys.stderr, flush=True)
+            logs = loop.run(iterator, task.make_step_fn(model, optimizer, global_batch, loop.global_step,
+                                                        train_retriever=False),
+                            hooks=(export_hook,), distribute_dataset=False, until_step=frozen_until)
+        if loop.step >= frozen_until:  # not stopped early (max_minutes, SIGTERM)
+            logs = loop.run(iterator, task.make_step_fn(model, optimizer, global_batch, loop.global_step),
+                            hooks=(export_hook,), distribute_dataset=False)
     finally:
         supervisor.stop()
     result: dict[str, Any] = {"step": loop.step, "train": logs, "index_versions": dict(inputs.stats.versions),

@@ -92,9 +92,13 @@ class TrainingLoop:
         return step.experimental_get_tracing_count() if step is not None else 0
 
     def run(self, dataset: tf.data.Dataset | Iterable, step_fn: StepFn, hooks: Iterable[Hook] = (),
-            distribute_dataset: bool = True) -> dict[str, float]:
-        """Trains until ``trainer.steps``; returns the last step's logs (floats)."""
-        if self.restored_from:
+            distribute_dataset: bool = True, until_step: int | None = None) -> dict[str, float]:
+        """Trains until ``trainer.steps`` (or ``until_step``, if smaller); returns the last step's logs (floats).
+
+        A run in stages calls this once per stage with the same iterator (``iter(dataset)``) so no example
+        is seen twice; ``trainer.max_minutes`` counts from the first call.
+        """
+        if self.restored_from and not hasattr(self, "_run_start"):
             print(f"resumed from {self.restored_from} at step {self.step}", flush=True)
         if distribute_dataset and isinstance(dataset, tf.data.Dataset):
             dataset = self.strategy.experimental_distribute_dataset(dataset)
@@ -110,12 +114,12 @@ class TrainingLoop:
 
         self._train_step = train_step
         last: dict[str, float] = {}
-        total = self.cfg.steps
-        bar = tqdm.tqdm(total=total, initial=self.step, desc="train", unit="step", file=sys.stderr,
+        total = self.cfg.steps if until_step is None else min(until_step, self.cfg.steps)
+        bar = tqdm.tqdm(total=self.cfg.steps, initial=self.step, desc="train", unit="step", file=sys.stderr,
                         disable=not self.chief, dynamic_ncols=True, mininterval=2.0)
         window_start, window_steps, window_wait = time.time(), 0, 0.0
         window_sums: dict[str, float] = {}
-        run_start = time.time()
+        run_start = self._run_start = getattr(self, "_run_start", time.time())
         stop = _StopOnSigterm()
         while self.step < total:
             if stop.requested:
@@ -139,7 +143,7 @@ class TrainingLoop:
             for key, value in last.items():
                 window_sums[key] = window_sums.get(key, 0.0) + value
             bar.update(1)
-            if step % self.cfg.summary_every_steps == 0 or step == total:
+            if step % self.cfg.summary_every_steps == 0 or step == self.cfg.steps:
                 elapsed = max(time.time() - window_start, 1e-9)
                 # Scalars are means over the steps since the last summary, not the last (noisy) step alone.
                 last = {key: value / window_steps for key, value in window_sums.items()}

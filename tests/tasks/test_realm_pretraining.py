@@ -182,3 +182,57 @@ def test_query_embedder_export_is_found_after_the_run_moved(tmp_path):
     os.rename(path, f"{tmp_path}/export/8")  # the export of step 7 under another version's name
     with pytest.raises(Exception, match="which no longer exists"):
         retrieval_augmented_input.load_export_query_embedder(8, moved, export_dir=f"{tmp_path}/export")
+
+
+def test_query_similarity_against_numpy():
+    rng = np.random.default_rng(1)
+    q = rng.normal(size=(5, 8)).astype(np.float32)  # [batch, dim]
+    unit = q / np.linalg.norm(q, axis=1, keepdims=True)
+    cos = unit @ unit.T
+    expected = (cos.sum(1) - np.diag(cos)) / 4
+    np.testing.assert_allclose(realm_pretraining.query_similarity(tf.constant(q)).numpy(), expected, atol=1e-6)
+    collapsed = np.tile(q[:1], [3, 1]) * np.array([[1.0], [2.0], [3.0]], np.float32)  # one direction
+    np.testing.assert_allclose(realm_pretraining.query_similarity(tf.constant(collapsed)).numpy(), 1.0, atol=1e-6)
+    assert realm_pretraining.query_similarity(tf.constant(q[:1])).numpy().tolist() == [0.0]
+
+
+def test_reader_only_step_leaves_the_retriever_alone(setup):
+    cfg, task, _, _, inputs = setup
+    model = task.build_model()
+    batch = next(iter(inputs.dataset(f"{cfg.data.pretraining_dir}/pretraining-*", 2, repeat=False, shuffle=False)))
+    before = {v.name: v.numpy().copy() for v in model.trainable_variables}
+    task.make_step_fn(model, tf_keras.optimizers.SGD(0.5), 2, tf.Variable(1, dtype=tf.int64),
+                      train_retriever=False)(batch)
+    changed = {v.name for v in model.trainable_variables if not np.array_equal(before[v.name], v.numpy())}
+    assert any("reader_bert/" in n for n in changed) and any("masked_lm/" in n for n in changed)
+    assert not [n for n in changed if "knowledge_retriever" in n]
+
+
+def test_staged_pretraining_warms_the_head_freezes_then_trains_the_retriever(tmp_path, pretraining_workspace,
+                                                                             workspace_overrides, read_scalars):
+    cfg = config.load_config(TINY, workspace_overrides(tmp_path, pretraining_workspace) + [
+        "trainer.steps=4", "trainer.freeze_retriever_steps=2", "trainer.mlm_head_warmup_blocks=16",
+        "trainer.checkpoint_every_steps=1", "trainer.keep_checkpoints=10", "trainer.summary_every_steps=1",
+        "refresh.mode=external", "refresh.export_every_steps=1"])
+    result = realm_pretraining.pretrain(cfg, evaluate=False)
+    assert result["step"] == 4
+    # Exports only once the retriever trains (the bootstrap export of step 0 built the first index).
+    assert sorted(int(n) for n in os.listdir(cfg.refresh.export_dir) if n.isdigit()) == [0, 3]
+
+    def weights(step, prefix):
+        reader = tf.train.load_checkpoint(f"{cfg.trainer.model_dir}/checkpoints/ckpt-{step}")
+        keys = [k for k in reader.get_variable_to_shape_map() if k.startswith(prefix)
+                and k.endswith("/.ATTRIBUTES/VARIABLE_VALUE") and "OPTIMIZER_SLOT" not in k]
+        assert keys, prefix
+        return {k: reader.get_tensor(k) for k in keys}
+
+    def same(a, b):
+        return all(np.array_equal(a[k], b[k]) for k in a)
+
+    retriever = {s: weights(s, "model/retriever/") for s in (1, 2, 3)}
+    reader = {s: weights(s, "model/encoder/") for s in (1, 2)}
+    assert same(retriever[1], retriever[2]) and not same(retriever[2], retriever[3])
+    assert not same(reader[1], reader[2])
+    scalars = read_scalars(f"{cfg.trainer.model_dir}/train")
+    assert scalars["mlm_head_warmup/positions"][0][1] > 0
+    assert len(scalars["query_similarity"]) == 4
