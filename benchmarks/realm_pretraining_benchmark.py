@@ -105,7 +105,8 @@ def main() -> int:
         print(f"held-out salient-span examples: {e['num_examples']}; MLM accuracy with retrieval "
               f"{e['mlm_accuracy']:.4f} vs null document only {e['mlm_accuracy_null_only']:.4f}; log-likelihood "
               f"{e['log_likelihood']:.3f} vs {e['log_likelihood_null_only']:.3f}; retrieval utility "
-              f"{e['retrieval_utility']:.4f}")
+              f"{e['retrieval_utility']:.4f}; masked span in the top-1 retrieved block {e['span_recall_top1']:.3f}, "
+              f"in any {e['span_recall']:.3f}")
     return 0
 
 

@@ -24,6 +24,7 @@ import tempfile
 import time
 from typing import Any, Callable, Mapping
 
+import numpy as np
 import tensorflow as tf
 import tf_keras
 
@@ -108,7 +109,9 @@ class RealmPretrainingTask:
         """Held-out scores of the marginal model and of the same model reading only the null document.
 
         Returns ``mlm_accuracy`` (marginal over the k candidates), ``mlm_accuracy_null_only`` (k = 1: ∅ alone),
-        ``retrieval_utility``, ``log_likelihood`` and ``log_likelihood_null_only`` (per example) and
+        ``retrieval_utility``, ``log_likelihood`` and ``log_likelihood_null_only`` (per example),
+        ``span_recall_top1`` / ``span_recall`` (fraction of examples whose masked wordpieces appear, in order,
+        in the reader's view of the top-1 / any retrieved block: what retrieval can give at most) and
         ``num_examples``.
         """
         @tf.function(reduce_retracing=True)
@@ -120,9 +123,13 @@ class RealmPretrainingTask:
                                                   batch["target_ids"], batch["target_weights"])
             return full, null
 
-        sums = {"correct": 0.0, "correct_null": 0.0, "count": 0.0, "ru": 0.0, "ll": 0.0, "ll_null": 0.0, "n": 0}
+        sums = {"correct": 0.0, "correct_null": 0.0, "count": 0.0, "ru": 0.0, "ll": 0.0, "ll_null": 0.0, "n": 0,
+                "top1": 0.0, "any": 0.0}
         for batch in dataset:
             full, null = score(batch)
+            found = span_in_candidates(batch)  # [batch, num_candidates - 1]
+            sums["top1"] += float(found[:, 0].sum()) if found.shape[1] else 0.0
+            sums["any"] += float(found.any(axis=1).sum())
             sums["correct"] += float(tf.reduce_sum(full["mlm_correct"]))
             sums["correct_null"] += float(tf.reduce_sum(null["mlm_correct"]))
             sums["count"] += float(tf.reduce_sum(full["mlm_count"]))
@@ -133,7 +140,27 @@ class RealmPretrainingTask:
         n, count = max(sums["n"], 1), max(sums["count"], 1.0)
         return {"mlm_accuracy": sums["correct"] / count, "mlm_accuracy_null_only": sums["correct_null"] / count,
                 "retrieval_utility": sums["ru"] / n, "log_likelihood": sums["ll"] / n,
-                "log_likelihood_null_only": sums["ll_null"] / n, "num_examples": sums["n"]}
+                "log_likelihood_null_only": sums["ll_null"] / n, "span_recall_top1": sums["top1"] / n,
+                "span_recall": sums["any"] / n, "num_examples": sums["n"]}
+
+
+def span_in_candidates(batch: Mapping[str, tf.Tensor]) -> np.ndarray:
+    """``bool[batch, num_candidates - 1]``: do the masked wordpieces (in order, contiguous) appear in the
+    document part of the reader input of retrieved candidate 1, 2, ...? (Candidate 0, ∅, has none.)"""
+    words = batch["reader_input_word_ids"].numpy()  # [batch, num_cand, reader_len]
+    segment = batch["reader_input_type_ids"].numpy() * batch["reader_input_mask"].numpy()  # 1 on the document
+    targets = batch["target_ids"].numpy()  # [batch, num_masked]
+    weights = batch["target_weights"].numpy()  # [batch, num_masked]
+    found = np.zeros([words.shape[0], words.shape[1] - 1], bool)
+    for b in range(words.shape[0]):
+        span = targets[b][weights[b] > 0]
+        if not span.size:
+            continue
+        for j in range(1, words.shape[1]):
+            doc = words[b, j][segment[b, j] == 1]
+            windows = np.lib.stride_tricks.sliding_window_view(doc, span.size) if doc.size >= span.size else None
+            found[b, j - 1] = windows is not None and bool((windows == span).all(axis=1).any())
+    return found
 
 
 def query_similarity(query_embedding: tf.Tensor) -> tf.Tensor:
@@ -336,5 +363,6 @@ def format_result(result: Mapping[str, Any]) -> str:
         e = result["eval"]
         lines.append(f"  held-out salient spans ({e['num_examples']} examples): MLM accuracy "
                      f"{e['mlm_accuracy']:.4f} with retrieval vs {e['mlm_accuracy_null_only']:.4f} null document "
-                     f"only; retrieval utility {e['retrieval_utility']:.4f}")
+                     f"only; retrieval utility {e['retrieval_utility']:.4f}; masked span in the top-1 block "
+                     f"{e['span_recall_top1']:.3f}, in any retrieved block {e['span_recall']:.3f}")
     return "\n".join(lines)

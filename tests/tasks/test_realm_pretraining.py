@@ -236,3 +236,31 @@ def test_staged_pretraining_warms_the_head_freezes_then_trains_the_retriever(tmp
     scalars = read_scalars(f"{cfg.trainer.model_dir}/train")
     assert scalars["mlm_head_warmup/positions"][0][1] > 0
     assert len(scalars["query_similarity"]) == 4
+
+
+def test_span_in_candidates_against_the_blocks_themselves(setup):
+    cfg, task, blocks, _, inputs = setup
+    sep = task.tokenizer.sep_id
+    budget = cfg.model.reader_seq_length - 3
+    checked = 0
+    for batch in inputs.dataset(f"{cfg.data.pretraining_dir}/pretraining-*", 4, repeat=False, shuffle=False):
+        found = realm_pretraining.span_in_candidates(batch)
+        for b, cands in enumerate(batch["candidate_ids"].numpy()):
+            span = [t for t, w in zip(batch["target_ids"].numpy()[b], batch["target_weights"].numpy()[b]) if w > 0]
+            query_len = int(batch["query_input_mask"].numpy()[b].sum()) - 2
+            for j in range(1, len(cands)):
+                doc = blocks.title_ids(cands[j]).tolist() + [sep] + blocks.body_ids(cands[j]).tolist()
+                doc = doc[:min(len(doc), max(budget - query_len, budget // 2))] + [sep]
+                expected = any(doc[i:i + len(span)] == span for i in range(len(doc) - len(span) + 1))
+                assert found[b, j - 1] == expected, (b, j)
+                checked += 1
+    assert checked > 0
+    # And on a hand-made batch where candidate 2 holds the span and candidate 1 holds it out of order.
+    words = np.array([[[101, 7, 103, 103, 102, 0, 0, 0, 0], [101, 7, 103, 103, 102, 9, 5, 6, 102],
+                       [101, 7, 103, 103, 102, 5, 6, 9, 102]]])  # [1, 3, 9]
+    types = np.array([[[0] * 5 + [1] * 4] * 3])
+    mask = (words > 0).astype(np.int32)
+    batch = {"reader_input_word_ids": tf.constant(words), "reader_input_type_ids": tf.constant(types),
+             "reader_input_mask": tf.constant(mask), "target_ids": tf.constant([[6, 9, 0]]),
+             "target_weights": tf.constant([[1.0, 1.0, 0.0]])}
+    assert realm_pretraining.span_in_candidates(batch).tolist() == [[False, True]]
