@@ -35,6 +35,8 @@ def _overrides(work: str, pretrain_steps: int, finetune_steps: int) -> list[str]
         f"trainer.steps={pretrain_steps}", "trainer.warmup_steps=1", "trainer.summary_every_steps=1",
         "trainer.checkpoint_every_steps=100", "trainer.eval_examples=16", "refresh.export_every_steps=0",
         "refresh.mode=external", "data.batch_size=4", "data.shuffle_buffer=256",
+        # The reader alone for half of them (after a short MLM head warm-up), then both towers too.
+        f"trainer.freeze_retriever_steps={pretrain_steps // 2}", "trainer.mlm_head_warmup_blocks=256",
         # Fine-tuning: the retriever and reader from the pre-training run, a short schedule.
         f"qa.retriever_checkpoint={work}/pretrain", f"qa.reader_checkpoint={work}/pretrain",
         f"finetune.steps={finetune_steps}", "finetune.learning_rate=1e-4", "finetune.warmup_steps=5",

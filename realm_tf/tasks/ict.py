@@ -109,7 +109,7 @@ def train_ict(cfg: config_lib.ExperimentConfig, file_pattern: str | None = None,
     global_batch = cfg.data.batch_size
     with strategy.scope():
         model = task.build_model()
-        optimizer = optimizer_lib.build_optimizer(cfg.ict)
+        optimizer = optimizer_lib.build_optimizer(cfg.ict, model)
     loop = training_loop.TrainingLoop(cfg.ict, strategy, {"model": model, "optimizer": optimizer}, global_batch)
     pattern = file_pattern or f"{cfg.data.ict_dir}/ict-*.tfrecord*"
     dataset = task.build_dataset(pattern, global_batch, seed=cfg.ict.seed)

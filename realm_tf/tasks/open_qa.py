@@ -321,7 +321,7 @@ def finetune(cfg: config_lib.ExperimentConfig, train_path: str) -> dict[str, Any
     with strategy.scope():
         corpus, _, meta = load_corpus(cfg, task.tokenizer)
         model = task.build_model(corpus)
-        optimizer = optimizer_lib.build_optimizer(cfg.finetune)
+        optimizer = optimizer_lib.build_optimizer(cfg.finetune, model)
     loop = training_loop.TrainingLoop(cfg.finetune, strategy, {"retriever": model.retriever, "reader": model.reader,
                                                                "optimizer": optimizer}, batch_size)
     if not cfg.qa.recompute_doc_embeddings:

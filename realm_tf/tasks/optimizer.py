@@ -3,7 +3,7 @@ tf-models' ``official.modeling.optimization``; optionally with per-variable lear
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from official.modeling import optimization
 from official.modeling.optimization import legacy_adamw
@@ -21,20 +21,29 @@ class ScaledAdamWeightDecay(legacy_adamw.AdamWeightDecay):
     one (MiniLM) the head starts from scratch, and a higher rate for it is the usual remedy. A lower rate for
     the retriever keeps its warm start while the reader learns to use retrieval.
 
+    A variable's name depends on where it was first built: an encoder restored from an import is built on its
+    own (``query_embedder_bert/...``), a fresh one inside its model (``knowledge_retriever/...``). Patterns are
+    therefore matched against the variable's *path*, ``<component>/<name>`` (see :func:`variable_paths`), so
+    ``knowledge_retriever`` means the same variables either way.
+
     Args:
-      lr_scales: ``(regex, scale)`` pairs; a variable takes the scale of the first regex found in its name
+      lr_scales: ``(regex, scale)`` pairs; a variable takes the scale of the first regex found in its path
         (``re.search``), 1 when none matches.
+      paths: variable name -> path (:func:`variable_paths` of the model); a name not in it is its own path.
       **kwargs: ``AdamWeightDecay``'s arguments.
     """
 
-    def __init__(self, lr_scales: Sequence[tuple[str, float]] = (), **kwargs: Any):
+    def __init__(self, lr_scales: Sequence[tuple[str, float]] = (), paths: Mapping[str, str] | None = None,
+                 **kwargs: Any):
         super().__init__(**kwargs)
         self.lr_scales = tuple((str(p), float(s)) for p, s in lr_scales)
         self._compiled = [(re.compile(p), s) for p, s in self.lr_scales]
+        self._paths = dict(paths or {})
 
     def lr_scale(self, variable_name: str) -> float:
         """The learning-rate scale of the variable called ``variable_name``."""
-        return next((s for pattern, s in self._compiled if pattern.search(variable_name)), 1.0)
+        path = self._paths.get(variable_name, variable_name)
+        return next((s for pattern, s in self._compiled if pattern.search(path)), 1.0)
 
     def _scaled_state(self, var: Any, apply_state: dict | None) -> dict | None:
         scale = self.lr_scale(var.name)
@@ -42,7 +51,8 @@ class ScaledAdamWeightDecay(legacy_adamw.AdamWeightDecay):
             return apply_state
         key = (var.device, var.dtype.base_dtype)
         coefficients = (apply_state or {}).get(key) or self._fallback_apply_state(*key)
-        return {key: dict(coefficients, lr_t=coefficients["lr_t"] * scale)}
+        # Adam's dense update reads lr_t; its sparse update (embedding rows) reads the bias-corrected lr.
+        return {key: dict(coefficients, lr_t=coefficients["lr_t"] * scale, lr=coefficients["lr"] * scale)}
 
     def _resource_apply_dense(self, grad: Any, var: Any, apply_state: dict | None = None) -> Any:
         return super()._resource_apply_dense(grad, var, self._scaled_state(var, apply_state))
@@ -52,6 +62,17 @@ class ScaledAdamWeightDecay(legacy_adamw.AdamWeightDecay):
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "lr_scales": [list(item) for item in self.lr_scales]}
+
+
+def variable_paths(model: tf_keras.layers.Layer) -> dict[str, str]:
+    """``{variable name: "<component>/<variable name>"}`` for the trainable variables of ``model``'s direct
+    sub-layers (e.g. ``knowledge_retriever/query_embedder_bert/...``); a variable two components share keeps
+    the first one's path."""
+    paths: dict[str, str] = {}
+    for layer in getattr(model, "layers", ()):
+        for variable in layer.trainable_variables:
+            paths.setdefault(variable.name, f"{layer.name}/{variable.name}")
+    return paths
 
 
 def parse_lr_scales(items: Sequence[str]) -> tuple[tuple[str, float], ...]:
@@ -73,9 +94,11 @@ def parse_lr_scales(items: Sequence[str]) -> tuple[tuple[str, float], ...]:
     return tuple(parsed)
 
 
-def build_optimizer(cfg: config_lib.TrainerConfig) -> tf_keras.optimizers.Optimizer:
+def build_optimizer(cfg: config_lib.TrainerConfig,
+                    model: tf_keras.layers.Layer | None = None) -> tf_keras.optimizers.Optimizer:
     """AdamW (weight decay off for LayerNorm and biases), global-norm clipping, warm-up then linear decay;
-    :class:`ScaledAdamWeightDecay` when ``cfg.learning_rate_scales`` is set."""
+    :class:`ScaledAdamWeightDecay` when ``cfg.learning_rate_scales`` is set (its patterns match the paths of
+    ``model``'s variables, :func:`variable_paths`)."""
     opt_config = optimization.OptimizationConfig({
         "optimizer": {"type": "adamw", "adamw": {
             "weight_decay_rate": cfg.weight_decay,
@@ -94,5 +117,6 @@ def build_optimizer(cfg: config_lib.TrainerConfig) -> tf_keras.optimizers.Optimi
     if not cfg.learning_rate_scales:
         return factory.build_optimizer(schedule)
     kwargs = {k: v for k, v in opt_config.optimizer.get().as_dict().items() if v is not None}
-    return ScaledAdamWeightDecay(lr_scales=parse_lr_scales(cfg.learning_rate_scales), learning_rate=schedule,
+    return ScaledAdamWeightDecay(lr_scales=parse_lr_scales(cfg.learning_rate_scales),
+                                 paths=variable_paths(model) if model is not None else None, learning_rate=schedule,
                                  **kwargs)

@@ -272,7 +272,7 @@ def pretrain(cfg: config_lib.ExperimentConfig, pretraining_pattern: str | None =
     global_batch = cfg.data.batch_size
     with strategy.scope():
         model = task.build_model()
-        optimizer = optimizer_lib.build_optimizer(cfg.trainer)
+        optimizer = optimizer_lib.build_optimizer(cfg.trainer, model)
     loop = training_loop.TrainingLoop(cfg.trainer, strategy, {"model": model, "optimizer": optimizer}, global_batch)
 
     blocks = block_store.BlockStore.load(os.path.join(cfg.data.blocks_dir, "blocks-*.tfrecord*"))

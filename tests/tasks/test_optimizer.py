@@ -4,6 +4,7 @@ import dataclasses
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from realm_tf import config
 from realm_tf.tasks import optimizer as optimizer_lib
@@ -89,3 +90,51 @@ def test_a_plain_adamw_checkpoint_resumes_into_the_scaled_optimizer(tmp_path):
     for k in variables:
         np.testing.assert_allclose(scaled.get_slot(fresh[k], "m").numpy(),
                                    plain.get_slot(variables[k], "m").numpy() * 0.9, rtol=1e-6, err_msg=k)
+
+
+class _Component(tf_keras.layers.Layer):
+    def __init__(self, inner, **kwargs):
+        super().__init__(**kwargs)
+        self.inner = inner
+
+    def call(self, x):
+        return self.inner(x)
+
+
+class _Model(tf_keras.Model):
+    def __init__(self, retriever, reader, **kwargs):
+        super().__init__(**kwargs)
+        self.retriever, self.reader = retriever, reader
+
+    def call(self, ids):
+        return self.retriever(ids) + self.reader(ids)
+
+
+def test_scales_follow_the_component_even_when_variables_were_built_outside_it():
+    """An encoder restored from an import is built on its own, so its variables are not named after the
+    component that holds it (the MiniLM retriever's were ``query_embedder_bert/...``); scales still apply."""
+    outside = tf_keras.layers.Embedding(50, 4, name="query_embedder_bert")
+    outside(tf.constant([[1]]))  # built before it is wrapped, as bert_weight_import does
+    model = _Model(_Component(outside, name="knowledge_retriever"),
+                   _Component(tf_keras.layers.Embedding(50, 4, name="reader_bert"), name="reader"))
+    model(tf.constant([[1, 2]]))
+    assert not any("knowledge_retriever" in v.name for v in model.retriever.trainable_variables)
+    paths = optimizer_lib.variable_paths(model)
+    assert paths[outside.embeddings.name] == f"knowledge_retriever/{outside.embeddings.name}"
+    cfg = dataclasses.replace(BASE, weight_decay=0.0, learning_rate_scales=("knowledge_retriever=0.1",))
+    opt = optimizer_lib.build_optimizer(cfg, model)
+    start = [v.numpy().copy() for v in (model.retriever.inner.embeddings, model.reader.inner.embeddings)]
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(tf.constant([[1, 2]])) * tf.constant([[[1.0, -2.0, 3.0, 0.5]]]))
+    grads = tape.gradient(loss, model.trainable_variables)
+    assert all(isinstance(g, tf.IndexedSlices) for g in grads)  # the sparse update path (embedding rows)
+    opt.apply_gradients(zip(grads, model.trainable_variables))
+    for variable, before, scale in zip((model.retriever.inner.embeddings, model.reader.inner.embeddings), start,
+                                       (0.1, 1.0)):
+        dense = np.zeros_like(before)
+        dense[[1, 2]] = [[1.0, -2.0, 3.0, 0.5]] * 2
+        expected = before.copy()
+        rows = [1, 2]
+        expected[rows] = _numpy_adamw_first_step(before[rows], dense[rows], 1e-2 * scale, 0.0)
+        # The sparse path places Adam's epsilon slightly differently (~1e-6 of a step of 1e-2 * scale).
+        np.testing.assert_allclose(variable.numpy(), expected, rtol=0, atol=1e-6, err_msg=variable.name)
