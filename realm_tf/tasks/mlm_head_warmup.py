@@ -120,7 +120,8 @@ def warm_up_mlm_head(model: knowledge_augmented_encoder.KnowledgeAugmentedEncode
 
     n = len(data.targets)
     order = np.random.default_rng(seed + 1).permutation(n)
-    heldout, train = order[:max(1, int(heldout_fraction * n))], order[max(1, int(heldout_fraction * n)):]
+    cut = max(1, int(heldout_fraction * n))
+    heldout, train = order[:cut], order[cut:]
 
     def logits(hidden: tf.Tensor) -> tf.Tensor:  # [n, hidden] -> [n, vocab]
         return probe(hidden[:, None, :], masked_positions=tf.zeros([tf.shape(hidden)[0], 1], tf.int32))[:, 0]
@@ -129,8 +130,8 @@ def warm_up_mlm_head(model: knowledge_augmented_encoder.KnowledgeAugmentedEncode
         predicted = np.concatenate([tf.argmax(logits(tf.constant(data.hidden[heldout[i:i + 2048]])), -1).numpy()
                                     for i in range(0, len(heldout), 2048)])
         right, kinds = predicted == data.targets[heldout], data.kinds[heldout]
-        return {"all": float(right.mean()), "masked": float(right[kinds == MASKED].mean()) if (kinds == MASKED).any() else 0.0,
-                "kept": float(right[kinds == KEPT].mean()) if (kinds == KEPT).any() else 0.0}
+        share = lambda rows: float(right[rows].mean()) if rows.any() else 0.0  # noqa: E731
+        return {"all": share(np.ones_like(right)), "masked": share(kinds == MASKED), "kept": share(kinds == KEPT)}
 
     before = accuracy()
     optimizer = tf_keras.optimizers.Adam(learning_rate)
