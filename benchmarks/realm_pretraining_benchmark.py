@@ -99,14 +99,16 @@ def main() -> int:
     if sps:
         print(f"steps/s (mean over the run): {np.mean(sps):.4f} = {1 / np.mean(sps):.1f} s/step; input pipeline "
               f"stall: {np.mean(wait):.1%} of wall time (max window {np.max(wait):.1%})")
-    print(f"index versions used (batches): {result['index_versions']}")
+    print(f"index versions used (batches): {result['index_versions']}; trivial retrievals kept in the frozen stage "
+          f"{result.get('trivial_retrievals_kept', 0)}, source blocks excluded {result['excluded_source_blocks']}")
     if "eval" in result:
         e = result["eval"]
         print(f"held-out salient-span examples: {e['num_examples']}; MLM accuracy with retrieval "
               f"{e['mlm_accuracy']:.4f} vs null document only {e['mlm_accuracy_null_only']:.4f}; log-likelihood "
               f"{e['log_likelihood']:.3f} vs {e['log_likelihood_null_only']:.3f}; retrieval utility "
               f"{e['retrieval_utility']:.4f}; masked span in the top-1 retrieved block {e['span_recall_top1']:.3f}, "
-              f"in any {e['span_recall']:.3f}")
+              f"in any {e['span_recall']:.3f}; MLM accuracy on the examples with the span in a retrieved block "
+              f"{e['mlm_accuracy_span_retrieved']:.4f} with retrieval vs {e['mlm_accuracy_null_only_span_retrieved']:.4f}")
     return 0
 
 

@@ -61,6 +61,11 @@ class ModelConfig:
       projection_size: size of Embed_input / Embed_doc (REALM: 128).
       pooling: how a tower summarises its sequence before projection: ``cls`` (REALM) or ``mean``.
       share_embedders: one BERT for Embed_input and Embed_doc instead of two.
+      retrieval_temperature: τ in p(z|x) ∝ exp(f(x, z) / τ) (REALM: 1). Two LayerNorm'd d-dim embeddings
+        score about d·cos, so an embedder that was not trained through this softmax (a zero-shot import, no
+        ICT) gives a one-hot p(z|x) over the k candidates: only the top block is read with any weight and the
+        retriever gets almost no gradient. τ = √d is the scaled dot product (Vaswani et al., 2017). The MIPS
+        ranking does not depend on τ.
       query_seq_length: wordpieces of a pre-training query x (REALM: 96; 64 for Open-QA questions).
       block_seq_length: wordpieces of a retrieved block ``[CLS] title [SEP] body [SEP]`` (REALM: 288).
       reader_seq_length: wordpieces of join_BERT(x, z_body) read by the encoder (REALM: 320 for QA).
@@ -80,6 +85,7 @@ class ModelConfig:
     projection_size: int = 128
     pooling: str = "cls"
     share_embedders: bool = False
+    retrieval_temperature: float = 1.0
     query_seq_length: int = 96
     block_seq_length: int = 288
     reader_seq_length: int = 320
@@ -176,6 +182,10 @@ class TrainerConfig:
     corpus blocks with the reader BERT frozen (``tasks/mlm_head_warmup``; for imports without an MLM head).
     ``freeze_retriever_steps``: the retriever gets no updates before this step, so it is not trained on the
     judgement of a reader that cannot read yet; no exports (the index stays exact) until then.
+    ``trivial_retrieval_rate_while_frozen``: while the retriever is frozen, this fraction of the queries keep
+    their own source block among the candidates (where the index ranks it). REALM excludes these trivial
+    retrievals so that the *retriever* does not learn exact string matching (§3.4); a frozen retriever learns
+    nothing, and the reader gets examples where a candidate certainly holds the span, to learn to copy from.
     """
 
     model_dir: str = "/tmp/realm_tf/model"
@@ -193,6 +203,7 @@ class TrainerConfig:
     learning_rate_scales: tuple[str, ...] = ()
     mlm_head_warmup_blocks: int = 0
     freeze_retriever_steps: int = 0
+    trivial_retrieval_rate_while_frozen: float = 0.0
     seed: int = 0
 
 

@@ -6,6 +6,8 @@ Two of REALM's pre-training strategies act here, between the MIPS search and the
   necessary"; the model reads it as an empty block.
 * **Exclude trivial retrievals**: the block the masked sentence x was taken from would let the reader copy the
   answer, so every block with the query's source uid is dropped from its candidates, even when it ranks first.
+  The paper's reason is the retriever ("learning to look for exact string matches"); a caller that trains the
+  reader alone may keep the source block for chosen queries (``keep_source``).
 
 The search itself is given as a function (e.g. ``IndexLoader.search_batched``), so the same code serves the
 tf.data pipeline, tests with a brute-force index, and any other MIPS.
@@ -41,18 +43,24 @@ class CandidateSelector:
         self._num_candidates = num_candidates
         self._margin = search_margin
 
-    def select(self, query_embeddings: np.ndarray, source_uids: Sequence[str]) -> tuple[np.ndarray, int, int]:
+    def select(self, query_embeddings: np.ndarray, source_uids: Sequence[str],
+               keep_source: Sequence[bool] | None = None) -> tuple[np.ndarray, int, int]:
         """Candidate block ids ``int64 [batch, num_candidates]`` (column 0 = ``NULL_BLOCK``).
+
+        ``keep_source[i]`` true: query i keeps its source block where the search ranked it (default: excluded).
 
         Returns ``(candidates, index_version, excluded)``: the version of the index that answered, and how
         many retrieved blocks were dropped as trivial (the query's own source).
         """
+        keep = np.zeros([len(source_uids)], bool) if keep_source is None else np.asarray(keep_source, bool)
+        if keep.shape != (len(source_uids),):
+            raise ValueError(f"keep_source has {keep.size} entries for {len(source_uids)} queries")
         need = self._num_candidates - 1
         num_blocks = len(self._uids)
         k = min(need + self._margin, num_blocks)
         while True:
             rows, _, version = self._search(query_embeddings, k)  # [batch, k]
-            candidates, excluded, short = self._filter(np.asarray(rows), source_uids, need)
+            candidates, excluded, short = self._filter(np.asarray(rows), source_uids, keep, need)
             if not short or k >= num_blocks:
                 break
             k = min(2 * k, num_blocks)
@@ -62,12 +70,14 @@ class CandidateSelector:
         null = np.full([len(candidates), 1], NULL_BLOCK, np.int64)
         return np.concatenate([null, candidates], axis=1), version, excluded
 
-    def _filter(self, rows: np.ndarray, source_uids: Sequence[str], need: int) -> tuple[np.ndarray, int, bool]:
+    def _filter(self, rows: np.ndarray, source_uids: Sequence[str], keep: np.ndarray,
+                need: int) -> tuple[np.ndarray, int, bool]:
         out = np.zeros([len(rows), need], np.int64)
         excluded, short = 0, False
         for i, (row, source) in enumerate(zip(rows, source_uids)):
-            kept = [r for r in row if r >= 0 and self._uids[r] != source]
-            excluded += sum(1 for r in row if r >= 0 and self._uids[r] == source)
+            kept = [r for r in row if r >= 0 and (keep[i] or self._uids[r] != source)]
+            if not keep[i]:
+                excluded += sum(1 for r in row if r >= 0 and self._uids[r] == source)
             if len(kept) < need:
                 short = True
                 continue

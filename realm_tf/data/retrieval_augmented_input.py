@@ -60,6 +60,7 @@ class PipelineStats:
 
     batches: int = 0
     excluded_source_blocks: int = 0  # retrieved blocks dropped because they were the query's own source
+    trivial_retrievals_kept: int = 0  # source blocks left among the candidates (``trivial_retrieval_rate``)
     retrieval_seconds: float = 0.0  # embedding queries + search + gathering, summed
     versions: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # batches per version
 
@@ -97,13 +98,18 @@ class RetrievalAugmentedInput:
 
     def dataset(self, file_pattern: str, batch_size: int, input_context: tf.distribute.InputContext | None = None,
                 repeat: bool = True, seed: int | None = None, shuffle: bool = True,
-                split: Callable[[Mapping[str, tf.Tensor]], tf.Tensor] | None = None) -> tf.data.Dataset:
+                split: Callable[[Mapping[str, tf.Tensor]], tf.Tensor] | None = None,
+                trivial_retrieval_rate: float = 0.0) -> tf.data.Dataset:
         """Retrieval-augmented batches of ``batch_size`` pre-training examples from ``file_pattern``.
 
         Args:
           input_context: under tf.distribute, shards the examples across input pipelines (workers).
           split: ``parsed record -> bool[]`` keeping only some examples (train / held-out).
+          trivial_retrieval_rate: fraction of queries (drawn with ``seed``) that keep their own source block
+            among the candidates; 0 excludes every trivial retrieval (REALM §3.4).
         """
+        if not 0.0 <= trivial_retrieval_rate <= 1.0:
+            raise ValueError(f"trivial_retrieval_rate={trivial_retrieval_rate}: must be in [0, 1]")
         files = sorted(tf.io.gfile.glob(file_pattern))
         if not files:
             raise FileNotFoundError(f"no pre-training records match {file_pattern!r} "
@@ -133,19 +139,28 @@ class RetrievalAugmentedInput:
             "index_version": tf.TensorSpec([None], tf.int64),
             "index_exported_at": tf.TensorSpec([None], tf.float64),
         }
-        dataset = tf.data.Dataset.from_generator(lambda: self._retrieve_batches(raw), output_signature=signature)
+        dataset = tf.data.Dataset.from_generator(
+            lambda: self._retrieve_batches(raw, trivial_retrieval_rate, np.random.default_rng(seed)),
+            output_signature=signature)
         # A fixed, small prefetch: every buffered batch was retrieved with the index of its time, so a deep
         # (AUTOTUNE) buffer would add its length to the off-policy delay and hold back a refreshed index.
         return dataset.map(self.pack, num_parallel_calls=2).prefetch(PREFETCH_BATCHES)
 
-    def _retrieve_batches(self, raw: tf.data.Dataset) -> Iterator[dict[str, Any]]:
+    def _retrieve_batches(self, raw: tf.data.Dataset, trivial_retrieval_rate: float,
+                          rng: np.random.Generator) -> Iterator[dict[str, Any]]:
         for records in raw:
-            yield self.retrieve(records)
+            keep = (rng.random(int(records[example_schemas.SOURCE_UID].shape[0])) < trivial_retrieval_rate
+                    if trivial_retrieval_rate > 0 else None)
+            yield self.retrieve(records, keep_source=keep)
 
     # ---- per batch --------------------------------------------------------------------------------------
 
-    def retrieve(self, records: Mapping[str, tf.RaggedTensor]) -> dict[str, Any]:
-        """Candidates for one parsed batch (``query_ids``, ``mask_positions``, ``target_ids``, ``source_uid``)."""
+    def retrieve(self, records: Mapping[str, tf.RaggedTensor],
+                 keep_source: np.ndarray | None = None) -> dict[str, Any]:
+        """Candidates for one parsed batch (``query_ids``, ``mask_positions``, ``target_ids``, ``source_uid``).
+
+        ``keep_source``: ``bool[batch]``, queries that keep their source block (default: none do).
+        """
         start = time.perf_counter()
         self.loader.maybe_refresh()
         version, index, metadata = self.loader.current()  # one consistent version for the whole batch
@@ -165,8 +180,11 @@ class RetrievalAugmentedInput:
 
         selector = candidate_selection.CandidateSelector(search, self.blocks.uids, self.cfg.model.num_candidates)
         source_uids = [u.decode() for u in records[example_schemas.SOURCE_UID].numpy()]
-        candidates, _, excluded = selector.select(query_embeddings, source_uids)  # [batch, k]
+        candidates, _, excluded = selector.select(query_embeddings, source_uids, keep_source)  # [batch, k]
         self.blocks.check_ids(candidates)
+        trivial = 0 if keep_source is None else sum(
+            int(np.sum(self.blocks.uids[row[row >= 0]] == uid))
+            for row, uid, keep in zip(candidates, source_uids, keep_source) if keep)
         titles, bodies, reader_docs = [], [], []
         sep = np.asarray([self.tokenizer.sep_id], np.int32)
         empty = np.zeros([0], np.int32)
@@ -180,6 +198,7 @@ class RetrievalAugmentedInput:
         with self._lock:
             self.stats.batches += 1
             self.stats.excluded_source_blocks += excluded
+            self.stats.trivial_retrievals_kept += trivial
             self.stats.versions[version] += 1
             self.stats.retrieval_seconds += time.perf_counter() - start
         return {

@@ -1,6 +1,8 @@
 """REALM's neural knowledge retriever p(z|x) (Guu et al., 2020, §3.2, eq. (1)).
 
-    f(x, z) = Embed_input(x)ᵀ Embed_doc(z),      p(z|x) = exp f(x, z) / Σ_z' exp f(x, z')
+    f(x, z) = Embed_input(x)ᵀ Embed_doc(z),      p(z|x) = exp(f(x, z) / τ) / Σ_z' exp(f(x, z') / τ)
+
+(τ = 1 in the paper; ``model.retrieval_temperature`` sets it, see :class:`realm_tf.config.ModelConfig`.)
 
 Each embedding is BERT [CLS] → 128-d projection → LayerNorm (:class:`realm_tf.networks.embedder.Embedder`).
 The two towers have their own BERTs unless ``share_embedders`` is set. The model scores a batch of queries
@@ -26,6 +28,7 @@ class KnowledgeRetriever(tf_keras.Model):
     Args:
       query_embedder: Embed_input.
       doc_embedder: Embed_doc; pass the same object as ``query_embedder`` to share weights.
+      temperature: τ; the retrieval logits are f(x, z) / τ (REALM: 1).
 
     Inputs of :meth:`call` (a dict):
       ``query_*``: the packed query, each ``int32[batch, query_len]`` (``query_input_word_ids``, …).
@@ -33,13 +36,17 @@ class KnowledgeRetriever(tf_keras.Model):
 
     Returns a dict of named tensors:
       ``query_embedding`` ``[batch, dim]``, ``candidate_embeddings`` ``[batch, num_candidates, dim]``,
-      ``retrieval_logits`` ``[batch, num_candidates]`` = f(x, z).
+      ``retrieval_logits`` ``[batch, num_candidates]`` = f(x, z) / τ.
     """
 
-    def __init__(self, query_embedder: embedder.Embedder, doc_embedder: embedder.Embedder, **kwargs: Any):
+    def __init__(self, query_embedder: embedder.Embedder, doc_embedder: embedder.Embedder,
+                 temperature: float = 1.0, **kwargs: Any):
         super().__init__(**kwargs)
+        if not temperature > 0:
+            raise ValueError(f"retrieval temperature {temperature!r}: must be > 0")
         self.query_embedder = query_embedder
         self.doc_embedder = doc_embedder
+        self.temperature = float(temperature)
 
     @property
     def shares_embedders(self) -> bool:
@@ -53,6 +60,10 @@ class KnowledgeRetriever(tf_keras.Model):
         """Embed_doc of packed blocks (each ``int32[batch, len]``) → ``[batch, dim]``."""
         return self.doc_embedder({k: inputs[k] for k in bert_encoder.INPUT_KEYS}, training=training)
 
+    def score(self, query_embedding: tf.Tensor, doc_embeddings: tf.Tensor) -> tf.Tensor:
+        """Retrieval logits f(x, z) / τ ``[batch, k]`` of ``[batch, dim]`` queries against ``[batch, k, dim]`` blocks."""
+        return tf.einsum("bd,bkd->bk", query_embedding, doc_embeddings) / self.temperature  # [batch, k]
+
     def call(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> dict[str, tf.Tensor]:
         query = {k: inputs["query_" + k] for k in bert_encoder.INPUT_KEYS}  # each [batch, query_len]
         candidates = {k: inputs["candidates_" + k] for k in bert_encoder.INPUT_KEYS}  # each [batch, num_cand, block_len]
@@ -63,7 +74,7 @@ class KnowledgeRetriever(tf_keras.Model):
         flat_embeddings = self.embed_blocks(flat, training=training)  # [batch * num_cand, dim]
         dim = tf.shape(flat_embeddings)[-1]
         candidate_embeddings = tf.reshape(flat_embeddings, [batch, num_candidates, dim])  # [batch, num_cand, dim]
-        logits = tf.einsum("bd,bkd->bk", query_embedding, candidate_embeddings)  # [batch, num_cand]
+        logits = self.score(query_embedding, candidate_embeddings)  # [batch, num_cand]
         return {"query_embedding": query_embedding, "candidate_embeddings": candidate_embeddings,
                 "retrieval_logits": logits}
 
@@ -77,25 +88,25 @@ class KnowledgeRetriever(tf_keras.Model):
 
         Returns:
           ``query_embedding`` ``[batch, dim]``, ``block_embedding`` ``[batch, dim]``,
-          ``retrieval_logits`` ``[batch, batch]`` (row i: query i against every block).
+          ``retrieval_logits`` ``[batch, batch]`` (row i: query i against every block, divided by τ).
         """
         query_embedding = self.embed_queries(query, training=training)  # [batch, dim]
         block_embedding = self.embed_blocks(blocks, training=training)  # [batch, dim]
-        logits = tf.matmul(query_embedding, block_embedding, transpose_b=True)  # [batch, batch]
+        logits = tf.matmul(query_embedding, block_embedding, transpose_b=True) / self.temperature  # [batch, batch]
         return {"query_embedding": query_embedding, "block_embedding": block_embedding,
                 "retrieval_logits": logits}
 
     def get_config(self) -> dict[str, Any]:
         return {"query_embedder": tf_keras.layers.serialize(self.query_embedder),
                 "doc_embedder": None if self.shares_embedders else tf_keras.layers.serialize(self.doc_embedder),
-                "name": self.name}
+                "temperature": self.temperature, "name": self.name}
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> "KnowledgeRetriever":
         query = tf_keras.layers.deserialize(config["query_embedder"], custom_objects=custom_objects)
         doc = (query if config["doc_embedder"] is None
                else tf_keras.layers.deserialize(config["doc_embedder"], custom_objects=custom_objects))
-        return cls(query, doc, name=config.get("name"))
+        return cls(query, doc, temperature=config.get("temperature", 1.0), name=config.get("name"))
 
 
 def build_knowledge_retriever(cfg: config_lib.ModelConfig, restore: bool = True) -> KnowledgeRetriever:
@@ -109,7 +120,7 @@ def build_knowledge_retriever(cfg: config_lib.ModelConfig, restore: bool = True)
 
     query = tower("query_embedder")
     doc = query if cfg.share_embedders else tower("doc_embedder")
-    retriever = KnowledgeRetriever(query, doc, name="knowledge_retriever")
+    retriever = KnowledgeRetriever(query, doc, temperature=cfg.retrieval_temperature, name="knowledge_retriever")
     dummy = tf.zeros([1, 1, 2], tf.int32)  # [batch, num_candidates, len]
     inputs = {"input_word_ids": dummy, "input_mask": tf.ones_like(dummy), "input_type_ids": dummy}
     # Creates every variable now, inside the caller's strategy scope, and marks the Keras model built.

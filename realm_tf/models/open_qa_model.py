@@ -97,7 +97,7 @@ class OpenQaModel(tf_keras.Model):
                 docs = tf.reshape(self.retriever.embed_blocks(packed, training=training), [batch, k, -1])  # [b,k,d]
             else:
                 docs = tf.stop_gradient(self.corpus.block_embeddings(block_ids))  # [batch, k, dim]
-            retrieval_logits = tf.einsum("bd,bkd->bk", query, docs)  # [batch, k]
+            retrieval_logits = self.retriever.score(query, docs)  # [batch, k]: f(x, z) / τ
 
         question_ids = _unpack(question)  # [batch, (q_len)]
         repeated = tf.gather(question_ids, tf.repeat(tf.range(batch), k))  # [batch * k, (q_len)]

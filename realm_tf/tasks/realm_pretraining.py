@@ -111,8 +111,9 @@ class RealmPretrainingTask:
         Returns ``mlm_accuracy`` (marginal over the k candidates), ``mlm_accuracy_null_only`` (k = 1: ∅ alone),
         ``retrieval_utility``, ``log_likelihood`` and ``log_likelihood_null_only`` (per example),
         ``span_recall_top1`` / ``span_recall`` (fraction of examples whose masked wordpieces appear, in order,
-        in the reader's view of the top-1 / any retrieved block: what retrieval can give at most) and
-        ``num_examples``.
+        in the reader's view of the top-1 / any retrieved block: what retrieval can give at most),
+        ``mlm_accuracy_span_retrieved`` / ``mlm_accuracy_null_only_span_retrieved`` (the two accuracies on the
+        examples with the span in some retrieved block: does the reader copy it?) and ``num_examples``.
         """
         @tf.function(reduce_retracing=True)
         def score(batch):
@@ -124,12 +125,16 @@ class RealmPretrainingTask:
             return full, null
 
         sums = {"correct": 0.0, "correct_null": 0.0, "count": 0.0, "ru": 0.0, "ll": 0.0, "ll_null": 0.0, "n": 0,
-                "top1": 0.0, "any": 0.0}
+                "top1": 0.0, "any": 0.0, "correct_found": 0.0, "correct_null_found": 0.0, "count_found": 0.0}
         for batch in dataset:
             full, null = score(batch)
             found = span_in_candidates(batch)  # [batch, num_candidates - 1]
             sums["top1"] += float(found[:, 0].sum()) if found.shape[1] else 0.0
             sums["any"] += float(found.any(axis=1).sum())
+            in_some = found.any(axis=1)  # [batch]
+            sums["correct_found"] += float(full["mlm_correct"].numpy()[in_some].sum())
+            sums["correct_null_found"] += float(null["mlm_correct"].numpy()[in_some].sum())
+            sums["count_found"] += float(full["mlm_count"].numpy()[in_some].sum())
             sums["correct"] += float(tf.reduce_sum(full["mlm_correct"]))
             sums["correct_null"] += float(tf.reduce_sum(null["mlm_correct"]))
             sums["count"] += float(tf.reduce_sum(full["mlm_count"]))
@@ -141,7 +146,9 @@ class RealmPretrainingTask:
         return {"mlm_accuracy": sums["correct"] / count, "mlm_accuracy_null_only": sums["correct_null"] / count,
                 "retrieval_utility": sums["ru"] / n, "log_likelihood": sums["ll"] / n,
                 "log_likelihood_null_only": sums["ll_null"] / n, "span_recall_top1": sums["top1"] / n,
-                "span_recall": sums["any"] / n, "num_examples": sums["n"]}
+                "span_recall": sums["any"] / n, "num_examples": sums["n"],
+                "mlm_accuracy_span_retrieved": sums["correct_found"] / max(sums["count_found"], 1.0),
+                "mlm_accuracy_null_only_span_retrieved": sums["correct_null_found"] / max(sums["count_found"], 1.0)}
 
 
 def span_in_candidates(batch: Mapping[str, tf.Tensor]) -> np.ndarray:
@@ -265,6 +272,12 @@ def pretrain(cfg: config_lib.ExperimentConfig, pretraining_pattern: str | None =
     if cfg.trainer.strategy == "multi_worker" and cfg.trainer.max_minutes > 0:
         raise config_lib.ConfigError("trainer.max_minutes needs a single-worker strategy: each worker would stop "
                                      "at its own time and leave the others waiting in an all-reduce")
+    frozen_until = cfg.trainer.freeze_retriever_steps
+    trivial_rate = cfg.trainer.trivial_retrieval_rate_while_frozen
+    if not 0.0 <= trivial_rate <= 1.0 or (trivial_rate > 0 and frozen_until <= 0):
+        raise config_lib.ConfigError(f"trainer.trivial_retrieval_rate_while_frozen={trivial_rate}: must be in [0, 1], "
+                                     f"and > 0 only with trainer.freeze_retriever_steps > 0 (a trained retriever "
+                                     f"would learn exact string matching from them, REALM §3.4)")
     params_path = config_lib.save_params(cfg, cfg.trainer.model_dir)
     strategy = distribution.make_strategy(cfg.trainer.strategy)
     chief = distribution.is_chief(strategy)
@@ -299,12 +312,14 @@ def pretrain(cfg: config_lib.ExperimentConfig, pretraining_pattern: str | None =
     inputs = retrieval_augmented_input.RetrievalAugmentedInput(cfg, loader, blocks, task.tokenizer)
     pattern = pretraining_pattern or os.path.join(cfg.data.pretraining_dir, "pretraining-*.tfrecord*")
     train_split = heldout_predicate(cfg.data.pretraining_heldout_fraction, heldout=False)
-    dataset = strategy.distribute_datasets_from_function(
-        lambda ctx: inputs.dataset(pattern, ctx.get_per_replica_batch_size(global_batch), ctx,
-                                   seed=cfg.trainer.seed + ctx.input_pipeline_id, split=train_split))
+
+    def make_dataset(rate: float, seed: int) -> Any:
+        return strategy.distribute_datasets_from_function(
+            lambda ctx: inputs.dataset(pattern, ctx.get_per_replica_batch_size(global_batch), ctx,
+                                       seed=seed + ctx.input_pipeline_id, split=train_split,
+                                       trivial_retrieval_rate=rate))
 
     export_every = cfg.refresh.export_every_steps
-    frozen_until = cfg.trainer.freeze_retriever_steps
     last_version = [loader.version]
 
     def export_hook(step: int, logs: Mapping[str, float]) -> None:
@@ -323,22 +338,28 @@ def pretrain(cfg: config_lib.ExperimentConfig, pretraining_pattern: str | None =
 
     if chief:
         supervisor.start()
-    iterator = iter(dataset)  # one iterator for both stages: no example twice
+    # One iterator for both stages (no example twice), unless the frozen stage keeps trivial retrievals: then
+    # it has its own (differently shuffled) and the second stage's, which excludes them all, starts after it.
+    iterator = iter(make_dataset(0.0, cfg.trainer.seed)) if trivial_rate == 0 or loop.step >= frozen_until else None
     logs: dict[str, float] = {}
     try:
         if loop.step < frozen_until:
-            print(f"pretrain: training the reader alone until step {frozen_until} "
-                  f"(trainer.freeze_retriever_steps)", file=sys.stderr, flush=True)
-            logs = loop.run(iterator, task.make_step_fn(model, optimizer, global_batch, loop.global_step,
-                                                        train_retriever=False),
+            print(f"pretrain: training the reader alone until step {frozen_until} (trainer.freeze_retriever_steps)"
+                  + (f"; {trivial_rate:.0%} of the queries keep their source block" if trivial_rate else ""),
+                  file=sys.stderr, flush=True)
+            frozen_iterator = iterator or iter(make_dataset(trivial_rate, cfg.trainer.seed + 1_000_003))
+            logs = loop.run(frozen_iterator, task.make_step_fn(model, optimizer, global_batch, loop.global_step,
+                                                               train_retriever=False),
                             hooks=(export_hook,), distribute_dataset=False, until_step=frozen_until)
         if loop.step >= frozen_until:  # not stopped early (max_minutes, SIGTERM)
+            iterator = iterator or iter(make_dataset(0.0, cfg.trainer.seed))
             logs = loop.run(iterator, task.make_step_fn(model, optimizer, global_batch, loop.global_step),
                             hooks=(export_hook,), distribute_dataset=False)
     finally:
         supervisor.stop()
     result: dict[str, Any] = {"step": loop.step, "train": logs, "index_versions": dict(inputs.stats.versions),
-                              "excluded_source_blocks": inputs.stats.excluded_source_blocks}
+                              "excluded_source_blocks": inputs.stats.excluded_source_blocks,
+                              "trivial_retrievals_kept": inputs.stats.trivial_retrievals_kept}
     if evaluate and chief:
         heldout = inputs.dataset(pattern, global_batch, repeat=False, shuffle=False,
                                  split=salient_heldout_predicate(cfg.data.pretraining_heldout_fraction))
@@ -358,11 +379,13 @@ def format_result(result: Mapping[str, Any]) -> str:
     train = result["train"]
     lines = [f"pretrain: step {result['step']}: " + ", ".join(f"{k}={v:.4g}" for k, v in train.items()),
              f"  index versions used (batches): {result['index_versions']}; "
-             f"{result['excluded_source_blocks']} retrieved source blocks excluded"]
+             f"{result['excluded_source_blocks']} retrieved source blocks excluded, "
+             f"{result.get('trivial_retrievals_kept', 0)} kept (trainer.trivial_retrieval_rate_while_frozen)"]
     if "eval" in result:
         e = result["eval"]
         lines.append(f"  held-out salient spans ({e['num_examples']} examples): MLM accuracy "
                      f"{e['mlm_accuracy']:.4f} with retrieval vs {e['mlm_accuracy_null_only']:.4f} null document "
                      f"only; retrieval utility {e['retrieval_utility']:.4f}; masked span in the top-1 block "
-                     f"{e['span_recall_top1']:.3f}, in any retrieved block {e['span_recall']:.3f}")
+                     f"{e['span_recall_top1']:.3f}, in any retrieved block {e['span_recall']:.3f}; on those "
+                     f"{e['mlm_accuracy_span_retrieved']:.4f} vs {e['mlm_accuracy_null_only_span_retrieved']:.4f}")
     return "\n".join(lines)

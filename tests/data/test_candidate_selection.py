@@ -56,3 +56,18 @@ def test_too_small_an_index_is_a_clear_error():
     selector = candidate_selection.CandidateSelector(search, ["a", "a", "b", "c"], num_candidates=4)
     with pytest.raises(ValueError, match="not enough"):
         selector.select(blocks[:1], ["a"])
+
+
+def test_kept_source_blocks_stay_where_the_search_ranked_them():
+    blocks, uids, search, _ = _setup()
+    queries = blocks[[3, 5, 11]] * 10.0  # each query's own source block ranks high
+    sources = [uids[3], uids[5], uids[11]]
+    selector = candidate_selection.CandidateSelector(search, uids, num_candidates=8)
+    candidates, _, excluded = selector.select(queries, sources, keep_source=[True, False, True])
+    for q, row, source, keep in zip(queries, candidates, sources, [True, False, True]):
+        ranked = [b for b in np.argsort(-(blocks @ q)) if keep or uids[b] != source]  # numpy brute force
+        assert list(row[1:]) == ranked[:7]
+        assert (source in {uids[b] for b in row[1:]}) == keep
+    assert excluded == 1  # only the second query's source was dropped
+    with pytest.raises(ValueError, match="keep_source"):
+        selector.select(queries, sources, keep_source=[True])

@@ -60,3 +60,21 @@ def test_separate_towers_start_from_the_same_projection(cfg):
     # Same pre-trained BERT in both towers + same projection: identical embeddings at initialisation.
     packed = _packed(rng, (3, 12))
     np.testing.assert_allclose(model.embed_queries(packed).numpy(), model.embed_blocks(packed).numpy(), atol=1e-5)
+
+
+def test_temperature_divides_every_score_and_survives_get_config(cfg):
+    rng = np.random.default_rng(3)
+    warm = config.apply_override(config.ExperimentConfig(model=cfg), "model.retrieval_temperature=4.0").model
+    model = knowledge_retriever.build_knowledge_retriever(warm)
+    query, cands = _packed(rng, (2, 12)), _packed(rng, (2, 3, 20))
+    out = model({**{"query_" + k: v for k, v in query.items()}, **{"candidates_" + k: v for k, v in cands.items()}})
+    q = model.embed_queries(query).numpy()
+    for b in range(2):
+        d = model.embed_blocks({k: v[b] for k, v in cands.items()}).numpy()
+        np.testing.assert_allclose(out["retrieval_logits"].numpy()[b], d @ q[b] / 4.0, rtol=1e-5, atol=1e-5)
+    blocks = {k: v[:, 0] for k, v in cands.items()}
+    in_batch = model.in_batch_scores(query, blocks)["retrieval_logits"].numpy()
+    np.testing.assert_allclose(in_batch, q @ model.embed_blocks(blocks).numpy().T / 4.0, rtol=1e-5, atol=1e-5)
+    assert knowledge_retriever.KnowledgeRetriever.from_config(model.get_config()).temperature == 4.0
+    with pytest.raises(ValueError, match="temperature"):
+        knowledge_retriever.KnowledgeRetriever(model.query_embedder, model.doc_embedder, temperature=0.0)

@@ -33,6 +33,7 @@ def setup(tmp_path, pretraining_workspace, workspace_overrides):
     dim = cfg.model.projection_size
     rng = np.random.default_rng(0)
     embeddings = rng.normal(size=(len(blocks), dim)).astype(np.float32)  # [num_blocks, dim]
+    embeddings /= np.linalg.norm(embeddings, axis=1, keepdims=True)  # unit rows: a block is its own top-1
     index = brute_force_index.BruteForceIndex()
     index.build(embeddings)
     index_publisher.publish(cfg.index.index_dir, 3, embeddings, index,
@@ -99,6 +100,66 @@ def test_null_document_first_source_block_never_a_candidate_and_packing(setup):
     assert seen == len(records) // 4 * 4
     assert inputs.stats.excluded_source_blocks >= seen  # every query's source was retrieved, and dropped
     assert inputs.stats.versions == {3: seen // 4}
+
+
+def test_trivial_retrieval_rate_keeps_the_source_block_of_that_share_of_queries(setup):
+    cfg, _, blocks, records, inputs = setup
+    pattern = f"{cfg.data.pretraining_dir}/pretraining-*"
+    by_query = {tuple(r[example_schemas.QUERY_IDS]): r[example_schemas.SOURCE_UID].decode() for r in records}
+    sep = inputs.tokenizer.sep_id
+    kept = dropped = 0
+    draws = np.random.default_rng(5)  # the pipeline draws one uniform number per query from its seed
+    for batch in inputs.dataset(pattern, 4, repeat=False, shuffle=False, seed=5, trivial_retrieval_rate=0.5):
+        keep = draws.random(4) < 0.5
+        for i, cands in enumerate(batch["candidate_ids"].numpy()):
+            q = batch["query_input_word_ids"].numpy()[i]
+            source = by_query[tuple(q[1:list(q).index(sep)].tolist())]
+            has_source = blocks.uids[cands[1]] == source  # top-1 by construction of the index
+            assert has_source == keep[i]
+            assert keep[i] or all(blocks.uids[c] != source for c in cands[1:])
+            kept, dropped = kept + int(has_source), dropped + int(not has_source)
+    assert kept > 0 and dropped > 0
+    assert inputs.stats.trivial_retrievals_kept >= kept
+    with pytest.raises(ValueError, match="trivial_retrieval_rate"):
+        inputs.dataset(pattern, 4, trivial_retrieval_rate=1.5)
+
+
+def test_trivial_retrievals_need_a_frozen_retriever(tmp_path, pretraining_workspace, workspace_overrides):
+    cfg = config.load_config(TINY, workspace_overrides(tmp_path, pretraining_workspace) + [
+        "trainer.trivial_retrieval_rate_while_frozen=0.5", "refresh.mode=external"])
+    with pytest.raises(config.ConfigError, match="freeze_retriever_steps"):
+        realm_pretraining.pretrain(cfg, evaluate=False)
+
+
+def test_evaluate_against_numpy(setup):
+    cfg, task, _, _, inputs = setup
+    model = task.build_model()
+    dataset = inputs.dataset(f"{cfg.data.pretraining_dir}/pretraining-*", 4, repeat=False, shuffle=False).take(3)
+    scores = task.evaluate(model, dataset)
+    correct = np.zeros(2)  # [with retrieval, null only]
+    correct_found, count, count_found, n = np.zeros(2), 0.0, 0.0, 0
+    for batch in dataset:
+        out = model({k: v for k, v in batch.items() if k.startswith(("query_", "candidates_", "reader_", "masked"))})
+        retrieval = out["retrieval_logits"].numpy().astype(np.float64)  # [b, k]
+        p_z = np.exp(retrieval - np.logaddexp.reduce(retrieval, axis=1, keepdims=True))
+        logits = out["mlm_logits"].numpy().astype(np.float64)  # [b, k, masked, vocab]
+        p_y = np.exp(logits - np.logaddexp.reduce(logits, axis=-1, keepdims=True))
+        marginal = np.einsum("bk,bkmv->bmv", p_z, p_y).argmax(-1)  # [b, masked]
+        null = p_y[:, 0].argmax(-1)  # [b, masked]
+        targets, weights = batch["target_ids"].numpy(), batch["target_weights"].numpy()
+        found = realm_pretraining.span_in_candidates(batch).any(axis=1)  # [b]
+        for i in range(len(targets)):
+            hits = np.array([((marginal[i] == targets[i]) * weights[i]).sum(), ((null[i] == targets[i]) * weights[i]).sum()])
+            correct += hits
+            count += weights[i].sum()
+            if found[i]:
+                correct_found += hits
+                count_found += weights[i].sum()
+            n += 1
+    assert scores["num_examples"] == n == 12
+    np.testing.assert_allclose([scores["mlm_accuracy"], scores["mlm_accuracy_null_only"]], correct / count, atol=1e-6)
+    np.testing.assert_allclose([scores["mlm_accuracy_span_retrieved"], scores["mlm_accuracy_null_only_span_retrieved"]],
+                               correct_found / max(count_found, 1.0), atol=1e-6)
 
 
 def _numpy_log_marginal(model, batch):
@@ -213,9 +274,10 @@ def test_staged_pretraining_warms_the_head_freezes_then_trains_the_retriever(tmp
     cfg = config.load_config(TINY, workspace_overrides(tmp_path, pretraining_workspace) + [
         "trainer.steps=4", "trainer.freeze_retriever_steps=2", "trainer.mlm_head_warmup_blocks=16",
         "trainer.checkpoint_every_steps=1", "trainer.keep_checkpoints=10", "trainer.summary_every_steps=1",
-        "refresh.mode=external", "refresh.export_every_steps=1"])
+        "refresh.mode=external", "refresh.export_every_steps=1", "trainer.trivial_retrieval_rate_while_frozen=1.0"])
     result = realm_pretraining.pretrain(cfg, evaluate=False)
     assert result["step"] == 4
+    assert result["trivial_retrievals_kept"] >= 0 and result["index_versions"]
     # Exports only once the retriever trains (the bootstrap export of step 0 built the first index).
     assert sorted(int(n) for n in os.listdir(cfg.refresh.export_dir) if n.isdigit()) == [0, 3]
 
