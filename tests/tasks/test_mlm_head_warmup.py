@@ -35,6 +35,8 @@ def test_bert_masking_selects_15_percent_of_maskable_positions_80_10_10():
 
 
 def test_warm_up_fits_the_head_and_leaves_the_reader_bert_alone(pretraining_workspace):
+    # Seeded: with an unseeded initialisation, the gain depended on what earlier tests drew (0.097 once).
+    tf.keras.utils.set_random_seed(0)
     cfg = config.load_config(TINY)
     tokenizer = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, cfg.model.lower_case)
     blocks = block_store.BlockStore.load(f"{pretraining_workspace}/blocks/blocks-*.tfrecord*")
@@ -54,6 +56,7 @@ def test_warm_up_fits_the_head_and_leaves_the_reader_bert_alone(pretraining_work
                                               learning_rate=1e-2, seed=0)
     after = accuracy()  # the fitted weights were copied back into the model's head
     assert result["positions"] == len(data.targets)
+    print(f"head accuracy on the collected positions: {before:.4f} before, {after:.4f} after")
     assert after > before + 0.1, (before, after)
     assert result["heldout_accuracy_all"] > result["heldout_accuracy_all_before"]
     for value, variable in zip(bert_before, model.encoder.weights):  # the tied word embeddings included
