@@ -55,7 +55,12 @@ def test_loss_matches_numpy_softmax(tiny):
     logits -= logits.max(1, keepdims=True)
     want = -np.diag(logits - np.log(np.exp(logits).sum(1, keepdims=True)))
     np.testing.assert_allclose(per_example.numpy(), want, rtol=1e-4, atol=1e-4)
-    assert metrics["accuracy"].numpy() == np.mean(logits.argmax(1) == np.arange(8))
+    # Accuracy: query i is right when block i has the top score. The reference logits come from a separate
+    # float32 forward pass, so a row whose top two scores are within 1e-5 may go either way (a random tiny model
+    # gives such near-ties): the metric must lie between the clear wins and the clear-or-tied ones.
+    diagonal, others = np.diag(logits), np.where(np.eye(8, dtype=bool), -np.inf, logits).max(1)
+    clear_wins, wins_or_ties = np.mean(diagonal > others + 1e-5), np.mean(diagonal >= others - 1e-5)
+    assert clear_wins <= metrics["accuracy"].numpy() <= wins_or_ties, (clear_wins, wins_or_ties)
     # Block packing is [CLS] title [SEP] body [SEP]; the query [CLS] sentence [SEP].
     assert (batch["block_input_word_ids"].numpy()[:, 0] == task.tokenizer.cls_id).all()
     assert batch["query_input_word_ids"].shape[1] <= tiny.model.query_seq_length  # padded to the longest row
