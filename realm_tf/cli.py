@@ -146,8 +146,17 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     """Open-QA fine-tuning on any {question, answers} JSONL (dev split held out); resumable."""
     from realm_tf.tasks import open_qa
 
-    result = open_qa.finetune(_load(args), args.train)
+    result = open_qa.finetune(_load(args), args.train, retriever=args.retriever)
     print(f"finetune: step {result['step']}: " + ", ".join(f"{k}={v:.4g}" for k, v in result["train"].items()))
+    return 0
+
+
+def _cmd_train_reader(args: argparse.Namespace) -> int:
+    """Reader warm start on gold + negative blocks (resumable)."""
+    from realm_tf.tasks import reader_warm_start
+
+    result = reader_warm_start.train_reader(_load(args), args.questions)
+    print(f"train-reader: step {result['step']}: " + ", ".join(f"{k}={v:.4g}" for k, v in result["train"].items()))
     return 0
 
 
@@ -158,7 +167,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     from realm_tf.tasks import open_qa
 
     metrics = open_qa.evaluate(_load(args), args.questions, split=args.split, model_dir=args.model,
-                               index_dir=args.index, predictions_path=args.predictions, retriever=args.retriever)
+                               index_dir=args.index, predictions_path=args.predictions, retriever=args.retriever,
+                               score_weights=args.score_weights)
     print(f"predictions: {metrics['predictions']}")
     print(json.dumps({k: v for k, v in metrics.items() if k != "predictions"}, sort_keys=True))
     return 0
@@ -247,23 +257,39 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                  _cmd_finetune,
                  lambda p: (_add_config_args(p),
                             p.add_argument("--train", default=None, required=True, metavar="FILE.jsonl",
-                                           help="questions with answers (.jsonl or .jsonl.gz); the dev split of "
-                                                "data.qa_dev_fraction is held out"))),
+                                           help="questions with answers (.jsonl or .jsonl.gz); the dev and tune "
+                                                "splits (data.qa_dev_fraction, qa_tune_fraction) are held out"),
+                            p.add_argument("--retriever", choices=("dense", "bm25"), default="dense",
+                                           help="dense: retriever and reader trained together (ORQA); bm25: the "
+                                                "reader alone on BM25's top blocks (the BM25 + reader baseline)"))),
+    "train-reader": ("reader warm start: span reading on gold blocks next to BM25 negatives, before finetune; "
+                     "resumable", _cmd_train_reader,
+                     lambda p: (_add_config_args(p),
+                                p.add_argument("--questions", nargs="*", default=(), metavar="FILE.jsonl",
+                                               help="{question, answers, gold_passage_ids} files (default: "
+                                                    "qa.reader_questions); their dev and tune splits are held "
+                                                    "out"))),
     "evaluate": ("Open-QA evaluation: EM, regex match, retrieval accuracy@k, reader oracle, predictions JSONL",
                  _cmd_evaluate,
                  lambda p: (_add_config_args(p),
                             p.add_argument("--questions", required=True, metavar="FILE.jsonl",
                                            help="questions with answers (and optional gold_passage_ids)"),
-                            p.add_argument("--split", choices=("all", "dev", "train"), default="all",
-                                           help="evaluate all questions, or the held-out dev / the train part"),
+                            p.add_argument("--split", choices=("all", "dev", "tune", "train"), default="all",
+                                           help="evaluate all questions, or the held-out dev / tune, or the "
+                                                "train part"),
+                            p.add_argument("--score-weights", dest="score_weights", type=float, nargs="*",
+                                           default=(), metavar="W",
+                                           help="also report EM/F1 with the answer picked by S_read + W·S_retr "
+                                                "for each W (choose qa.retrieval_score_weight on --split tune)"),
                             p.add_argument("--model", default=None,
                                            help="fine-tuning run directory (default: finetune.model_dir)"),
                             p.add_argument("--index", default=None, help="index root (default: index.index_dir)"),
                             p.add_argument("--predictions", default=None,
                                            help="predictions JSONL (default: <model>/predictions-<split>.jsonl)"),
-                            p.add_argument("--retriever", choices=("dense", "bm25"), default="dense",
+                            p.add_argument("--retriever", choices=("dense", "bm25", "gold"), default="dense",
                                            help="dense: the model's retriever; bm25: BM25's top blocks read by the "
-                                                "same reader (the baseline; needs bm25s)"))),
+                                                "same reader (the baseline; needs bm25s); gold: the gold block "
+                                                "holding the answer alone (reading comprehension)"))),
     "export": ("export the fine-tuned Open-QA model as one SavedModel for TF Serving (MIPS in the graph)",
                _cmd_export,
                lambda p: (_add_config_args(p), p.add_argument("--out", required=True, help="SavedModel directory"),

@@ -73,6 +73,9 @@ class ModelConfig:
       reader_beam_size: blocks read per question at Open-QA time (ORQA/REALM: 5).
       max_span_width: longest answer span in wordpieces (REALM: 10).
       span_hidden_size: hidden width of the span-scoring MLP.
+      reader_length_buckets: the Open-QA reader reads its ``batch × k`` join_BERT rows in this many groups of
+        similar length, each padded to its own longest row (same outputs, less padding); 1 with
+        ``data.static_padding`` (TPU).
       retriever_checkpoint: start the knowledge retriever from this training run's latest checkpoint (a
         ``model_dir`` or checkpoint prefix), e.g. the ICT warm start (REALM §3.4 "Initialization"); "" to
         start both towers from ``init_checkpoint``.
@@ -93,6 +96,7 @@ class ModelConfig:
     reader_beam_size: int = 5
     max_span_width: int = 10
     span_hidden_size: int = 256
+    reader_length_buckets: int = 4
     retriever_checkpoint: str = ""
 
 
@@ -102,6 +106,8 @@ class DataConfig:
 
     ``static_padding`` pads every batch to the configured sequence lengths (needed on TPU); by default a batch
     is padded to its longest row, which gives the same outputs for less compute (most blocks are short).
+    ``qa_dev_fraction`` / ``qa_tune_fraction`` of the question ids (by SHA1, ``data/question_split``) are held out
+    of every training stage: dev is only measured, tune is where answer-scoring settings are chosen.
     ``pretraining_heldout_fraction`` of the pre-training examples (chosen by a hash of their source block) are
     never trained on; ``realm-tf pretrain`` evaluates on them.
     """
@@ -112,6 +118,7 @@ class DataConfig:
     ict_dir: str = "/tmp/realm_tf/ict"
     qa_train: str = "data/open_qa/qa_qed_train.jsonl.gz"
     qa_dev_fraction: float = 0.1
+    qa_tune_fraction: float = 0.05
     max_block_length: int = 288
     ict_remove_probability: float = 0.9
     salient_span_annotator: str = "rules"
@@ -221,6 +228,13 @@ class QaConfig:
       recompute_doc_embeddings: re-embed the k read blocks with the current Embed_doc every step, so the
         document tower trains too (default: frozen, as in ORQA and REALM).
       eval_ks: k of the retrieval accuracy@k reported by ``realm-tf evaluate``.
+      retrieval_score_weight: w in the answer score S_read(z, s) + w·S_retr(z, x) used to pick the answer
+        (``evaluate``, ``export``, ``ask``); ORQA/REALM add the retrieval score as is (w = 1). Training always
+        uses ORQA's joint score.
+      reader_questions: {question, answers, gold_passage_ids} files of ``realm-tf train-reader`` (their dev
+        and tune splits are held out).
+      reader_negatives: blocks without an answer read next to the gold block in ``train-reader``, so that the
+        reader learns to rank blocks as well as spans (BM25's best-ranked blocks that hold no answer).
     """
 
     question_seq_length: int = 64
@@ -229,6 +243,9 @@ class QaConfig:
     reader_checkpoint: str = ""
     recompute_doc_embeddings: bool = False
     eval_ks: tuple[int, ...] = (1, 5, 20, 100)
+    retrieval_score_weight: float = 1.0
+    reader_questions: tuple[str, ...] = ("data/open_qa/qa_squad_dev.jsonl.gz", "data/open_qa/qa_qed_train.jsonl.gz")
+    reader_negatives: int = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,7 +253,7 @@ class ExperimentConfig:
     """A whole experiment: one object, one YAML file, one ``params.yaml`` in the model directory.
 
     ``trainer`` drives REALM pre-training; ``ict`` the Inverse Cloze Task warm start; ``finetune`` and ``qa``
-    Open-QA fine-tuning and evaluation.
+    Open-QA fine-tuning and evaluation; ``reader`` the reader warm start before fine-tuning.
     """
 
     name: str = "realm"
@@ -250,6 +267,9 @@ class ExperimentConfig:
                                        warmup_steps=100)
     # Open-QA fine-tuning (ORQA/REALM: lr 1e-5); its own model_dir, so pre-training checkpoints stay intact.
     qa: QaConfig = QaConfig()
+    # The reader warm start (``realm-tf train-reader``): extractive reading of gold blocks next to negatives.
+    reader: TrainerConfig = TrainerConfig(model_dir="/tmp/realm_tf/reader", steps=2000, learning_rate=5e-5,
+                                          warmup_steps=100)
     finetune: TrainerConfig = TrainerConfig(model_dir="/tmp/realm_tf/qa", steps=1000, learning_rate=1e-5,
                                             warmup_steps=100)
 

@@ -22,3 +22,22 @@ def normalize_answer(s: str) -> str:
     s = "".join(ch for ch in s if ch not in _PUNCTUATION)
     s = _ARTICLES.sub(" ", s)
     return " ".join(s.split())
+
+
+def f1_score(prediction: str, ground_truth: str) -> float:
+    """SQuAD v1.1 token F1 (the official script): bag-of-tokens overlap of the normalised strings."""
+    prediction_tokens = normalize_answer(prediction).split()
+    truth_tokens = normalize_answer(ground_truth).split()
+    common: dict[str, int] = {}
+    for token in prediction_tokens:
+        common[token] = common.get(token, 0) + 1
+    overlap = 0
+    for token in truth_tokens:
+        if common.get(token, 0) > 0:
+            common[token] -= 1
+            overlap += 1
+    if overlap == 0:
+        return 0.0
+    precision = overlap / len(prediction_tokens)
+    recall = overlap / len(truth_tokens)
+    return 2 * precision * recall / (precision + recall)

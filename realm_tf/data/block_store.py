@@ -33,12 +33,13 @@ class BlockStore:
       uids: per block, the uid (``example_schemas.block_uid``); duplicates share it.
       titles: per block, the title text (optional, for display).
       texts: per block, the body text (optional, for display).
+      doc_ids: per block, the id of the document it was cut from (optional; Open-QA's gold passages).
       source: where the blocks came from (for messages).
     """
 
     def __init__(self, title_ids: Sequence[Sequence[int]], body_ids: Sequence[Sequence[int]],
                  uids: Sequence[str], titles: Sequence[str] | None = None, texts: Sequence[str] | None = None,
-                 source: str = "<memory>") -> None:
+                 source: str = "<memory>", doc_ids: Sequence[str] | None = None) -> None:
         if not len(title_ids) == len(body_ids) == len(uids):
             raise ValueError(f"{source}: {len(title_ids)} titles, {len(body_ids)} bodies, {len(uids)} uids")
         self.source = source
@@ -47,6 +48,7 @@ class BlockStore:
         self.uids = np.asarray(list(uids), dtype=object)  # [num_blocks]
         self.titles = list(titles) if titles is not None else None
         self.texts = list(texts) if texts is not None else None
+        self.doc_ids = list(doc_ids) if doc_ids is not None else None
 
     @classmethod
     def load(cls, pattern: str, batch_size: int = 4096) -> "BlockStore":
@@ -56,7 +58,8 @@ class BlockStore:
             raise BlockStoreError(f"{pattern}: no block TFRecords match (run `realm-tf preprocess` first)")
         spec = example_schemas.block_feature_spec()
         keep = {k: spec[k] for k in (example_schemas.BLOCK_ID, example_schemas.UID, example_schemas.TITLE,
-                                     example_schemas.TEXT, example_schemas.TITLE_IDS, example_schemas.BODY_IDS)}
+                                     example_schemas.TEXT, example_schemas.TITLE_IDS, example_schemas.BODY_IDS,
+                                     example_schemas.DOC_ID)}
         rows: dict[int, tuple] = {}
         duplicates: list[int] = []
         dataset = tf.data.TFRecordDataset(files).batch(batch_size).map(lambda s: tf.io.parse_example(s, keep))
@@ -68,11 +71,12 @@ class BlockStore:
                 uids = parsed[example_schemas.UID].numpy()
                 title_text = parsed[example_schemas.TITLE].numpy()
                 body_text = parsed[example_schemas.TEXT].numpy()
+                doc_ids = parsed[example_schemas.DOC_ID].numpy()
                 for i, block_id in enumerate(ids.tolist()):
                     if block_id in rows:
                         duplicates.append(block_id)
                     rows[block_id] = (titles[i], bodies[i], uids[i].decode(), title_text[i].decode("utf-8"),
-                                      body_text[i].decode("utf-8"))
+                                      body_text[i].decode("utf-8"), doc_ids[i].decode("utf-8"))
         except tf.errors.OpError as e:
             raise BlockStoreError(f"{pattern}: cannot read block records: {e.message}") from e
         num_blocks = len(rows)
@@ -82,7 +86,17 @@ class BlockStore:
                                   f"{sorted(set(duplicates))[:10]}, missing: {missing}")
         ordered = [rows[i] for i in range(num_blocks)]
         return cls([r[0] for r in ordered], [r[1] for r in ordered], [r[2] for r in ordered],
-                   [r[3] for r in ordered], [r[4] for r in ordered], source=pattern)
+                   [r[3] for r in ordered], [r[4] for r in ordered], source=pattern,
+                   doc_ids=[r[5] for r in ordered])
+
+    def blocks_of_documents(self) -> dict[str, list[int]]:
+        """Document id → its block ids in order (needs ``doc_ids``)."""
+        if self.doc_ids is None:
+            raise ValueError(f"{self.source}: the block store has no document ids (load it with BlockStore.load)")
+        out: dict[str, list[int]] = {}
+        for block_id, doc_id in enumerate(self.doc_ids):
+            out.setdefault(doc_id, []).append(block_id)
+        return out
 
     def __len__(self) -> int:
         return len(self.uids)

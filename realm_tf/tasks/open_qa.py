@@ -84,11 +84,25 @@ def read_questions(path: str) -> list[QaExample]:
     return examples
 
 
-def split_questions(examples: Sequence[QaExample], dev_fraction: float) -> tuple[list[QaExample], list[QaExample]]:
-    """(train, dev) by :func:`realm_tf.data.question_split.is_dev` on the question id."""
-    dev = [e for e in examples if question_split.is_dev(e.id, dev_fraction)]
-    train = [e for e in examples if not question_split.is_dev(e.id, dev_fraction)]
-    return train, dev
+def split_questions(examples: Sequence[QaExample], dev_fraction: float,
+                    tune_fraction: float = 0.0) -> tuple[list[QaExample], list[QaExample]]:
+    """(train, dev) by :func:`realm_tf.data.question_split.split_of` on the question id; the tune split (the
+    next ``tune_fraction``) is in neither."""
+    split = [question_split.split_of(e.id, dev_fraction, tune_fraction) for e in examples]
+    return ([e for e, s in zip(examples, split) if s == "train"], [e for e, s in zip(examples, split) if s == "dev"])
+
+
+SPLITS = ("all", "train", "dev", "tune")
+
+
+def select_split(examples: Sequence[QaExample], split: str, data: config_lib.DataConfig) -> list[QaExample]:
+    """The questions of ``split`` (one of :data:`SPLITS`) under ``data.qa_dev_fraction`` / ``qa_tune_fraction``."""
+    if split not in SPLITS:
+        raise errors.UserError(f"unknown split {split!r}: one of {', '.join(SPLITS)}")
+    if split == "all":
+        return list(examples)
+    return [e for e in examples
+            if question_split.split_of(e.id, data.qa_dev_fraction, data.qa_tune_fraction) == split]
 
 
 def load_corpus(cfg: config_lib.ExperimentConfig, tokenizer: bert_tokenizer.BertTokenizer,
@@ -130,8 +144,8 @@ class OpenQaTask:
         if retriever_source:
             warm_start.restore_from_run(retriever_source, retriever=retriever)
         reader = span_reader.build_span_reader(m)
-        if qa.reader_checkpoint:
-            warm_start.restore_from_run(qa.reader_checkpoint, reader_bert=reader.encoder)
+        if qa.reader_checkpoint:  # a train-reader / finetune run: the whole reader; REALM pre-training: its BERT
+            warm_start.restore_from_run(qa.reader_checkpoint, reader=reader)
         return open_qa_model.OpenQaModel(retriever, reader, corpus, self.tokenizer, m.reader_beam_size,
                                          m.reader_seq_length, m.block_seq_length, qa.recompute_doc_embeddings,
                                          name="open_qa")
@@ -139,18 +153,24 @@ class OpenQaTask:
     # ---- data ---------------------------------------------------------------------------------------------
 
     def dataset(self, examples: Sequence[QaExample], batch_size: int, repeat: bool = False, shuffle: bool = False,
-                seed: int | None = None, drop_remainder: bool = False) -> tf.data.Dataset:
+                seed: int | None = None, drop_remainder: bool = False,
+                block_ids: np.ndarray | None = None) -> tf.data.Dataset:
         """Batches of ``question_*`` ``int32[batch, q_len]``, ``answer_ids`` ``int32[batch, max_answers,
         max_span_width]`` (-1 padded; answers longer than a span can be are left out) and ``index``
-        ``int32[batch]`` (position in ``examples``)."""
+        ``int32[batch]`` (position in ``examples``); with ``block_ids`` ``int[len(examples), k]`` (the blocks to
+        read instead of searching: BM25's, or gold + negatives), also ``block_ids`` ``int32[batch, k]``."""
         if not examples:
             raise ValueError("no questions")
         width, max_answers = self.cfg.model.max_span_width, self.cfg.qa.max_answers
         answers = [list(e.answers[:max_answers]) or [""] for e in examples]
-        ds = tf.data.Dataset.from_tensor_slices({
-            "question": tf.constant([e.question for e in examples]),
-            "answers": tf.ragged.constant(answers, dtype=tf.string),
-            "index": tf.range(len(examples), dtype=tf.int32)})
+        columns = {"question": tf.constant([e.question for e in examples]),
+                   "answers": tf.ragged.constant(answers, dtype=tf.string),
+                   "index": tf.range(len(examples), dtype=tf.int32)}
+        if block_ids is not None:
+            if len(block_ids) != len(examples):
+                raise ValueError(f"{len(block_ids)} rows of block_ids for {len(examples)} questions")
+            columns["block_ids"] = tf.constant(np.asarray(block_ids, np.int32))  # [num_questions, k]
+        ds = tf.data.Dataset.from_tensor_slices(columns)
         if repeat:
             ds = ds.repeat()
         if shuffle:
@@ -166,8 +186,11 @@ class OpenQaTask:
             dense = flat.to_tensor(-1, shape=[None, width])  # [num_answers, width]
             per_question = tf.RaggedTensor.from_row_splits(dense, batch["answers"].row_splits)  # [b, (a), width]
             answer_ids = per_question.to_tensor(-1, shape=[None, max_answers, width])  # [b, max_answers, width]
-            return {**{_QUESTION_PREFIX + k: v for k, v in packed.items()}, "answer_ids": answer_ids,
-                    "index": batch["index"]}
+            out = {**{_QUESTION_PREFIX + k: v for k, v in packed.items()}, "answer_ids": answer_ids,
+                   "index": batch["index"]}
+            if "block_ids" in batch:
+                out["block_ids"] = batch["block_ids"]  # [batch, k]
+            return out
 
         return ds.map(pack, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
 
@@ -197,7 +220,7 @@ class OpenQaTask:
 
     def compute_loss(self, model: open_qa_model.OpenQaModel, batch: Mapping[str, tf.Tensor],
                      training: bool) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
-        outputs = model({k: v for k, v in batch.items() if k.startswith(_QUESTION_PREFIX)}, training=training)
+        outputs = model(model_inputs(batch), training=training)
         answer_mask = self.answer_span_mask(outputs, batch["answer_ids"])
         terms = open_qa_loss.open_qa_marginal_loss(outputs["retrieval_logits"], outputs["span_logits"],
                                                    outputs["span_mask"], answer_mask)
@@ -207,23 +230,37 @@ class OpenQaTask:
         return terms["loss"], terms
 
     def make_step_fn(self, model: open_qa_model.OpenQaModel, optimizer: tf_keras.optimizers.Optimizer,
-                     global_batch_size: int) -> training_loop.StepFn:
-        variables = [v for v in model.trainable_variables]
+                     global_batch_size: int, reader_only: bool = False) -> training_loop.StepFn:
+        """One optimisation step on ORQA's loss; ``reader_only``: the reader's term and variables alone (blocks
+        given by the batch, e.g. the reader warm start or a reader trained on BM25's blocks)."""
+        variables = list(model.reader.trainable_variables if reader_only else model.trainable_variables)
+
+        def loss_fn(batch: Mapping[str, tf.Tensor]) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+            loss, terms = self.compute_loss(model, batch, training=True)
+            return (terms["reader_loss"] if reader_only else loss), terms
 
         def step_fn(batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-            _, terms = training_loop.minimize(lambda: self.compute_loss(model, batch, training=True), variables,
-                                              optimizer, global_batch_size)
-            return {"loss": tf.reduce_mean(terms["loss"]), "retriever_loss": tf.reduce_mean(terms["retriever_loss"]),
+            _, terms = training_loop.minimize(lambda: loss_fn(batch), variables, optimizer, global_batch_size)
+            logs = {"loss": tf.reduce_mean(terms["loss"]), "retriever_loss": tf.reduce_mean(terms["retriever_loss"]),
                     "reader_loss": tf.reduce_mean(terms["reader_loss"]),
                     "answer_in_beam": tf.reduce_mean(terms["has_answer_block"]),
                     "span_accuracy": tf.reduce_mean(terms["span_correct"]),
                     "learning_rate": training_loop.learning_rate(optimizer)}
+            if reader_only:  # no retriever term: the blocks were given
+                logs["loss"] = logs.pop("reader_loss")
+                del logs["retriever_loss"]
+            return logs
         return step_fn
 
-    def decode(self, model: open_qa_model.OpenQaModel, outputs: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    def decode(self, model: open_qa_model.OpenQaModel, outputs: Mapping[str, tf.Tensor],
+               retrieval_weight: float | None = None) -> dict[str, tf.Tensor]:
         """The best answer per question: ``answer`` string[batch] (cut from the block's original text),
-        ``score`` (its probability among all spans of the k blocks), ``block`` (its position in the beam)."""
-        joint = outputs["retrieval_logits"][:, :, None] + outputs["span_logits"]  # [batch, k, num_spans]
+        ``score`` (its probability among all spans of the k blocks), ``block`` (its position in the beam).
+
+        Spans are ranked by S_read(z, s) + w·S_retr(z, x), w = ``retrieval_weight`` (default
+        ``qa.retrieval_score_weight``); ``evaluate``, the exported model and ``ask`` all decode here."""
+        weight = self.cfg.qa.retrieval_score_weight if retrieval_weight is None else retrieval_weight
+        joint = weight * outputs["retrieval_logits"][:, :, None] + outputs["span_logits"]  # [batch, k, num_spans]
         joint = tf.where(outputs["span_mask"], joint, span_reader.MASKED_SPAN_LOGIT)
         shape = tf.shape(joint)
         flat = tf.reshape(joint, [shape[0], -1])  # [batch, k * num_spans]
@@ -247,6 +284,11 @@ class OpenQaTask:
         return {"answer": answer, "score": score, "block": position, "block_id": block}
 
 
+def model_inputs(batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """What :class:`OpenQaModel` reads from a batch: the packed question and, when given, ``block_ids``."""
+    return {k: v for k, v in batch.items() if k.startswith(_QUESTION_PREFIX) or k == "block_ids"}
+
+
 def check_index_matches(task: "OpenQaTask", model: open_qa_model.OpenQaModel, sample: int = 8) -> float:
     """Re-embeds a few blocks with the model's Embed_doc and compares them with the index's rows.
 
@@ -265,6 +307,11 @@ def check_index_matches(task: "OpenQaTask", model: open_qa_model.OpenQaModel, sa
             f"(qa.retriever_checkpoint / model.retriever_checkpoint), or rebuild the index from this model's "
             f"weights (realm-tf export-retriever, realm-tf embed-blocks)")
     return diff
+
+
+def f1(prediction: str, answers: Iterable[str]) -> float:
+    """SQuAD token F1, the best over the answers."""
+    return max((answer_normalization.f1_score(prediction, a) for a in answers), default=0.0)
 
 
 def exact_match(prediction: str, answers: Iterable[str]) -> bool:
@@ -302,122 +349,164 @@ def load_finetuned(task: OpenQaTask, model: open_qa_model.OpenQaModel, model_dir
     return checkpoint
 
 
-def finetune(cfg: config_lib.ExperimentConfig, train_path: str) -> dict[str, Any]:
-    """``realm-tf finetune``: trains on the non-dev questions of ``train_path`` for ``finetune.steps``.
+def finetune(cfg: config_lib.ExperimentConfig, train_path: str, retriever: str = "dense") -> dict[str, Any]:
+    """``realm-tf finetune``: trains on the train split of ``train_path`` for ``finetune.steps``.
 
-    The dev split (``data.qa_dev_fraction`` of the question ids) is never trained on; ``realm-tf evaluate
-    --split dev`` scores it. Resumes from ``finetune.model_dir``.
+    The dev and tune splits (``data.qa_dev_fraction`` / ``qa_tune_fraction`` of the question ids) are never
+    trained on; ``realm-tf evaluate --split dev`` scores them. Resumes from ``finetune.model_dir``.
+
+    Args:
+      retriever: ``dense``: ORQA's fine-tuning of retriever and reader together on the retriever's top
+        ``model.reader_beam_size`` blocks; ``bm25``: the reader alone on BM25's top blocks (REALM's and ORQA's
+        "BM25 + BERT" baseline, trained like the dense row).
     """
     from realm_tf.tasks import distribution  # pylint: disable=import-outside-toplevel
     from realm_tf.tasks import optimizer as optimizer_lib  # pylint: disable=import-outside-toplevel
 
+    if retriever not in ("dense", "bm25"):
+        raise errors.UserError(f"unknown retriever {retriever!r} for finetune: dense or bm25")
     config_lib.save_params(cfg, cfg.finetune.model_dir)
     task = OpenQaTask(cfg)
-    train, dev = split_questions(read_questions(train_path), cfg.data.qa_dev_fraction)
+    train, dev = split_questions(read_questions(train_path), cfg.data.qa_dev_fraction, cfg.data.qa_tune_fraction)
     if not train:
-        raise errors.UserError(f"{train_path}: every question is in the dev split (data.qa_dev_fraction)")
+        raise errors.UserError(f"{train_path}: every question is in the dev or tune split (data.qa_dev_fraction, "
+                               f"data.qa_tune_fraction)")
     strategy = distribution.make_strategy(cfg.finetune.strategy)
     batch_size = cfg.data.batch_size
     with strategy.scope():
-        corpus, _, meta = load_corpus(cfg, task.tokenizer)
+        corpus, blocks, meta = load_corpus(cfg, task.tokenizer)
         model = task.build_model(corpus)
         optimizer = optimizer_lib.build_optimizer(cfg.finetune, model)
     loop = training_loop.TrainingLoop(cfg.finetune, strategy, {"retriever": model.retriever, "reader": model.reader,
                                                                "optimizer": optimizer}, batch_size)
-    if not cfg.qa.recompute_doc_embeddings:
+    block_ids = None
+    if retriever == "bm25":
+        from realm_tf.index import bm25_retriever  # pylint: disable=import-outside-toplevel
+
+        block_ids, _ = bm25_retriever.Bm25Retriever(blocks.titles, blocks.texts).search(
+            [e.question for e in train], cfg.model.reader_beam_size)  # [num_train, k]
+    elif not cfg.qa.recompute_doc_embeddings:
         check_index_matches(task, model)  # frozen Embed_doc: the index must come from it
-    print(f"finetune: {len(train)} training questions ({len(dev)} held out), corpus {meta['num_blocks']} blocks "
-          f"from index version {meta['version']}", flush=True)
-    dataset = task.dataset(train, batch_size, repeat=True, shuffle=True, seed=cfg.finetune.seed, drop_remainder=True)
-    logs = loop.run(dataset, task.make_step_fn(model, optimizer, batch_size))
+    print(f"finetune: {len(train)} training questions ({len(dev)} in dev), {retriever} blocks, corpus "
+          f"{meta['num_blocks']} blocks from index version {meta['version']}", flush=True)
+    dataset = task.dataset(train, batch_size, repeat=True, shuffle=True, seed=cfg.finetune.seed, drop_remainder=True,
+                           block_ids=block_ids)
+    logs = loop.run(dataset, task.make_step_fn(model, optimizer, batch_size, reader_only=retriever == "bm25"))
     return {"step": loop.step, "train": logs, "num_train": len(train), "num_dev": len(dev)}
 
 
-RETRIEVERS = ("dense", "bm25")
+RETRIEVERS = ("dense", "bm25", "gold")
 
 
 def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str = "all", model_dir: str | None = None,
-             index_dir: str | None = None, predictions_path: str | None = None,
-             retriever: str = "dense") -> dict[str, float]:
-    """``realm-tf evaluate``: exact match, regex match, retrieval accuracy@k, reader oracle; writes predictions.
+             index_dir: str | None = None, predictions_path: str | None = None, retriever: str = "dense",
+             score_weights: Sequence[float] = ()) -> dict[str, Any]:
+    """``realm-tf evaluate``: exact match, F1, regex match, retrieval accuracy@k, reader oracle; writes predictions.
 
     Args:
-      split: ``all`` questions of the file, or its ``dev`` / ``train`` part (``data.qa_dev_fraction``).
-      model_dir: fine-tuning run to load (default ``finetune.model_dir``; without a checkpoint the model is
-        evaluated as initialised, e.g. zero-shot).
+      split: one of :data:`SPLITS`: ``all`` questions of the file, or its ``dev`` / ``tune`` / ``train`` part.
+      model_dir: fine-tuning (or ``train-reader``) run to load (default ``finetune.model_dir``; without a
+        checkpoint the model is evaluated as initialised, e.g. zero-shot).
       retriever: ``dense``: the model's own retriever (MIPS over the index); ``bm25``: BM25's top blocks read by
-        the same reader, without a retrieval prior (REALM's "BM25 + BERT" baseline). Metrics, predictions and
-        TensorBoard scalars of ``bm25`` get a ``-bm25`` / ``_bm25`` suffix.
+        the same reader, without a retrieval prior (REALM's "BM25 + BERT" baseline); ``gold``: the gold block
+        that holds the answer, read alone (the reader's reading comprehension; questions without one are
+        counted and left out). Metrics, predictions and TensorBoard scalars of ``bm25`` / ``gold`` get a
+        ``-bm25`` / ``_bm25`` (``gold``) suffix.
+      score_weights: also report ``exact_match@w=W`` / ``f1@w=W`` with answers picked by S_read + W·S_retr.
     """
-    from realm_tf.index import bm25_retriever  # pylint: disable=import-outside-toplevel
+    from realm_tf.tasks import reading_sets  # pylint: disable=import-outside-toplevel
     from realm_tf.tasks import retrieval_metrics  # pylint: disable=import-outside-toplevel
 
     if retriever not in RETRIEVERS:
         raise errors.UserError(f"unknown retriever {retriever!r}: one of {', '.join(RETRIEVERS)}")
-
     task = OpenQaTask(cfg)
-    examples = read_questions(questions_path)
-    if split != "all":
-        train, dev = split_questions(examples, cfg.data.qa_dev_fraction)
-        examples = {"train": train, "dev": dev}[split]
+    examples = select_split(read_questions(questions_path), split, cfg.data)
     if not examples:
         raise errors.UserError(f"{questions_path}: no questions in split {split!r}")
-    corpus, blocks, meta = load_corpus(cfg, task.tokenizer, index_dir)
+    if retriever == "gold":  # no index needed: the corpus embeddings are never searched
+        blocks = block_store_lib.BlockStore.load(os.path.join(cfg.data.blocks_dir, "blocks-*.tfrecord*"))
+        corpus = knowledge_corpus.KnowledgeCorpus(np.zeros([len(blocks), 1], np.float32), blocks, task.tokenizer)
+        meta = {"version": None}
+    else:
+        corpus, blocks, meta = load_corpus(cfg, task.tokenizer, index_dir)
     model = task.build_model(corpus)
     model_dir = model_dir or cfg.finetune.model_dir
     restored = load_finetuned(task, model, model_dir, check_index=retriever == "dense")
     max_k = max(cfg.qa.eval_ks)
-    sparse = None
+    skipped: dict[str, int] = {}
+    given = top_given = None  # [num_questions, k] blocks read / ranked instead of the model's search
     if retriever == "bm25":
-        bm25 = bm25_retriever.Bm25Retriever(blocks.titles, blocks.texts)
-        sparse, _ = bm25.search([e.question for e in examples], max_k)  # [num_questions, max_k]
+        from realm_tf.index import bm25_retriever  # pylint: disable=import-outside-toplevel
+
+        top_given, _ = bm25_retriever.Bm25Retriever(blocks.titles, blocks.texts).search(
+            [e.question for e in examples], max_k)  # [num_questions, max_k]
+        given = top_given[:, :cfg.model.reader_beam_size]
+    elif retriever == "gold":
+        reading = reading_sets.gold_only(examples, blocks)
+        examples, given, top_given, skipped = reading.examples, reading.block_ids, reading.block_ids, reading.skipped
+    weights = [None, *score_weights]
 
     @tf.function(reduce_retracing=True)
-    def run(batch, sparse_top):
-        question = {k: v for k, v in batch.items() if k.startswith(_QUESTION_PREFIX)}
-        if sparse_top is None:
-            outputs = model(question, training=False)
-            _, _, top = model.retrieve({k[len(_QUESTION_PREFIX):]: v for k, v in question.items()}, max_k)
-        else:  # [batch, max_k] from BM25: read its first reader_beam_size blocks
-            outputs = model({**question, "block_ids": sparse_top[:, :cfg.model.reader_beam_size]}, training=False)
-            top = sparse_top
-        decoded = task.decode(model, outputs)
+    def run(batch):
+        outputs = model(model_inputs(batch), training=False)
+        decoded = [task.decode(model, outputs, w) for w in weights]
         oracle = tf.reduce_any(task.answer_span_mask(outputs, batch["answer_ids"]), axis=[1, 2])  # [batch]
-        return decoded, oracle, top
+        if "block_ids" in batch:
+            top = batch["block_ids"]  # [batch, k]: ranked outside (BM25 / gold); replaced below
+        else:
+            question = {k[len(_QUESTION_PREFIX):]: v for k, v in batch.items() if k.startswith(_QUESTION_PREFIX)}
+            _, _, top = model.retrieve(question, max_k)  # [batch, max_k]
+        return decoded, oracle, top, outputs["block_ids"]
 
     predictions, retrieved = [], []
-    em = rm = oracle_hits = 0
+    totals = {"exact_match": 0.0, "f1": 0.0, "regex_match": 0.0, "reader_oracle": 0.0}
+    for w in score_weights:
+        totals[f"exact_match@w={w:g}"] = totals[f"f1@w={w:g}"] = 0.0
+    matcher = retrieval_metrics.AnswerMatcher(blocks.texts)
     progress = tqdm.tqdm(total=len(examples), desc=f"evaluate {retriever}", unit="question", file=sys.stderr,
                          mininterval=10.0)
-    for batch in task.dataset(examples, cfg.data.batch_size):
-        progress.update(int(batch["index"].shape[0]))
-        sparse_top = None if sparse is None else tf.constant(sparse[batch["index"].numpy()], tf.int32)
-        decoded, oracle, top = run(batch, sparse_top)
-        for i, index in enumerate(batch["index"].numpy()):
+    for batch in task.dataset(examples, cfg.data.batch_size, block_ids=given):
+        indices = batch["index"].numpy()
+        progress.update(len(indices))
+        decoded, oracle, top, read = run(batch)
+        for i, index in enumerate(indices):
             example = examples[index]
-            answer = decoded["answer"][i].numpy().decode("utf-8", "replace")
-            hit_em, hit_rm = exact_match(answer, example.answers), regex_match(answer, example.answers)
-            em, rm, oracle_hits = em + hit_em, rm + hit_rm, oracle_hits + bool(oracle[i])
-            rows = top[i].numpy()
+            answers = [d["answer"][i].numpy().decode("utf-8", "replace") for d in decoded]
+            answer = answers[0]
+            hit_em, hit_f1 = exact_match(answer, example.answers), f1(answer, example.answers)
+            totals["exact_match"] += hit_em
+            totals["f1"] += hit_f1
+            totals["regex_match"] += regex_match(answer, example.answers)
+            totals["reader_oracle"] += bool(oracle[i])
+            for w, other in zip(score_weights, answers[1:]):
+                totals[f"exact_match@w={w:g}"] += exact_match(other, example.answers)
+                totals[f"f1@w={w:g}"] += f1(other, example.answers)
+            rows = top_given[index] if top_given is not None else top[i].numpy()
             retrieved.append(rows)
-            predictions.append({"id": example.id, "question": example.question, "prediction": answer,
-                                "score": float(decoded["score"][i]), "answers": list(example.answers),
-                                "exact_match": hit_em, "block_id": int(decoded["block_id"][i]),
-                                "retrieved_block_ids": [int(r) for r in rows[:cfg.model.reader_beam_size]],
-                                "retrieved_titles": [blocks.titles[r] for r in rows[:cfg.model.reader_beam_size]]})
+            normalized = retrieval_metrics.normalized_answers(example.answers)
+            read_rows = [int(r) for r in read[i].numpy()]
+            predictions.append({
+                "id": example.id, "question": example.question, "prediction": answer,
+                "score": float(decoded[0]["score"][i]), "answers": list(example.answers), "exact_match": hit_em,
+                "f1": round(hit_f1, 4), "reader_oracle": bool(oracle[i]), "block_id": int(decoded[0]["block_id"][i]),
+                "predicted_block": int(decoded[0]["block"][i]), "retrieved_block_ids": read_rows,
+                "retrieved_titles": [blocks.titles[r] for r in read_rows],
+                "read_blocks_with_answer": [p for p, r in enumerate(read_rows)
+                                            if normalized and matcher.has_answer(r, normalized)]})
     progress.close()
     n = len(examples)
-    matcher = retrieval_metrics.AnswerMatcher(blocks.texts)
     width = max(len(r) for r in retrieved)
     padded = np.full([n, width], -1, np.int64)
     for q, rows in enumerate(retrieved):
         padded[q, :len(rows)] = rows
     ordered = [p["answers"] for p in predictions]
-    metrics = {"exact_match": em / n, "regex_match": rm / n, "reader_oracle": oracle_hits / n}
+    metrics: dict[str, Any] = {k: v / n for k, v in totals.items()}
     metrics.update({k: v for k, v in retrieval_metrics.retrieval_metrics(padded, matcher, ordered,
                                                                          ks=cfg.qa.eval_ks).items()
-                    if k != "num_questions"})
+                    if k != "num_questions" and int(k.split("@")[1]) <= width})
     metrics["num_questions"] = n
+    if skipped:
+        metrics["skipped"] = skipped
     suffix = "" if retriever == "dense" else f"-{retriever}"
     predictions_path = predictions_path or os.path.join(model_dir, f"predictions-{split}{suffix}.jsonl")
     tf.io.gfile.makedirs(os.path.dirname(predictions_path) or ".")
@@ -427,7 +516,8 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
     writer = tf.summary.create_file_writer(os.path.join(model_dir, f"eval_{split}{suffix.replace('-', '_')}"))
     with writer.as_default(step=step):
         for key, value in metrics.items():
-            tf.summary.scalar(key, value)
+            if isinstance(value, float):
+                tf.summary.scalar(key, value)
     writer.flush()
     metrics["checkpoint"] = restored or ""
     metrics["index_version"] = meta["version"]

@@ -16,14 +16,16 @@ from realm_tf.models import knowledge_retriever
 
 
 def restore_from_run(path: str, retriever: knowledge_retriever.KnowledgeRetriever | None = None,
-                     reader_bert: tf_keras.layers.Layer | None = None) -> str:
+                     reader_bert: tf_keras.layers.Layer | None = None, reader: tf_keras.Model | None = None) -> str:
     """Loads the retriever and/or the reader BERT from the latest checkpoint of a run directory (or a prefix).
 
     REALM starts its retriever from ICT (Guu et al., 2020, §3.4 "Initialization") and Open-QA fine-tuning from
     the pre-trained retriever and knowledge-augmented encoder (§4.2).
 
     Understands REALM pre-training (``model = RealmPretrainer``: ``model.retriever``, ``model.encoder.encoder``),
-    ICT (``model = KnowledgeRetriever``) and Open-QA fine-tuning (``retriever``, ``reader.encoder``) runs.
+    ICT (``model = KnowledgeRetriever``), reader warm-start (``reader``) and Open-QA fine-tuning (``retriever``,
+    ``reader``) runs. ``reader`` (a :class:`~realm_tf.models.span_reader.SpanReader`) is restored whole, span MLP
+    included, from a run that trained one; from REALM pre-training only its BERT (``reader.encoder``) is.
     """
     checkpoint = tf.train.latest_checkpoint(os.path.join(path, "checkpoints")) or tf.train.latest_checkpoint(path)
     if checkpoint is None and tf.io.gfile.exists(path + ".index"):
@@ -32,6 +34,11 @@ def restore_from_run(path: str, retriever: knowledge_retriever.KnowledgeRetrieve
         raise errors.UserError(f"{path}: no checkpoint to start from (a run directory, e.g. of realm-tf train-ict, "
                                f"pretrain or finetune, or a checkpoint prefix)")
     keys = {name for name, _ in tf.train.list_variables(checkpoint)}
+    if reader is not None:
+        if any(k.startswith("reader/span_hidden/") for k in keys):  # a trained span reader: all of it
+            reader_bert = None
+        else:
+            reader_bert, reader = reader.encoder, None
     if any(k.startswith("model/retriever/") for k in keys):  # REALM pre-training
         parts: dict[str, Any] = {}
         if retriever is not None:
@@ -43,11 +50,13 @@ def restore_from_run(path: str, retriever: knowledge_retriever.KnowledgeRetrieve
         parts = {}
         if retriever is not None:
             parts["retriever"] = retriever
-        if reader_bert is not None:
+        if reader is not None:
+            parts["reader"] = reader
+        elif reader_bert is not None:
             parts["reader"] = tf.train.Checkpoint(encoder=reader_bert)
         tree = tf.train.Checkpoint(**parts)
     else:  # ICT: model = KnowledgeRetriever
-        if reader_bert is not None:
+        if reader_bert is not None or reader is not None:
             raise errors.UserError(f"{checkpoint}: an ICT checkpoint has no reader (qa.reader_checkpoint)")
         tree = tf.train.Checkpoint(model=retriever)
     tree.read(checkpoint).assert_existing_objects_matched().expect_partial()

@@ -1,0 +1,165 @@
+"""Reader warm start: gold blocks and negatives vs brute force, the train-reader stage through the CLI (its
+checkpoint starts fine-tuning with the whole reader), reading on gold blocks, SQuAD F1 vs the official
+formula, and length bucketing that changes neither the loss nor the predictions."""
+import collections
+import gzip
+import json
+import re
+import string
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from realm_tf import cli
+from realm_tf import config
+from realm_tf.data import answer_normalization
+from realm_tf.data import block_store
+from realm_tf.layers import knowledge_corpus
+from realm_tf.tasks import open_qa
+from realm_tf.tasks import reading_sets
+
+TINY = "configs/tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def squad(tmp_path_factory, pretraining_workspace):
+    """SQuAD questions whose gold passage is among the tiny workspace's 80 passages (ids 0..79)."""
+    root = tmp_path_factory.mktemp("reader")
+    with gzip.open("data/open_qa/qa_squad_dev.jsonl.gz", "rt") as f:
+        rows = [json.loads(line) for line in f]
+    rows = [r for r in rows if r["gold_passage_ids"][0] < 80][::12][:36]
+    rows.append({"id": "no-gold", "question": "who?", "answers": ["x"], "gold_passage_ids": []})
+    rows.append({"id": "absent", "question": "what?", "answers": ["zzqx unfindable"], "gold_passage_ids": [3]})
+    path = root / "questions.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    blocks = block_store.BlockStore.load(f"{pretraining_workspace}/blocks/blocks-*.tfrecord*")
+    sets = ["--set", f"data.blocks_dir={pretraining_workspace}/blocks", "--set", f"reader.model_dir={root}/reader",
+            "--set", "data.batch_size=4", "--set", "reader.steps=3", "--set", "reader.warmup_steps=0",
+            "--set", "reader.learning_rate=1e-3", "--set", "qa.reader_negatives=2",
+            "--set", "data.qa_dev_fraction=0.2", "--set", "data.qa_tune_fraction=0.1"]
+    return root, path, blocks, sets
+
+
+def _normalized_contains(text, answers):
+    norm = answer_normalization.normalize_answer
+    return any(norm(a) and f" {norm(a)} " in f" {norm(text)} " for a in answers)
+
+
+def test_gold_block_first_then_negatives_without_the_answer(squad):
+    _, path, blocks, _ = squad
+    examples = open_qa.read_questions(str(path))
+    reading = reading_sets.gold_and_negatives(examples, blocks, num_negatives=3)
+    assert reading.skipped == {"no_gold_passage": 1, "no_answer_in_gold_blocks": 1}
+    assert len(reading.examples) + sum(reading.skipped.values()) == len(examples)
+    assert reading.block_ids.shape == (len(reading.examples), 4)
+    for example, row in zip(reading.examples, reading.block_ids):
+        gold_docs = {str(g) for g in example.gold_passage_ids}
+        assert blocks.doc_ids[row[0]] in gold_docs and _normalized_contains(blocks.texts[row[0]], example.answers)
+        first = min(b for b in range(len(blocks)) if blocks.doc_ids[b] in gold_docs
+                    and _normalized_contains(blocks.texts[b], example.answers))
+        assert row[0] == first
+        assert len(set(row.tolist())) == 4
+        for negative in row[1:]:
+            assert blocks.doc_ids[negative] not in gold_docs
+            assert not _normalized_contains(blocks.texts[negative], example.answers)
+
+
+def test_train_reader_then_its_reader_starts_finetuning(squad, capsys):
+    root, path, blocks, sets = squad
+    assert cli.main(["train-reader", "--config", TINY, *sets, "--questions", str(path)]) == 0
+    out = capsys.readouterr().out
+    checkpoint = tf.train.latest_checkpoint(str(root / "reader" / "checkpoints"))
+    assert checkpoint.endswith("-3")
+    # Neither the dev nor the tune split was read: the logged counts are the train split's.
+    cfg = config.load_config(TINY, [s for s in sets if s != "--set"])
+    everything = open_qa.read_questions(str(path))
+    train, dev = open_qa.split_questions(everything, 0.2, 0.1)
+    assert dev and len(train) + len(dev) < len(everything)  # some questions are in the tune split
+    expected = reading_sets.gold_and_negatives(train, blocks, 2)
+    assert f"train-reader: {len(expected.examples)} questions from 1 file(s)" in out
+    assert f"skipped: {expected.skipped}" in out
+    # qa.reader_checkpoint restores the whole reader (span MLP included), not just its BERT.
+    task = open_qa.OpenQaTask(config.load_config(TINY, [s for s in sets if s != "--set"]
+                                                 + [f"qa.reader_checkpoint={root}/reader"]))
+    corpus = knowledge_corpus.KnowledgeCorpus(np.zeros([len(blocks), 1], np.float32), blocks, task.tokenizer)
+    model = task.build_model(corpus)
+    saved = dict(tf.train.list_variables(checkpoint))
+    reader = tf.train.load_checkpoint(checkpoint)
+    for variable, key in ((model.reader.span_hidden.kernel, "reader/span_hidden/kernel"),
+                          (model.reader.span_logit.bias, "reader/span_logit/bias")):
+        name = f"{key}/.ATTRIBUTES/VARIABLE_VALUE"
+        assert name in saved
+        np.testing.assert_array_equal(variable.numpy(), reader.get_tensor(name))
+    fresh = open_qa.OpenQaTask(cfg).build_model(corpus)
+    assert not np.allclose(fresh.reader.span_hidden.kernel.numpy(), model.reader.span_hidden.kernel.numpy())
+
+
+def test_evaluate_on_gold_blocks_reports_f1(squad, capsys):
+    root, path, _, sets = squad
+    assert cli.main(["evaluate", "--config", TINY, *sets, "--questions", str(path), "--retriever", "gold",
+                     "--model", str(root / "reader"), "--score-weights", "0", "2"]) == 0
+    metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    predictions = [json.loads(line) for line in open(root / "reader" / "predictions-all-gold.jsonl")]
+    assert metrics["num_questions"] == len(predictions) == 36 and metrics["skipped"]["no_gold_passage"] == 1
+    assert all(len(p["retrieved_block_ids"]) == 1 == len(p["read_blocks_with_answer"]) for p in predictions)
+    assert metrics["accuracy@1"] == 1.0  # the gold block holds the answer by construction
+    assert metrics["f1"] == pytest.approx(np.mean([open_qa.f1(p["prediction"], p["answers"]) for p in predictions]))
+    # One block, no retrieval score: the weight on it cannot change the answer.
+    assert metrics["exact_match@w=0"] == metrics["exact_match@w=2"] == metrics["exact_match"]
+    assert metrics["f1@w=0"] == pytest.approx(metrics["f1"])
+
+
+def _official_f1(prediction, ground_truth):
+    """The SQuAD v1.1 evaluation script's F1, written out independently (Counter intersection)."""
+    def normalize(s):
+        s = "".join(ch for ch in s.lower() if ch not in set(string.punctuation))
+        return " ".join(re.sub(r"\b(a|an|the)\b", " ", s).split())
+    p, g = normalize(prediction).split(), normalize(ground_truth).split()
+    same = sum((collections.Counter(p) & collections.Counter(g)).values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(p), same / len(g)
+    return 2 * precision * recall / (precision + recall)
+
+
+def test_f1_matches_the_official_formula():
+    rng = np.random.default_rng(0)
+    words = ["the", "Beatles", "a", "band", "band", "1973", "U.S.", "oil", "crisis", ",", "an"]
+    for _ in range(300):
+        prediction = " ".join(rng.choice(words, rng.integers(0, 6)))
+        truths = [" ".join(rng.choice(words, rng.integers(1, 6))) for _ in range(rng.integers(1, 3))]
+        expected = max(_official_f1(prediction, t) for t in truths)
+        assert open_qa.f1(prediction, truths) == pytest.approx(expected)
+    assert open_qa.f1("actor Tim Allen", ["Tim Allen"]) == pytest.approx(0.8)
+
+
+def test_length_buckets_change_neither_loss_nor_predictions(squad):
+    _, path, blocks, sets = squad
+    overrides = [s for s in sets if s != "--set"]
+    examples = open_qa.read_questions(str(path))
+    reading = reading_sets.gold_and_negatives(examples, blocks, 2)
+    results, weights = [], None
+    for buckets in (1, 3):
+        cfg = config.load_config(TINY, overrides + [f"model.reader_length_buckets={buckets}"])
+        task = open_qa.OpenQaTask(cfg)
+        corpus = knowledge_corpus.KnowledgeCorpus(np.zeros([len(blocks), 1], np.float32), blocks, task.tokenizer)
+        model = task.build_model(corpus)
+        if weights is None:
+            weights = model.reader.get_weights()
+        model.reader.set_weights(weights)  # the same reader, read in one group or in three
+        batch = next(iter(task.dataset(reading.examples, 7, block_ids=reading.block_ids)))
+        outputs = model(open_qa.model_inputs(batch))
+        loss, _ = task.compute_loss(model, batch, training=False)
+        results.append((batch, outputs, loss.numpy(), task.decode(model, outputs)))
+    (batch, one, loss_one, decoded_one), (_, three, loss_three, decoded_three) = results
+    lengths = batch["question_input_mask"].numpy().sum(-1)
+    assert len(set(lengths.tolist())) > 1  # questions (and blocks) of different lengths share the batch
+    rows = one["reader_input_word_ids"].numpy()
+    assert len({int((r != 0).sum()) for r in rows.reshape(-1, rows.shape[-1])}) > 3
+    np.testing.assert_array_equal(one["span_mask"], three["span_mask"])
+    valid = one["span_mask"].numpy()
+    np.testing.assert_allclose(one["span_logits"].numpy()[valid], three["span_logits"].numpy()[valid], atol=1e-4)
+    assert np.all(loss_one > 0)
+    np.testing.assert_allclose(loss_one, loss_three, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(decoded_one["answer"].numpy(), decoded_three["answer"].numpy())
