@@ -113,6 +113,15 @@ def _cmd_export_retriever(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_init_retriever(args: argparse.Namespace) -> int:
+    """The imported retriever with its projection fitted to the corpus (model.projection_init), as a run."""
+    from realm_tf.tasks import projection_init
+
+    info = projection_init.init_retriever(_load(args), args.out, args.blocks)
+    print(f"init-retriever: wrote {args.out} (projection {info})")
+    return 0
+
+
 def _cmd_pretrain(args: argparse.Namespace) -> int:
     """REALM pre-training with asynchronous index refresh; resumes from model_dir's latest checkpoint."""
     from realm_tf.tasks import realm_pretraining
@@ -235,6 +244,15 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
     "train-ict": ("train the retriever with the Inverse Cloze Task (resumable), then export it", _cmd_train_ict,
                   lambda p: (_add_config_args(p), p.add_argument(
                       "--input", default=None, help="ICT TFRecord pattern (default: data.ict_dir/ict-*.tfrecord*)"))),
+    "init-retriever": ("the retriever from model.init_checkpoint with its projection fitted to the corpus "
+                       "(model.projection_init: pca keeps an imported embedder's ranking), saved as a run",
+                       _cmd_init_retriever,
+                       lambda p: (_add_config_args(p),
+                                  p.add_argument("--out", required=True,
+                                                 help="run directory to write (then model.retriever_checkpoint / "
+                                                      "qa.retriever_checkpoint / export-retriever --model_dir)"),
+                                  p.add_argument("--blocks", type=int, default=4096,
+                                                 help="corpus blocks sampled to fit the projection"))),
     "export-retriever": ("export embed_query/embed_block SavedModel to refresh.export_dir/<step>/",
                          _cmd_export_retriever,
                          lambda p: (_add_config_args(p),

@@ -61,6 +61,10 @@ class ModelConfig:
       projection_size: size of Embed_input / Embed_doc (REALM: 128).
       pooling: how a tower summarises its sequence before projection: ``cls`` (REALM) or ``mean``.
       share_embedders: one BERT for Embed_input and Embed_doc instead of two.
+      projection_init: how ``realm-tf init-retriever`` sets the projection of an imported BERT: ``random``
+        (REALM: a fresh random matrix), ``pca`` (the top principal directions of the corpus blocks' pooled
+        outputs, uncentered: the rank-``projection_size`` map that best keeps their inner products) or
+        ``pca_centered`` (of the mean-centred outputs, with the mean subtracted by the bias).
       retrieval_temperature: τ in p(z|x) ∝ exp(f(x, z) / τ) (REALM: 1). Two LayerNorm'd d-dim embeddings
         score about d·cos, so an embedder that was not trained through this softmax (a zero-shot import, no
         ICT) gives a one-hot p(z|x) over the k candidates: only the top block is read with any weight and the
@@ -88,6 +92,7 @@ class ModelConfig:
     projection_size: int = 128
     pooling: str = "cls"
     share_embedders: bool = False
+    projection_init: str = "random"
     retrieval_temperature: float = 1.0
     query_seq_length: int = 96
     block_seq_length: int = 288

@@ -45,6 +45,10 @@ class Embedder(tf_keras.Model):
 
     def call(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> tf.Tensor:
         """Embeds packed BERT inputs (each ``int32[batch, seq_len]``) into ``float32[batch, projection_size]``."""
+        return self.layer_norm(self.projection(self.pool(inputs, training=training)))  # [batch, projection_size]
+
+    def pool(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> tf.Tensor:
+        """The BERT summary before the projection, ``float32[batch, hidden]`` ([CLS] or masked mean)."""
         outputs = self.encoder(
             {k: inputs[k] for k in bert_encoder.INPUT_KEYS}, training=training)
         sequence = outputs["sequence_output"]  # [batch, seq_len, hidden]
@@ -54,7 +58,7 @@ class Embedder(tf_keras.Model):
             mask = tf.cast(inputs["input_mask"], sequence.dtype)[:, :, None]  # [batch, seq_len, 1]
             pooled = tf.reduce_sum(sequence * mask, axis=1) / tf.maximum(
                 tf.reduce_sum(mask, axis=1), 1.0)  # [batch, hidden]
-        return self.layer_norm(self.projection(pooled))  # [batch, projection_size]
+        return pooled
 
     def get_config(self) -> dict[str, Any]:
         return {

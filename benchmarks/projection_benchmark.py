@@ -1,0 +1,104 @@
+"""How much of an imported embedder's ranking each projection initialisation keeps (issue #16).
+
+Pools every block and every dev question once with the imported BERT (``model.pooling``; all-MiniLM-L6-v2
+mean pooling), then ranks exactly (numpy) with:
+
+* ``full_width_cosine``: the import as it was trained (384-d cosine, no projection): the reference;
+* ``random``: REALM's fresh random projection (the seeded initialiser the towers get) + LayerNorm;
+* ``pca`` / ``pca_centered``: ``realm-tf init-retriever``'s principal projection, fitted on the same
+  ``--fit_blocks`` sample it uses, + LayerNorm.
+
+Reports accuracy@k on the dev split of the bundled questions (``question_split``), and the top-k overlap
+with the reference ranking. Pooled outputs are cached in ``--cache`` (an .npz), so a rerun only ranks.
+
+    nohup .venv/bin/python benchmarks/projection_benchmark.py > runs/bench/projection.log 2>&1 &
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from realm_tf import config as config_lib  # noqa: E402
+from realm_tf.data import block_store  # noqa: E402
+from realm_tf.layers import bert_tokenizer  # noqa: E402
+from realm_tf.models import knowledge_retriever  # noqa: E402
+from realm_tf.tasks import open_qa  # noqa: E402
+from realm_tf.tasks import projection_init  # noqa: E402
+from realm_tf.tasks import retrieval_metrics  # noqa: E402
+
+
+def layer_norm(x: np.ndarray) -> np.ndarray:
+    return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-12)
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="configs/minilm.yaml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    parser.add_argument("--blocks", default="runs/bench/blocks", help="the bundled corpus, preprocessed")
+    parser.add_argument("--questions", default="data/open_qa/qa_qed_train.jsonl.gz")
+    parser.add_argument("--cache", default="runs/bench/projection_pooled.npz")
+    parser.add_argument("--fit_blocks", type=int, default=4096, help="blocks sampled to fit (as init-retriever)")
+    args = parser.parse_args()
+    cfg = config_lib.load_config(args.config, [f"data.blocks_dir={args.blocks}", *args.overrides])
+    blocks = block_store.BlockStore.load(os.path.join(args.blocks, "blocks-*.tfrecord*"))
+    dev = open_qa.select_split(open_qa.read_questions(args.questions), "dev", cfg.data)
+    tokenizer = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, cfg.model.lower_case)
+    retriever = knowledge_retriever.build_knowledge_retriever(cfg.model)
+    print(f"{len(blocks)} blocks, {len(dev)} dev questions, projection {cfg.model.projection_size}, pooling "
+          f"{cfg.model.pooling}", flush=True)
+    if os.path.exists(args.cache):
+        cached = np.load(args.cache)
+        pooled_blocks, pooled_questions = cached["blocks"], cached["questions"]
+    else:
+        start = time.time()
+        pooled_blocks = projection_init.pooled_block_outputs(retriever, blocks, tokenizer, np.arange(len(blocks)),
+                                                             cfg.model.block_seq_length)
+        print(f"pooled {len(blocks)} blocks in {time.time() - start:.0f}s", flush=True)
+        packed = tokenizer.pack_single(tokenizer(tf.constant([e.question for e in dev])),
+                                       cfg.qa.question_seq_length, pad_to_seq_length=False)
+        pooled_questions = retriever.query_embedder.pool(packed, training=False).numpy()
+        os.makedirs(os.path.dirname(args.cache) or ".", exist_ok=True)
+        np.savez(args.cache + ".tmp.npz", blocks=pooled_blocks, questions=pooled_questions)
+        os.replace(args.cache + ".tmp.npz", args.cache)
+
+    rng = np.random.default_rng(cfg.data.seed)  # the sample init-retriever draws
+    sample = np.sort(rng.choice(len(blocks), size=min(args.fit_blocks, len(blocks)), replace=False))
+    size = cfg.model.projection_size
+    random_kernel = retriever.doc_embedder.projection.kernel.numpy()  # the seeded fresh initialiser
+    variants = {"full_width_cosine": (unit(pooled_questions), unit(pooled_blocks)),
+                "random": (layer_norm(pooled_questions @ random_kernel), layer_norm(pooled_blocks @ random_kernel))}
+    kept = {}
+    for kind in ("pca", "pca_centered"):
+        kernel, bias, kept[kind] = projection_init.principal_projection(pooled_blocks[sample], size,
+                                                                        centered=kind == "pca_centered")
+        variants[kind] = (layer_norm(pooled_questions @ kernel + bias), layer_norm(pooled_blocks @ kernel + bias))
+    matcher = retrieval_metrics.AnswerMatcher(blocks.texts)
+    answers = [e.answers for e in dev]
+    reference = None
+    print(f"{'projection':<20}{'acc@1':>8}{'acc@5':>8}{'acc@20':>8}{'overlap@5':>11}{'overlap@20':>11}  energy kept")
+    for name, (queries, docs) in variants.items():
+        top = np.argsort(-(queries @ docs.T), axis=1)[:, :100]  # [num_dev, 100] exact ranking
+        if reference is None:
+            reference = top
+        metrics = retrieval_metrics.retrieval_metrics(top, matcher, answers, ks=(1, 5, 20))
+        overlap = [np.mean([len(set(a[:k]) & set(b[:k])) / k for a, b in zip(top, reference)]) for k in (5, 20)]
+        print(f"{name:<20}{metrics['accuracy@1']:>8.3f}{metrics['accuracy@5']:>8.3f}{metrics['accuracy@20']:>8.3f}"
+              f"{overlap[0]:>11.3f}{overlap[1]:>11.3f}  {kept.get(name, '')}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

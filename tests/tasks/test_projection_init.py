@@ -1,0 +1,87 @@
+"""Projection initialisation (issue #16): principal directions vs numpy's SVD, and an initialised retriever that
+computes LayerNorm(Wᵀh) exactly as numpy does and keeps the full-width ranking better than a random projection."""
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from realm_tf import cli
+from realm_tf import config
+from realm_tf.data import block_store
+from realm_tf.layers import bert_tokenizer
+from realm_tf.models import knowledge_retriever
+from realm_tf.tasks import projection_init
+from realm_tf.tasks import warm_start
+
+TINY = "configs/tiny.yaml"
+
+
+def test_principal_projection_spans_the_top_singular_vectors():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=[500, 12]) @ np.diag(np.linspace(3, 0.1, 12)) @ np.linalg.qr(rng.normal(size=[12, 12]))[0]
+    x += 2.0  # a common offset: centring matters
+    for centered in (False, True):
+        kernel, bias, kept = projection_init.principal_projection(x, 4, centered)
+        ref = x - x.mean(0) if centered else x
+        _, s, vt = np.linalg.svd(ref, full_matrices=False)
+        np.testing.assert_allclose(kernel @ kernel.T, vt[:4].T @ vt[:4], atol=1e-4)  # the same subspace
+        np.testing.assert_allclose(kernel.T @ kernel, np.eye(4), atol=1e-5)
+        # The all-ones direction of z = Wᵀh (what LayerNorm drops) is the 4th principal direction.
+        np.testing.assert_allclose(np.abs(kernel @ np.ones(4) / 2.0), np.abs(vt[3]), atol=1e-4)
+        assert kept == pytest.approx((s[:4] ** 2).sum() / (s ** 2).sum(), rel=1e-5)
+        np.testing.assert_allclose(bias, -(x.mean(0) if centered else np.zeros(12)) @ kernel, atol=1e-4)
+    with pytest.raises(Exception, match="exceeds the pooled width"):
+        projection_init.principal_projection(x, 13, False)
+
+
+def _layer_norm(x):
+    return (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-12)
+
+
+def test_initialised_retriever_keeps_the_full_width_ranking(pretraining_workspace, tmp_path):
+    overrides = [f"data.blocks_dir={pretraining_workspace}/blocks", "model.projection_size=8"]
+    cfg = config.load_config(TINY, overrides + ["model.projection_init=pca"])
+    assert cli.main(["init-retriever", "--config", TINY, *sum((["--set", o] for o in overrides), []),
+                     "--set", "model.projection_init=pca", "--out", str(tmp_path / "init"), "--blocks", "1000"]) == 0
+    assert json.loads((tmp_path / "init" / "projection.json").read_text())["kind"] == "pca"
+    fitted = knowledge_retriever.build_knowledge_retriever(cfg.model)
+    warm_start.restore_from_run(str(tmp_path / "init"), retriever=fitted)
+    # The same BERTs with REALM's random projection (the initialiser a fresh retriever gets), for comparison.
+    random = knowledge_retriever.build_knowledge_retriever(cfg.model)
+    warm_start.restore_from_run(str(tmp_path / "init"), retriever=random)
+    matrix = random.doc_embedder.projection.kernel_initializer(random.doc_embedder.projection.kernel.shape)
+    for tower in (random.query_embedder, random.doc_embedder):
+        tower.projection.kernel.assign(matrix)
+        tower.projection.bias.assign(tf.zeros_like(tower.projection.bias))
+
+    blocks = block_store.BlockStore.load(f"{pretraining_workspace}/blocks/blocks-*.tfrecord*")
+    tokenizer = bert_tokenizer.BertTokenizer(cfg.model.vocab_file)
+    ids = np.arange(len(blocks))
+    pooled = projection_init.pooled_block_outputs(fitted, blocks, tokenizer, ids, cfg.model.block_seq_length)
+    # The fit used every block (--blocks 1000 > corpus): its kernel is numpy's on the same pooled outputs.
+    kernel, bias, _ = projection_init.principal_projection(pooled, 8, centered=False)
+    np.testing.assert_allclose(fitted.doc_embedder.projection.kernel.numpy(), kernel, atol=1e-4)
+    np.testing.assert_allclose(fitted.query_embedder.projection.kernel.numpy(), kernel, atol=1e-4)
+    packed = tokenizer.join_bert(tf.ragged.constant([blocks.title_ids(b).tolist() for b in ids], tf.int32),
+                                 tf.ragged.constant([blocks.body_ids(b).tolist() for b in ids], tf.int32),
+                                 cfg.model.block_seq_length, pad_to_seq_length=False)
+    embedded = fitted.embed_blocks(packed).numpy()  # [num_blocks, 8]
+    np.testing.assert_allclose(embedded, _layer_norm(pooled @ kernel + bias), atol=1e-3)
+
+    # Queries: the first half of each block's text as a pseudo-question, searched over all blocks.
+    queries = [" ".join(t.split()[: max(len(t.split()) // 2, 1)]) for t in blocks.texts]
+    packed_q = tokenizer.pack_single(tokenizer(tf.constant(queries)), cfg.model.query_seq_length, False)
+    full_q = fitted.query_embedder.pool(packed_q).numpy()  # [num, hidden]: the unprojected reference
+    cosine = lambda a, b: (a / np.linalg.norm(a, axis=1, keepdims=True)) @ (b / np.linalg.norm(b, axis=1,
+                                                                                              keepdims=True)).T
+    reference = np.argsort(-cosine(full_q, pooled), axis=1)[:, :5]  # [num, 5]
+
+    def overlap(model):
+        scores = model.embed_queries(packed_q).numpy() @ model.embed_blocks(packed).numpy().T  # f(x, z) ∝ this
+        top = np.argsort(-scores, axis=1)[:, :5]
+        return np.mean([len(set(a) & set(b)) / 5 for a, b in zip(top, reference)])
+
+    kept, lost = overlap(fitted), overlap(random)
+    print(f"top-5 overlap with the full-width cosine ranking: principal {kept:.3f}, random {lost:.3f}")
+    assert kept > lost + 0.05, (kept, lost)
