@@ -1,18 +1,22 @@
-"""Open-QA on the bundled corpus with the MiniLM import: EM and accuracy@5 of REALM's retriever + reader next to
-BM25 + the same reader, on a held-out split never trained on, and serving latency of the exported model.
+"""Open-QA on the bundled corpus with the MiniLM import (issues #15, #16): every training stage, timed, then
+EM / F1 of REALM's retriever + reader next to BM25 + the same reader trained the same way, on a dev split that
+no stage ever reads, and serving latency of the exported model.
 
-Stages (each skipped when its output exists, so a rerun resumes):
+Stages (each recorded in ``<out>/stages.json`` when it completes, and skipped on a rerun; a stage killed midway
+resumes from its checkpoint, so the script continues in a later session):
 
-1. ``realm-tf export-retriever --from-init`` and ``realm-tf embed-blocks``: the retriever as initialised from
-   all-MiniLM-L6-v2 (or ``--retriever_run``, e.g. an ICT / REALM run, exported at its checkpoint) and an index
-   of every block;
-2. ``realm-tf finetune`` on the non-dev questions of ``--questions`` (frozen document embeddings, batch of
-   many questions) for ``finetune.steps`` or ``finetune.max_minutes``; resumes from its checkpoint;
-3. ``realm-tf evaluate --split dev`` with the model's retriever and with ``--retriever bm25``;
-4. ``realm-tf export`` and batch-1 latency of the SavedModel (``answerer.Answerer``, ScaNN op in the graph).
+1. ``reader``: ``realm-tf train-reader`` (gold block + BM25 negatives; SQuAD and the train split of the NQ
+   questions), for ``reader.steps`` or ``reader.max_minutes``;
+2. ``index``: ``realm-tf init-retriever`` (``model.projection_init``), ``export-retriever`` and ``embed-blocks``;
+3. ``finetune``: ``realm-tf finetune`` from the warm-started reader (dense retriever, ORQA's loss);
+4. ``finetune_bm25``: ``realm-tf finetune --retriever bm25``: the same reader warm start, steps and minutes,
+   on BM25's blocks (ORQA's "BM25 + BERT");
+5. ``tune``: ``evaluate --split tune`` over answer-score weights w (S_read + w·S_retr); the best EM (then F1)
+   is used for dev. The tune split is held out of training like dev; dev is only measured;
+6. ``dev``: ``evaluate --split dev``: dense, BM25 (its own reader), and the readers on gold blocks;
+7. ``serve``: ``realm-tf export`` and batch-1 latency (``answerer.Answerer``).
 
-    nohup python benchmarks/open_qa_benchmark.py --out runs/bench/qa --set finetune.max_minutes=50 \\
-        > runs/bench/qa/benchmark.log 2>&1 &
+    nohup .venv/bin/python benchmarks/open_qa_benchmark.py --out runs/bench/qa2 > runs/bench/qa2/benchmark.log 2>&1 &
 """
 from __future__ import annotations
 
@@ -22,20 +26,20 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 from realm_tf import config as config_lib  # noqa: E402
-from realm_tf.index import index_publisher  # noqa: E402
 from realm_tf.serving import answerer  # noqa: E402
-from realm_tf.serving import open_qa_export  # noqa: E402
 from realm_tf.tasks import open_qa  # noqa: E402
 
-ROWS = ("exact_match", "regex_match", "reader_oracle", "accuracy@1", "accuracy@5", "accuracy@20", "accuracy@100")
+ROWS = ("exact_match", "f1", "regex_match", "reader_oracle", "accuracy@1", "accuracy@5", "accuracy@20",
+        "accuracy@100")
+WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0)
 
 
 def cli(args: list[str]) -> None:
@@ -44,88 +48,162 @@ def cli(args: list[str]) -> None:
     subprocess.run([sys.executable, "-m", "realm_tf.cli", *args], check=True)
 
 
-def measure_latency(export: str, questions: str, dev_fraction: float, count: int) -> tuple[np.ndarray, int]:
-    """Milliseconds per batch-1 request to the exported model over ``count`` dev questions (after 3 warm-ups)."""
-    _, dev = open_qa.split_questions(open_qa.read_questions(questions), dev_fraction)
+def evaluate(args: list[str], metrics_path: str) -> dict[str, Any]:
+    """``realm-tf evaluate``; its last stdout line (the metrics JSON) is kept in ``metrics_path``."""
+    print("$ realm-tf evaluate " + " ".join(args), flush=True)
+    done = subprocess.run([sys.executable, "-m", "realm_tf.cli", "evaluate", *args], check=True,
+                          stdout=subprocess.PIPE, text=True)
+    metrics = json.loads(done.stdout.strip().splitlines()[-1])
+    config_lib.atomic_write_text(metrics_path, json.dumps(metrics, indent=2) + "\n")
+    print(json.dumps(metrics), flush=True)
+    return metrics
+
+
+def measure_latency(export: str, questions: list[str], count: int) -> np.ndarray:
+    """Milliseconds per batch-1 request to the exported model (after 3 warm-ups)."""
     model = answerer.Answerer(export)
-    for example in dev[:3]:
-        model.ask(example.question)  # warm-up (first calls trace and allocate)
+    for question in questions[:3]:
+        model.ask(question)  # warm-up (first calls trace and allocate)
     latencies = []
-    for example in dev[3:3 + count]:
-        t = time.perf_counter()
-        model.ask(example.question)
-        latencies.append(time.perf_counter() - t)
-    return 1000 * np.asarray(latencies), len(latencies)
+    for question in questions[3:3 + count]:
+        start = time.perf_counter()
+        model.ask(question)
+        latencies.append(time.perf_counter() - start)
+    return 1000 * np.asarray(latencies)
 
 
-def format_latency(latencies_ms: np.ndarray, count: int) -> str:
-    return (f"serving (exported SavedModel, ScaNN op in the graph, batch 1, {count} requests, os.cpu_count "
-            f"{os.cpu_count()}): p50 {np.percentile(latencies_ms, 50):.0f} ms, p99 "
-            f"{np.percentile(latencies_ms, 99):.0f} ms, mean {latencies_ms.mean():.0f} ms")
+def format_latency(latencies_ms: np.ndarray) -> str:
+    return (f"serving (exported SavedModel, batch 1, {len(latencies_ms)} requests, os.cpu_count {os.cpu_count()}): "
+            f"p50 {np.percentile(latencies_ms, 50):.0f} ms, p99 {np.percentile(latencies_ms, 99):.0f} ms, "
+            f"mean {latencies_ms.mean():.0f} ms")
+
+
+def error_categories(predictions_path: str, limit: int = 50) -> dict[str, int]:
+    """The first ``limit`` wrong answers (dev order) by cause: the answer was in no read block; a read block
+    held it but the reader chose another block; the chosen block held it but the span is wrong; a span that
+    overlaps the reference (F1 > 0: often a shorter or longer form of the same answer)."""
+    counts = {"answer_not_in_top_k": 0, "wrong_block_chosen": 0, "right_block_wrong_span": 0,
+              "partial_overlap_f1>0": 0}
+    with open(predictions_path, encoding="utf-8") as f:
+        wrong = [p for p in map(json.loads, f) if not p["exact_match"]][:limit]
+    for p in wrong:
+        if p["f1"] > 0:
+            counts["partial_overlap_f1>0"] += 1
+        elif not p["read_blocks_with_answer"]:
+            counts["answer_not_in_top_k"] += 1
+        elif p["predicted_block"] not in p["read_blocks_with_answer"]:
+            counts["wrong_block_chosen"] += 1
+        else:
+            counts["right_block_wrong_span"] += 1
+    return counts
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="configs/minilm.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
-    parser.add_argument("--out", default="runs/bench/qa", help="run directory (index, exports, model)")
+    parser.add_argument("--out", default="runs/bench/qa2", help="run directory (index, exports, models)")
     parser.add_argument("--blocks", default="runs/bench/blocks", help="the bundled corpus, preprocessed")
     parser.add_argument("--questions", default="data/open_qa/qa_qed_train.jsonl.gz")
     parser.add_argument("--latency_questions", type=int, default=100, help="batch-1 requests timed")
-    parser.add_argument("--latency_only", metavar="EXPORT", default=None,
-                        help="only time batch-1 requests to this exported model (on an otherwise idle machine)")
     args = parser.parse_args()
-    if args.latency_only:
-        cfg = config_lib.load_config(args.config, args.overrides)
-        print(format_latency(*measure_latency(args.latency_only, args.questions, cfg.data.qa_dev_fraction,
-                                              args.latency_questions)))
-        return 0
 
     out = args.out
     overrides = [f"data.blocks_dir={args.blocks}", f"index.index_dir={out}/index", f"refresh.export_dir={out}/export",
-                 f"finetune.model_dir={out}/model", "data.batch_size=4", "finetune.learning_rate=5e-5",
-                 "finetune.warmup_steps=30", "finetune.steps=600", "finetune.checkpoint_every_steps=25",
-                 "finetune.summary_every_steps=5", *args.overrides]
-    sets = sum((["--set", o] for o in overrides), [])
+                 f"reader.model_dir={out}/reader", f"finetune.model_dir={out}/finetune",
+                 f"model.retriever_checkpoint={out}/retriever_init", f"qa.reader_checkpoint={out}/reader",
+                 # The reader warm start: batch 8 of (question, gold block, 2 negatives).
+                 "reader.steps=900", "reader.learning_rate=1e-4", "reader.warmup_steps=60",
+                 "reader.checkpoint_every_steps=50", "reader.summary_every_steps=10", "reader.max_minutes=80",
+                 # Open-QA fine-tuning: batch 4 questions x 5 blocks; the retriever at a tenth of the rate.
+                 "data.batch_size=4", "finetune.learning_rate=5e-5", "finetune.warmup_steps=30",
+                 "finetune.steps=1500", "finetune.checkpoint_every_steps=25", "finetune.summary_every_steps=5",
+                 "finetune.max_minutes=90", "finetune.learning_rate_scales=[knowledge_retriever=0.1]",
+                 *args.overrides]
     cfg = config_lib.load_config(args.config, overrides)
-    print(f"config: batch {cfg.data.batch_size}, reader beam {cfg.model.reader_beam_size}, lengths question/reader "
-          f"{cfg.qa.question_seq_length}/{cfg.model.reader_seq_length}, lr {cfg.finetune.learning_rate}, steps "
-          f"{cfg.finetune.steps}, max_minutes {cfg.finetune.max_minutes}, pooling {cfg.model.pooling}, "
-          f"os.cpu_count {os.cpu_count()}", flush=True)
-    timings: dict[str, float] = {}
+    sets = ["--config", args.config, *sum((["--set", o] for o in overrides), [])]
+    os.makedirs(out, exist_ok=True)
+    state_path = os.path.join(out, "stages.json")
+    state: dict[str, Any] = json.load(open(state_path, encoding="utf-8")) if os.path.exists(state_path) else {}
+    print(f"config: projection_init {cfg.model.projection_init}, reader {cfg.reader.steps} steps / "
+          f"{cfg.reader.max_minutes} min at batch 8, finetune {cfg.finetune.steps} steps / "
+          f"{cfg.finetune.max_minutes} min at batch {cfg.data.batch_size}, beam {cfg.model.reader_beam_size}, "
+          f"lengths question/reader {cfg.qa.question_seq_length}/{cfg.model.reader_seq_length}, length buckets "
+          f"{cfg.model.reader_length_buckets}, os.cpu_count {os.cpu_count()}", flush=True)
 
-    start = time.time()
-    if not index_publisher.complete_versions(cfg.index.index_dir):
-        cli(["export-retriever", "--config", args.config, *sets, "--from-init", "--step", "0"])
-        cli(["embed-blocks", "--config", args.config, *sets])
-    timings["index"] = time.time() - start
-
-    start = time.time()
-    cli(["finetune", "--config", args.config, *sets, "--train", args.questions])
-    timings["finetune"] = time.time() - start
-
-    results = {}
-    for retriever in open_qa.RETRIEVERS:
+    def stage(name: str, fn: Callable[[], Any]) -> Any:
+        if name in state:
+            print(f"== {name}: done before ({state[name]['minutes']:.1f} min), skipped", flush=True)
+            return state[name].get("result")
+        print(f"== {name}", flush=True)
         start = time.time()
-        results[retriever] = open_qa.evaluate(cfg, args.questions, split="dev", retriever=retriever)
-        timings[f"evaluate {retriever}"] = time.time() - start
-        print(json.dumps({k: v for k, v in results[retriever].items() if k != "predictions"}), flush=True)
+        result = fn()
+        state[name] = {"minutes": (time.time() - start) / 60, "result": result}
+        config_lib.atomic_write_text(state_path, json.dumps(state, indent=2) + "\n")
+        return result
 
-    start = time.time()
-    export = os.path.join(out, "serving", str(int(time.time())))
-    open_qa_export.export_open_qa(cfg, export)
-    timings["export"] = time.time() - start
-    latencies_ms, count = measure_latency(export, args.questions, cfg.data.qa_dev_fraction, args.latency_questions)
+    def index() -> None:
+        cli(["init-retriever", *sets, "--out", f"{out}/retriever_init"])
+        cli(["export-retriever", *sets, "--model_dir", f"{out}/retriever_init", "--step", "0"])
+        cli(["embed-blocks", *sets])
 
-    step = tf.train.latest_checkpoint(os.path.join(cfg.finetune.model_dir, "checkpoints"))
-    print(f"\n== Open-QA benchmark: {results['dense']['num_questions']} held-out dev questions "
-          f"(data.qa_dev_fraction={cfg.data.qa_dev_fraction}), fine-tuned to {step} ==")
+    reader_sets = [s for s in sets if not s.startswith("data.batch_size=") and not s.startswith("qa.reader_checkpoint=")]
+    stage("reader", lambda: cli(["train-reader", *reader_sets, "--set", "data.batch_size=8"]))
+    stage("index", index)
+    stage("finetune", lambda: cli(["finetune", *sets, "--train", args.questions]))
+    bm25_sets = [*sets, "--set", f"finetune.model_dir={out}/finetune_bm25"]
+    stage("finetune_bm25", lambda: cli(["finetune", *bm25_sets, "--train", args.questions, "--retriever", "bm25"]))
+
+    def tune() -> dict[str, Any]:
+        metrics = evaluate([*sets, "--questions", args.questions, "--split", "tune", "--score-weights",
+                            *map(str, WEIGHTS), "--predictions", f"{out}/predictions-tune.jsonl"],
+                           f"{out}/metrics-tune.json")
+        best = max(WEIGHTS, key=lambda w: (metrics[f"exact_match@w={w:g}"], metrics[f"f1@w={w:g}"]))
+        return {"weight": best, "num_questions": metrics["num_questions"],
+                **{f"w={w:g}": [metrics[f"exact_match@w={w:g}"], metrics[f"f1@w={w:g}"]] for w in WEIGHTS}}
+
+    chosen = stage("tune", tune)
+    weight = ["--set", f"qa.retrieval_score_weight={chosen['weight']}"]
+
+    def dev() -> dict[str, Any]:
+        base = ["--questions", args.questions, "--split", "dev"]
+        return {
+            "dense": evaluate([*sets, *weight, *base, "--predictions", f"{out}/predictions-dev.jsonl"],
+                              f"{out}/metrics-dev.json"),
+            "bm25": evaluate([*bm25_sets, *base, "--retriever", "bm25", "--predictions",
+                              f"{out}/predictions-dev-bm25.jsonl"], f"{out}/metrics-dev-bm25.json"),
+            "gold_warm_start": evaluate([*sets, *base, "--retriever", "gold", "--model", f"{out}/reader",
+                                         "--predictions", f"{out}/predictions-dev-gold-reader.jsonl"],
+                                        f"{out}/metrics-dev-gold-reader.json"),
+            "gold_finetuned": evaluate([*sets, *base, "--retriever", "gold", "--predictions",
+                                        f"{out}/predictions-dev-gold-finetuned.jsonl"],
+                                       f"{out}/metrics-dev-gold-finetuned.json"),
+        }
+
+    results = stage("dev", dev)
+
+    def serve() -> dict[str, Any]:
+        export = os.path.join(out, "serving", str(int(time.time())))
+        cli(["export", *sets, *weight, "--out", export])
+        dev_questions = open_qa.select_split(open_qa.read_questions(args.questions), "dev", cfg.data)
+        latencies = measure_latency(export, [e.question for e in dev_questions], args.latency_questions)
+        return {"export": export, "latency": format_latency(latencies)}
+
+    served = stage("serve", serve)
+
+    print(f"\n== Open-QA benchmark: {results['dense']['num_questions']} dev questions (never trained on, nor tuned "
+          f"on), answer score S_read + {chosen['weight']:g}·S_retr (chosen on {chosen['num_questions']} tune "
+          f"questions: " + ", ".join(f"w={w:g} EM {chosen[f'w={w:g}'][0]:.3f}" for w in WEIGHTS) + ") ==")
     print(f"{'metric':<16}{'REALM retriever + reader':>26}{'BM25 + same reader':>22}")
     for key in ROWS:
         print(f"{key:<16}{results['dense'][key]:>26.3f}{results['bm25'][key]:>22.3f}")
-    print(format_latency(latencies_ms, count))
-    print("wall time: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in timings.items()))
-    print(f"exported model: {export}")
+    for name in ("gold_warm_start", "gold_finetuned"):
+        print(f"reader on dev gold blocks ({name}): EM {results[name]['exact_match']:.3f}, F1 {results[name]['f1']:.3f}"
+              f" ({results[name]['num_questions']} questions)")
+    for name, path in (("dense", f"{out}/predictions-dev.jsonl"), ("bm25", f"{out}/predictions-dev-bm25.jsonl")):
+        print(f"first 50 dev errors ({name}): {error_categories(path)}")
+    print(served["latency"])
+    print("stage minutes: " + ", ".join(f"{k} {v['minutes']:.1f}" for k, v in state.items()))
     return 0
 
 

@@ -49,7 +49,8 @@ class SpanReader(tf_keras.Model):
       ``span_starts`` / ``span_ends`` ``int32[batch, num_blocks, num_spans]`` (inclusive; ``span_ends`` may
       reach past the sequence, such spans are invalid), ``span_mask`` ``bool[batch, num_blocks, num_spans]``
       (start and end are block wordpieces: type id 1, input mask 1, not the final [SEP]) and
-      ``sequence_output`` ``[batch, num_blocks, seq_len, hidden]``.
+      ``sequence_output`` ``[batch, num_blocks, seq_len, hidden]`` (with ``length_buckets`` > 1, zeros at padded
+      positions past the longest row of a row's group).
     """
 
     def __init__(self, encoder: tf_keras.layers.Layer, max_span_width: int, span_hidden_size: int,

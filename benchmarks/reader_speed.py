@@ -1,0 +1,90 @@
+"""Questions per second of the Open-QA reader, with and without length bucketing (issue #15 §2).
+
+Times the span reader on rows drawn from the real block-length distribution of the bundled corpus (``[CLS]
+question [SEP] title [SEP] body [SEP]``, a 12-wordpiece question), ``--questions`` questions × ``--beam``
+blocks per batch, as fine-tuning (forward + backward) and as evaluation (forward), for each
+``model.reader_length_buckets`` given. numpy's sgemm is timed in the same run as the machine's reference.
+
+    .venv/bin/python benchmarks/reader_speed.py --buckets 1 4
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from realm_tf import config as config_lib  # noqa: E402
+from realm_tf.data import block_store  # noqa: E402
+from realm_tf.models import span_reader  # noqa: E402
+
+
+def sgemm_gflops(n: int = 2048, repeats: int = 5) -> float:
+    a, b = np.random.rand(n, n).astype(np.float32), np.random.rand(n, n).astype(np.float32)
+    a @ b
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * n ** 3 * repeats / (time.perf_counter() - start) / 1e9
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", default="configs/minilm.yaml")
+    parser.add_argument("--blocks", default="runs/bench/blocks")
+    parser.add_argument("--questions", type=int, default=4, help="questions per batch")
+    parser.add_argument("--beam", type=int, default=5, help="blocks read per question")
+    parser.add_argument("--buckets", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--repeats", type=int, default=4, help="timed batches per setting (after one warm-up)")
+    args = parser.parse_args()
+    blocks = block_store.BlockStore.load(os.path.join(args.blocks, "blocks-*.tfrecord*"))
+    lengths = np.array([len(blocks.title_ids(i)) + len(blocks.body_ids(i)) for i in range(len(blocks))])
+    rng = np.random.default_rng(0)
+    base = config_lib.load_config(args.config)
+    seq = base.model.reader_seq_length
+    print(f"numpy sgemm: {sgemm_gflops():.0f} GFLOP/s; rows {args.questions} x {args.beam}, reader_seq_length {seq}",
+          flush=True)
+    batches = []
+    for _ in range(args.repeats + 1):
+        rows = np.minimum(rng.choice(lengths, args.questions * args.beam) + 12 + 4, seq)  # [rows]
+        width = int(rows.max())  # the batch is padded to its longest row (data.static_padding=false)
+        mask = (np.arange(width)[None] < rows[:, None]).astype(np.int32)
+        ids = mask * rng.integers(1000, 20000, mask.shape).astype(np.int32)
+        types = mask * (np.arange(width)[None] > 13).astype(np.int32)
+        shape = [args.questions, args.beam, width]
+        batches.append({"input_word_ids": tf.constant(ids.reshape(shape)), "input_mask": tf.constant(mask.reshape(shape)),
+                        "input_type_ids": tf.constant(types.reshape(shape))})
+    for buckets in args.buckets:
+        cfg = config_lib.load_config(args.config, [f"model.reader_length_buckets={buckets}"])
+        reader = span_reader.build_span_reader(cfg.model)
+
+        @tf.function(reduce_retracing=True)
+        def train(x):
+            with tf.GradientTape() as tape:
+                out = reader(x, training=True)
+                loss = tf.reduce_sum(tf.where(out["span_mask"], out["span_logits"], 0.0)) * 1e-6
+            return tape.gradient(loss, reader.trainable_variables)
+
+        @tf.function(reduce_retracing=True)
+        def forward(x):
+            return reader(x, training=False)["span_logits"]
+
+        for name, fn in (("fine-tuning step (forward + backward)", train), ("evaluation (forward)", forward)):
+            fn(batches[0])
+            start = time.perf_counter()
+            for batch in batches[1:]:
+                fn(batch)
+            seconds = (time.perf_counter() - start) / args.repeats
+            print(f"length_buckets {buckets}: {name}: {seconds:.2f} s per batch = "
+                  f"{args.questions / seconds:.2f} questions/s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
