@@ -34,6 +34,7 @@ import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 import numpy as np  # noqa: E402
 
 from realm_tf import config as config_lib  # noqa: E402
+from realm_tf.index import index_publisher  # noqa: E402
 from realm_tf.serving import answerer  # noqa: E402
 from realm_tf.tasks import open_qa  # noqa: E402
 
@@ -142,10 +143,12 @@ def main() -> int:
         config_lib.atomic_write_text(state_path, json.dumps(state, indent=2) + "\n")
         return result
 
-    def index() -> None:
-        cli(["init-retriever", *sets, "--out", f"{out}/retriever_init"])
-        cli(["export-retriever", *sets, "--model_dir", f"{out}/retriever_init", "--step", "0"])
-        cli(["embed-blocks", *sets])
+    def index() -> None:  # each step skipped when its output is there (e.g. built by hand with these commands)
+        if not os.path.exists(f"{out}/retriever_init/projection.json"):
+            cli(["init-retriever", *sets, "--out", f"{out}/retriever_init"])
+        if not index_publisher.complete_versions(cfg.index.index_dir):
+            cli(["export-retriever", *sets, "--model_dir", f"{out}/retriever_init", "--step", "0"])
+            cli(["embed-blocks", *sets])
 
     reader_sets = [s for s in sets if not s.startswith("data.batch_size=") and not s.startswith("qa.reader_checkpoint=")]
     stage("reader", lambda: cli(["train-reader", *reader_sets, "--set", "data.batch_size=8"]))
