@@ -115,3 +115,32 @@ def test_ask_cli_and_python_api(exported, capsys):
     assert f"A: {answers[0]}" in out and f"[{result.blocks[0].title}]" in out
     assert cli.main(["ask", "x", "--model", path + "-missing"]) == 2  # a clear error, not a traceback
     assert "not a complete Open-QA export" in capsys.readouterr().err
+
+
+def test_evaluate_and_the_export_pick_answers_with_the_same_score(exported, tmp_path):
+    """qa.retrieval_score_weight w (answer score S_read + w·S_retr) is applied alike by `evaluate`, the exported
+    model and `ask`; at another w the answers are those of a numpy argmax over the same outputs."""
+    from realm_tf.serving import answerer
+    from realm_tf.tasks import open_qa
+
+    cfg, _, task, model = exported
+    weighted = config.apply_override(cfg, "qa.retrieval_score_weight=0.25")
+    path = open_qa_export.export_open_qa(weighted, str(tmp_path / "served-w"))
+    served = answerer.Answerer(path)
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps({"id": f"q{i}", "question": q, "answers": ["unused"]}) + "\n"
+                                 for i, q in enumerate(QUESTIONS)))
+    open_qa.evaluate(weighted, str(questions), predictions_path=str(tmp_path / "predictions.jsonl"))
+    evaluated = [json.loads(line)["prediction"] for line in open(tmp_path / "predictions.jsonl")]
+    asked = [served.ask(q).answer for q in QUESTIONS]
+    assert evaluated == asked and all(asked)
+    # The same outputs decoded by numpy at w = 0.25: argmax over valid (block, span) of S_read + 0.25·S_retr.
+    packed = task.tokenizer.pack_single(task.tokenizer(tf.constant(QUESTIONS)), cfg.qa.question_seq_length,
+                                        pad_to_seq_length=False)
+    outputs = model({"question_" + k: v for k, v in packed.items()})
+    joint = 0.25 * outputs["retrieval_logits"].numpy()[:, :, None] + outputs["span_logits"].numpy()
+    joint = np.where(outputs["span_mask"].numpy(), joint, -np.inf).reshape(len(QUESTIONS), -1)
+    decoded = open_qa.OpenQaTask(weighted).decode(model, outputs)
+    num_spans = outputs["span_logits"].shape[2]
+    np.testing.assert_array_equal(decoded["block"].numpy(), np.argmax(joint, axis=1) // num_spans)
+    assert [a.decode() for a in decoded["answer"].numpy()] == asked

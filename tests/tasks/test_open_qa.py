@@ -223,3 +223,27 @@ def test_bad_question_files_name_the_line(tmp_path):
     path.write_text('{"question": "ok?", "answers": "a"}\nnot json\n')
     with pytest.raises(Exception, match=r"q.jsonl:2: not valid JSON"):
         open_qa.read_questions(str(path))
+
+
+def test_finetune_on_bm25_blocks_trains_the_reader_alone(qa):
+    """`finetune --retriever bm25` (the baseline's reader): BM25's blocks are read, the reader trains, the
+    retriever is left as it was."""
+    cfg, root, task, _, _, examples = qa
+    path = root / "bm25_train.jsonl"
+    path.write_text("".join(json.dumps({"id": f"b{n}-{e.id}", "question": e.question, "answers": list(e.answers)})
+                            + "\n" for n in range(3) for e in examples))
+    model_dir = root / "model_bm25"
+    sets = ["--set", f"data.blocks_dir={cfg.data.blocks_dir}", "--set", f"index.index_dir={cfg.index.index_dir}",
+            "--set", f"finetune.model_dir={model_dir}", "--set", "data.batch_size=3", "--set", "finetune.steps=2",
+            "--set", "finetune.warmup_steps=0", "--set", "finetune.learning_rate=1e-2",
+            "--set", f"qa.retriever_checkpoint={cfg.qa.retriever_checkpoint}"]
+    assert cli.main(["finetune", "--config", TINY, *sets, "--train", str(path), "--retriever", "bm25"]) == 0
+    checkpoint = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
+    assert checkpoint.endswith("-2")
+    trained = tf.train.load_checkpoint(checkpoint)
+    slots = [name for name, _ in tf.train.list_variables(checkpoint) if "OPTIMIZER_SLOT" in name]
+    assert not [name for name in slots if name.startswith("retriever/")]  # no update ever reached the retriever
+    moment = [name for name in slots if name.startswith("reader/span_logit/kernel") and "/m/" in name]
+    assert moment and np.abs(trained.get_tensor(moment[0])).max() > 0  # the reader's span scorer trained
+    bert = [name for name in slots if name.startswith("reader/encoder/") and "/m/" in name]
+    assert bert and any(np.abs(trained.get_tensor(name)).max() > 0 for name in bert)
