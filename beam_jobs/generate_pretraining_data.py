@@ -80,13 +80,13 @@ class _MakePretrainingExamples(beam.DoFn):
         self._seed = seed
 
     def setup(self) -> None:
-        from realm_tf.data import salient_span_annotator  # pylint: disable=import-outside-toplevel
         from realm_tf.data import sentence_splitter  # pylint: disable=import-outside-toplevel
+        from realm_tf.data import span_annotators  # pylint: disable=import-outside-toplevel
         from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
 
         self._tokenizer = bert_tokenizer.BertTokenizer(self._vocab_file, lower_case=self._lower_case)
         self._continuation = tokenized_text.TokenizedText.continuation_table(self._tokenizer.vocab)
-        self._annotator = salient_span_annotator.make_annotator(self._annotator_name)
+        self._annotator = span_annotators.make_annotator(self._annotator_name)
         self._splitter = sentence_splitter.SentenceSplitter()
         self._packer = query_packer.QueryPacker(self._query_max_length)
         self._masker = salient_span_masking.SalientSpanMasker(

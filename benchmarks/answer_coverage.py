@@ -30,7 +30,7 @@ from typing import Any
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
 from realm_tf.data import answer_normalization  # pylint: disable=wrong-import-position
-from realm_tf.data import salient_span_annotator  # pylint: disable=wrong-import-position
+from realm_tf.data import span_annotators  # pylint: disable=wrong-import-position
 
 _DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "data", "open_qa")
 
@@ -47,7 +47,7 @@ def _contains(outer: str, inner: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--annotator", default="rules", choices=salient_span_annotator.ANNOTATORS)
+    parser.add_argument("--annotator", default="rules", choices=span_annotators.ANNOTATORS)
     parser.add_argument("--questions", default=os.path.join(_DATA, "qa_qed_train.jsonl.gz"))
     parser.add_argument("--passages", default=os.path.join(_DATA, "passages.jsonl.gz"))
     parser.add_argument("--limit", type=int, default=0, help="first N questions only (0: all)")
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     passages = {p["id"]: p for p in _read_jsonl(args.passages)}
     passage_ids = sorted({pid for q in questions for pid in q["gold_passage_ids"] if pid in passages})
 
-    annotator = salient_span_annotator.make_annotator(args.annotator,
+    annotator = span_annotators.make_annotator(args.annotator,
                                                       include_numbers=args.include_numbers)
     texts = [passages[pid]["text"] for pid in passage_ids]
     started = time.perf_counter()

@@ -7,7 +7,6 @@ Run ``realm-tf SUBCOMMAND --help`` for the options of one subcommand.
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 import time
 from typing import Callable, Sequence
@@ -54,16 +53,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     """The main job on the bundled data: the whole loop, from passages to answers (see README)."""
     from realm_tf import demo
 
-    return demo.run(_load(args), workdir=args.workdir, num_questions=args.questions,
+    return demo.run(_load(args), main, workdir=args.workdir, num_questions=args.questions,
                     pretrain_steps=args.pretrain_steps, finetune_steps=args.finetune_steps)
-
-
-def _beam_job(module: str) -> Callable[[argparse.Namespace], int]:
-    """Handler running ``beam_jobs.<module>.run_with_args`` (imported only when the subcommand runs)."""
-    def handler(args: argparse.Namespace) -> int:
-        importlib.import_module(f"beam_jobs.{module}").run_with_args(args, args.beam_args)
-        return 0
-    return handler
 
 
 def _add_beam_job_args(parser: argparse.ArgumentParser, adder: str) -> None:
@@ -78,6 +69,31 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
     from beam_jobs import preprocess_corpus
 
     preprocess_corpus.run_with_progress(args)
+    return 0
+
+
+# The Beam jobs below are imported only when their subcommand runs.
+def _cmd_generate_pretraining_data(args: argparse.Namespace) -> int:
+    """Beam job: blocks -> salient-span-masked pre-training examples (beam_jobs/generate_pretraining_data)."""
+    from beam_jobs import generate_pretraining_data
+
+    generate_pretraining_data.run_with_args(args, args.beam_args)
+    return 0
+
+
+def _cmd_generate_ict_data(args: argparse.Namespace) -> int:
+    """Beam job: blocks -> Inverse Cloze Task examples (beam_jobs/generate_ict_data)."""
+    from beam_jobs import generate_ict_data
+
+    generate_ict_data.run_with_args(args, args.beam_args)
+    return 0
+
+
+def _cmd_embed_blocks(args: argparse.Namespace) -> int:
+    """Beam job: embed every block with a retriever export, publish a MIPS index (beam_jobs/embed_blocks)."""
+    from beam_jobs import embed_blocks
+
+    embed_blocks.run_with_args(args, args.beam_args)
     return 0
 
 
@@ -237,10 +253,10 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
     "preprocess": ("Beam job: corpus (JSONL/TSV/TFRecord) -> REALM blocks of <= 288 wordpieces + manifest",
                    _cmd_preprocess, lambda p: _add_beam_job_args(p, "add_preprocess_args")),
     "generate-pretraining-data": ("Beam job: blocks -> salient-span-masked pre-training examples (REALM 3.4)",
-                                  _beam_job("generate_pretraining_data"),
+                                  _cmd_generate_pretraining_data,
                                   lambda p: _add_beam_job_args(p, "add_pretraining_args")),
     "generate-ict-data": ("Beam job: blocks -> Inverse Cloze Task examples for the retriever warm start",
-                          _beam_job("generate_ict_data"), lambda p: _add_beam_job_args(p, "add_ict_args")),
+                          _cmd_generate_ict_data, lambda p: _add_beam_job_args(p, "add_ict_args")),
     "train-ict": ("train the retriever with the Inverse Cloze Task (resumable), then export it", _cmd_train_ict,
                   lambda p: (_add_config_args(p), p.add_argument(
                       "--input", default=None, help="ICT TFRecord pattern (default: data.ict_dir/ict-*.tfrecord*)"))),
@@ -264,7 +280,7 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                                     p.add_argument("--step", type=int, default=0,
                                                    help="version number of the export (default: checkpoint step)"))),
     "embed-blocks": ("Beam job: embed every block with a retriever export, publish a new MIPS index (REALM 3.4)",
-                     _beam_job("embed_blocks"), lambda p: _add_beam_job_args(p, "add_embed_blocks_args")),
+                     _cmd_embed_blocks, lambda p: _add_beam_job_args(p, "add_embed_blocks_args")),
     "pretrain": ("REALM pre-training (salient spans, null doc, async index refresh); resumable", _cmd_pretrain,
                  lambda p: (_add_config_args(p),
                             p.add_argument("--input", default=None,

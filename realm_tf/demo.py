@@ -16,7 +16,6 @@ import json
 import os
 import random
 import shutil
-import sys
 import time
 from typing import Any, Callable
 
@@ -44,11 +43,13 @@ def _overrides(work: str, pretrain_steps: int, finetune_steps: int) -> list[str]
     ]
 
 
-def run(cfg: config_lib.ExperimentConfig, workdir: str = "runs/demo", num_questions: int = 400,
-        pretrain_steps: int = 6, finetune_steps: int = 60, samples: int = 3) -> int:
-    """Runs every stage on a subset of the bundled data; returns 0 when the loop completed."""
-    from realm_tf import cli  # pylint: disable=import-outside-toplevel
+def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], workdir: str = "runs/demo",
+        num_questions: int = 400, pretrain_steps: int = 6, finetune_steps: int = 60, samples: int = 3) -> int:
+    """Runs every stage on a subset of the bundled data; returns 0 when the loop completed.
 
+    ``main`` runs one ``realm-tf`` subcommand from its arguments and returns its exit code: ``cli.main``, passed in
+    by the command line (``realm-tf demo``) so that this module does not import it back.
+    """
     started = time.time()
     work = workdir.rstrip("/")
     if os.path.isdir(work):
@@ -67,7 +68,7 @@ def run(cfg: config_lib.ExperimentConfig, workdir: str = "runs/demo", num_questi
         return result
 
     def call(*argv: str) -> None:
-        code = cli.main(list(argv))
+        code = main(list(argv))
         if code != 0:
             raise SystemExit(f"realm-tf demo: stage `realm-tf {argv[0]}` failed with exit code {code}")
 
@@ -143,7 +144,3 @@ def _dev_questions(path: str, fraction: float) -> list[str]:
     with open(path, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]
     return [r["question"] for r in rows if question_split.is_dev(str(r["id"]), fraction)]
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(run(config_lib.load_config(sys.argv[1] if len(sys.argv) > 1 else "configs/minilm.yaml")))

@@ -1,4 +1,4 @@
-"""The salient span annotator interface and a factory choosing an implementation by name.
+"""The salient span annotator interface (``span_annotators.make_annotator`` builds one by name).
 
 REALM (Guu et al., 2020, §3.4 "Salient span masking") pre-trains by masking salient spans -- named
 entities found by a BERT tagger trained on CoNLL-2003, and dates found by a regular expression -- that
@@ -44,24 +44,3 @@ def resolve_overlaps(spans: Iterable[salient_span.SalientSpan]) -> list[salient_
         kept.insert(k, span)
         starts.insert(k, span.start)
     return kept
-
-
-ANNOTATORS = ("rules", "spacy")
-
-
-def make_annotator(name: str = "rules", include_numbers: bool = False) -> SalientSpanAnnotator:
-    """Builds a salient span annotator by name.
-
-    Args:
-      name: ``"rules"`` (stdlib capitalisation + date-regex tagger, always available) or ``"spacy"``
-        (an installed spaCy English pipeline; raises ``ImportError`` naming the missing package).
-      include_numbers: also return ``NUMBER`` spans (quantities, money, percentages). REALM masked only
-        entities and dates, so this is off by default.
-    """
-    if name == "rules":
-        from realm_tf.data import rule_based_span_annotator  # pylint: disable=import-outside-toplevel
-        return rule_based_span_annotator.RuleBasedSpanAnnotator(include_numbers=include_numbers)
-    if name == "spacy":
-        from realm_tf.data import spacy_span_annotator  # pylint: disable=import-outside-toplevel
-        return spacy_span_annotator.SpacySpanAnnotator(include_numbers=include_numbers)
-    raise ValueError(f"unknown salient span annotator {name!r}; expected one of {ANNOTATORS}")

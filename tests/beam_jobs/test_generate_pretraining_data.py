@@ -13,7 +13,7 @@ from beam_jobs import job_support
 from realm_tf import cli
 from realm_tf import config as config_lib
 from realm_tf.data import example_schemas as es
-from realm_tf.data import salient_span_annotator
+from realm_tf.data import span_annotators
 
 QUERY_SEQ_LENGTH = 24  # queries of at most 22 wordpieces
 DOCUMENTS = [
@@ -96,7 +96,7 @@ def test_run_end_to_end_deterministic_and_fallback_counted(tmp_path, make_blocks
     assert counts[job.MASKED_WORDPIECES] == sum(len(r[es.MASK_POSITIONS]) for r in rows)
 
     # Masked wordpieces are exactly those of one salient span of the query text.
-    annotator = salient_span_annotator.make_annotator("rules")
+    annotator = span_annotators.make_annotator("rules")
     for row in rows:
         text = row[es.QUERY_TEXT].decode()
         restored = list(row[es.QUERY_IDS])

@@ -10,6 +10,7 @@ import pytest
 from realm_tf.data import rule_based_span_annotator
 from realm_tf.data import salient_span
 from realm_tf.data import salient_span_annotator
+from realm_tf.data import span_annotators
 
 PASSAGES = pathlib.Path(__file__).resolve().parents[2] / "data" / "open_qa" / "passages.jsonl.gz"
 
@@ -192,10 +193,12 @@ def test_resolve_overlaps_keeps_longest_then_earliest():
 
 
 def test_make_annotator():
-    assert isinstance(salient_span_annotator.make_annotator("rules"),
-                      rule_based_span_annotator.RuleBasedSpanAnnotator)
+    assert isinstance(span_annotators.make_annotator("rules"), rule_based_span_annotator.RuleBasedSpanAnnotator)
+    assert span_annotators.make_annotator("rules", include_numbers=True).annotate("It cost $5 million.") == [
+        salient_span.SalientSpan(8, 18, "NUMBER")]
+    assert span_annotators.make_annotator("rules").annotate("It cost $5 million.") == []
     with pytest.raises(ValueError, match="unknown salient span annotator"):
-        salient_span_annotator.make_annotator("bert")
+        span_annotators.make_annotator("bert")
 
 
 def test_spacy_annotator_names_the_missing_package(monkeypatch):
@@ -208,4 +211,4 @@ def test_spacy_annotator_names_the_missing_package(monkeypatch):
 
     monkeypatch.setattr(importlib, "import_module", fake_import)
     with pytest.raises(ImportError, match="spacy"):
-        salient_span_annotator.make_annotator("spacy")
+        span_annotators.make_annotator("spacy")
