@@ -150,7 +150,9 @@ def main() -> int:
             cli(["export-retriever", *sets, "--model_dir", f"{out}/retriever_init", "--step", "0"])
             cli(["embed-blocks", *sets])
 
-    reader_sets = [s for s in sets if not s.startswith("data.batch_size=") and not s.startswith("qa.reader_checkpoint=")]
+    # The warm start starts from the import (not from its own output) and reads batches of 8 questions.
+    reader_overrides = [o for o in overrides if not o.startswith(("data.batch_size=", "qa.reader_checkpoint="))]
+    reader_sets = ["--config", args.config, *sum((["--set", o] for o in reader_overrides), [])]
     stage("reader", lambda: cli(["train-reader", *reader_sets, "--set", "data.batch_size=8"]))
     stage("index", index)
     stage("finetune", lambda: cli(["finetune", *sets, "--train", args.questions]))

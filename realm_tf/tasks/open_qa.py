@@ -389,8 +389,9 @@ def finetune(cfg: config_lib.ExperimentConfig, train_path: str, retriever: str =
         check_index_matches(task, model)  # frozen Embed_doc: the index must come from it
     print(f"finetune: {len(train)} training questions ({len(dev)} in dev), {retriever} blocks, corpus "
           f"{meta['num_blocks']} blocks from index version {meta['version']}", flush=True)
-    dataset = task.dataset(train, batch_size, repeat=True, shuffle=True, seed=cfg.finetune.seed, drop_remainder=True,
-                           block_ids=block_ids)
+    # A resumed run draws a new order (seed + step) instead of replaying the questions it has already seen.
+    dataset = task.dataset(train, batch_size, repeat=True, shuffle=True, seed=cfg.finetune.seed + loop.step,
+                           drop_remainder=True, block_ids=block_ids)
     logs = loop.run(dataset, task.make_step_fn(model, optimizer, batch_size, reader_only=retriever == "bm25"))
     return {"step": loop.step, "train": logs, "num_train": len(train), "num_dev": len(dev)}
 

@@ -102,8 +102,9 @@ def fit_projection(retriever: knowledge_retriever.KnowledgeRetriever, pooled: np
         return {"kind": kind}
     size = int(retriever.doc_embedder.projection.kernel.shape[1])
     kernel, bias, kept = principal_projection(pooled, size, centered=kind == "pca_centered")
-    towers = {id(retriever.query_embedder): retriever.query_embedder, id(retriever.doc_embedder): retriever.doc_embedder}
-    for tower in towers.values():
+    towers = (retriever.query_embedder,) if retriever.shares_embedders else (retriever.query_embedder,
+                                                                             retriever.doc_embedder)
+    for tower in towers:
         tower.projection.kernel.assign(kernel)
         tower.projection.bias.assign(bias)
         tower.layer_norm.gamma.assign(tf.ones_like(tower.layer_norm.gamma))

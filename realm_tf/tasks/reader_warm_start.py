@@ -69,7 +69,8 @@ def train_reader(cfg: config_lib.ExperimentConfig, question_paths: Sequence[str]
         optimizer = optimizer_lib.build_optimizer(cfg.reader, model)
     loop = training_loop.TrainingLoop(cfg.reader, strategy, {"reader": model.reader, "optimizer": optimizer},
                                       batch_size)
-    dataset = task.dataset(reading.examples, batch_size, repeat=True, shuffle=True, seed=cfg.reader.seed,
+    # A resumed run draws a new order (seed + step) instead of replaying the examples it has already seen.
+    dataset = task.dataset(reading.examples, batch_size, repeat=True, shuffle=True, seed=cfg.reader.seed + loop.step,
                            drop_remainder=True, block_ids=reading.block_ids)
     logs = loop.run(dataset, task.make_step_fn(model, optimizer, batch_size, reader_only=True))
     return {"step": loop.step, "train": logs, "num_questions": len(reading.examples), "skipped": reading.skipped}
