@@ -3,7 +3,8 @@ EM / F1 of REALM's retriever + reader next to BM25 + the same reader trained the
 no stage ever reads, and serving latency of the exported model.
 
 Stages (each recorded in ``<out>/stages.json`` when it completes, and skipped on a rerun; a stage killed midway
-resumes from its checkpoint, so the script continues in a later session):
+resumes from its checkpoint, so the script continues in a later session; on a new machine it starts with
+``realm-tf preprocess`` of the bundled passages into ``--blocks``):
 
 1. ``reader``: ``realm-tf train-reader`` (gold block + BM25 negatives; SQuAD and the train split of the NQ
    questions), for ``reader.steps`` or ``reader.max_minutes``;
@@ -150,6 +151,8 @@ def main() -> int:
             cli(["export-retriever", *sets, "--model_dir", f"{out}/retriever_init", "--step", "0"])
             cli(["embed-blocks", *sets])
 
+    if not os.path.exists(os.path.join(args.blocks, "manifest.json")):  # a new machine: the corpus first
+        cli(["preprocess", "--config", args.config, "--input", cfg.data.corpus_pattern, "--output", args.blocks])
     # The warm start starts from the import (not from its own output) and reads batches of 8 questions.
     reader_overrides = [o for o in overrides if not o.startswith(("data.batch_size=", "qa.reader_checkpoint="))]
     reader_sets = ["--config", args.config, *sum((["--set", o] for o in reader_overrides), [])]
