@@ -59,6 +59,13 @@ class KnowledgeCorpus(tf.Module):
         self.titles = var(blocks.titles, tf.string, [None])  # [num_blocks]
         self.texts = var(blocks.texts, tf.string, [None])  # [num_blocks]
 
+    @classmethod
+    def without_index(cls, blocks: block_store_lib.BlockStore,
+                      tokenizer: bert_tokenizer.BertTokenizer) -> "KnowledgeCorpus":
+        """The blocks alone, for a reader given the blocks to read (never searched: one zero column stands in for
+        the embeddings)."""
+        return cls(np.zeros([len(blocks), 1], np.float32), blocks, tokenizer)
+
     @property
     def num_blocks(self) -> tf.Tensor:
         return tf.shape(self.embeddings)[0]

@@ -426,7 +426,7 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
         raise errors.UserError(f"{questions_path}: no questions in split {split!r}")
     if retriever == "gold":  # no index needed: the corpus embeddings are never searched
         blocks = block_store_lib.BlockStore.load(os.path.join(cfg.data.blocks_dir, "blocks-*.tfrecord*"))
-        corpus = knowledge_corpus.KnowledgeCorpus(np.zeros([len(blocks), 1], np.float32), blocks, task.tokenizer)
+        corpus = knowledge_corpus.KnowledgeCorpus.without_index(blocks, task.tokenizer)
         meta = {"version": None}
     else:
         corpus, blocks, meta = load_corpus(cfg, task.tokenizer, index_dir)

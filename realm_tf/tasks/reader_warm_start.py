@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
-import numpy as np
 
 from realm_tf import config as config_lib
 from realm_tf import errors
@@ -64,7 +63,7 @@ def train_reader(cfg: config_lib.ExperimentConfig, question_paths: Sequence[str]
     batch_size = cfg.data.batch_size
     with strategy.scope():
         # The reader reads the blocks it is given; the corpus embeddings are never searched here.
-        corpus = knowledge_corpus.KnowledgeCorpus(np.zeros([len(blocks), 1], np.float32), blocks, task.tokenizer)
+        corpus = knowledge_corpus.KnowledgeCorpus.without_index(blocks, task.tokenizer)
         model = task.build_model(corpus)
         optimizer = optimizer_lib.build_optimizer(cfg.reader, model)
     loop = training_loop.TrainingLoop(cfg.reader, strategy, {"reader": model.reader, "optimizer": optimizer},

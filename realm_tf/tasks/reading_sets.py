@@ -41,10 +41,13 @@ class ReadingSet:
     skipped: dict[str, int]
 
 
-def answer_blocks(examples: Sequence[Question], blocks: block_store_lib.BlockStore) -> list[list[int]]:
-    """Per question, the blocks of its gold passages whose text contains a (SQuAD-normalised) answer."""
-    by_document = blocks.blocks_of_documents()
-    matcher = retrieval_metrics.AnswerMatcher(blocks.texts)
+def answer_blocks(examples: Sequence[Question], blocks: block_store_lib.BlockStore,
+                  by_document: dict[str, list[int]] | None = None,
+                  matcher: retrieval_metrics.AnswerMatcher | None = None) -> list[list[int]]:
+    """Per question, the blocks of its gold passages whose text contains a (SQuAD-normalised) answer
+    (``by_document`` / ``matcher``: the store's document index and answer matcher, when already built)."""
+    by_document = blocks.blocks_of_documents() if by_document is None else by_document
+    matcher = retrieval_metrics.AnswerMatcher(blocks.texts) if matcher is None else matcher
     out = []
     for example in examples:
         answers = retrieval_metrics.normalized_answers(example.answers)
@@ -62,7 +65,9 @@ def gold_and_negatives(examples: Sequence[Question], blocks: block_store_lib.Blo
     """
     if num_negatives < 0:
         raise ValueError(f"num_negatives={num_negatives} must be >= 0")
-    positives = answer_blocks(examples, blocks)
+    by_document = blocks.blocks_of_documents()
+    matcher = retrieval_metrics.AnswerMatcher(blocks.texts)  # caches each block's normalised text for both uses
+    positives = answer_blocks(examples, blocks, by_document, matcher)
     skipped = {"no_gold_passage": 0, "no_answer_in_gold_blocks": 0}
     kept = []
     for example, found in zip(examples, positives):
@@ -82,8 +87,6 @@ def gold_and_negatives(examples: Sequence[Question], blocks: block_store_lib.Blo
 
         ranked, _ = bm25_retriever.Bm25Retriever(blocks.titles, blocks.texts).search(
             [e.question for e, _ in kept], min(_NEGATIVE_POOL + num_negatives, len(blocks)))
-        matcher = retrieval_metrics.AnswerMatcher(blocks.texts)
-        by_document = blocks.blocks_of_documents()
         rng = np.random.default_rng(seed)
         for q, (example, _) in enumerate(kept):
             answers = retrieval_metrics.normalized_answers(example.answers)
