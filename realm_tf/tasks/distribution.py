@@ -19,6 +19,12 @@ def make_strategy(name: str) -> tf.distribute.Strategy:
     if name == "default":
         return tf.distribute.get_strategy()
     if name == "mirrored":
+        if not tf.config.list_logical_devices("GPU"):
+            # On CPU-only hosts the default cross-device ops are RING collectives, whose all-gather of
+            # IndexedSlices gradients (embedding tables) can pair mismatched instances between replicas
+            # ("Shape mismatch in the collective instance"). Reducing on one device is exact and, with all
+            # replicas in one host's memory, costs no transfer.
+            return tf.distribute.MirroredStrategy(cross_device_ops=tf.distribute.ReductionToOneDevice())
         return tf.distribute.MirroredStrategy()
     if name == "multi_worker":
         communication = tf.distribute.experimental.CommunicationOptions(
