@@ -100,12 +100,13 @@ def _cmd_embed_blocks(args: argparse.Namespace) -> int:
 def _cmd_train_ict(args: argparse.Namespace) -> int:
     """ICT warm start of the retriever, then a retriever export for the index builder."""
     from realm_tf.serving import retriever_export
+    from realm_tf.tasks import experiment
     from realm_tf.tasks import ict
 
     cfg = _load(args)
-    model, logs, step = ict.train_ict(cfg, file_pattern=args.input)
-    print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in logs.items()))
-    print(f"exported retriever to {retriever_export.export_retriever(model, cfg, step)}")
+    result = experiment.run_experiment(ict.IctTask(cfg, file_pattern=args.input))
+    print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in result["train"].items()))
+    print(f"exported retriever to {retriever_export.export_retriever(result['model'], cfg, result['step'])}")
     return 0
 
 

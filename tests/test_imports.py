@@ -230,6 +230,7 @@ def dep_problems(kind: str, rule: Mapping[str, Any], modules: Iterable[str], lib
         internal |= mod_int
         external |= mod_ext
     internal -= own
+    external -= {pathlib.Path(src).stem for src in rule["srcs"]}  # a test's helper module next to it, in its srcs
     unprovided = sorted(m for m in internal if m not in libraries)
     wanted = {f":{libraries[m]}" for m in internal if m in libraries}
     internal_targets = {f":{name}" for name in libraries.values()}

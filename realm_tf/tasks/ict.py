@@ -11,47 +11,56 @@ from __future__ import annotations
 from typing import Mapping
 
 import tensorflow as tf
-import tf_keras
 
 from realm_tf import config as config_lib
 from realm_tf.data import example_schemas
-from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_retriever
 from realm_tf.networks import bert_encoder
-from realm_tf.tasks import distribution
-from realm_tf.tasks import optimizer as optimizer_lib
-from realm_tf.tasks import training_loop
+from realm_tf.tasks import base_task
 
-class IctTask:
-    """Builds the ICT model, input pipeline, loss and metrics from an experiment config."""
 
-    def __init__(self, cfg: config_lib.ExperimentConfig):
-        self.cfg = cfg
-        self.tokenizer = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, cfg.model.lower_case)
+class IctTask(base_task.Task):
+    """ICT's model, input pipeline, loss and metrics from an experiment config (trainer section ``ict``).
+
+    Args:
+      file_pattern: the ``ict-*.tfrecord`` shards (default: under ``data.ict_dir``).
+    """
+
+    trainer_section = "ict"
+
+    def __init__(self, cfg: config_lib.ExperimentConfig, file_pattern: str | None = None):
+        super().__init__(cfg)
+        self.file_pattern = file_pattern or f"{cfg.data.ict_dir}/ict-*.tfrecord*"
 
     def build_model(self) -> knowledge_retriever.KnowledgeRetriever:
         return knowledge_retriever.build_knowledge_retriever(self.cfg.model)
 
-    def pack(self, records: Mapping[str, tf.RaggedTensor]) -> dict[str, tf.Tensor]:
-        """Packs parsed ICT records into ``query_*`` ``[batch, query_len]`` and ``block_*`` ``[batch, block_len]``."""
+    def pack(self, records: Mapping[str, tf.RaggedTensor]) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
+        """Packs parsed ICT records into features ``query_*`` ``[batch, query_len]`` and ``block_*``
+        ``[batch, block_len]``; no labels (query i's positive is block i)."""
         m, static = self.cfg.model, self.cfg.data.static_padding
         query = self.tokenizer.pack_single(records[example_schemas.QUERY_IDS], m.query_seq_length, static)
         block = self.tokenizer.join_bert(records[example_schemas.TITLE_IDS], records[example_schemas.BODY_IDS],
                                          m.block_seq_length, static)
-        return {**{"query_" + k: v for k, v in query.items()}, **{"block_" + k: v for k, v in block.items()}}
+        return {**{"query_" + k: v for k, v in query.items()}, **{"block_" + k: v for k, v in block.items()}}, {}
 
-    def build_dataset(self, file_pattern: str, batch_size: int, repeat: bool = True,
-                      seed: int | None = None) -> tf.data.Dataset:
-        """Shuffled, batched, packed ICT examples from ``ict-*.tfrecord`` shards.
+    def build_inputs(self, input_context: tf.distribute.InputContext | None = None, seed: int | None = None,
+                     repeat: bool = True) -> tf.data.Dataset:
+        """Shuffled, batched, packed ICT examples ``(features, labels)`` from the ``ict-*.tfrecord`` shards.
 
         Without ``data.static_padding``, examples are bucketed by context length before batching, so a
         batch is padded to about its own length instead of the longest block in the corpus.
         """
-        files = tf.io.gfile.glob(file_pattern)
+        _ = self.tokenizer  # its lookup tables made eagerly, not inside the traced map below
+        files = tf.io.gfile.glob(self.file_pattern)
         if not files:
-            raise FileNotFoundError(f"no ICT records match {file_pattern!r} (run `realm-tf generate-ict-data`)")
-        spec = example_schemas.ict_feature_spec()
+            raise FileNotFoundError(f"no ICT records match {self.file_pattern!r} (run `realm-tf generate-ict-data`)")
+        batch_size = self.global_batch_size
         ds = tf.data.TFRecordDataset(sorted(files), num_parallel_reads=tf.data.AUTOTUNE)
+        if input_context is not None:
+            batch_size = input_context.get_per_replica_batch_size(batch_size)
+            ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        spec = example_schemas.ict_feature_spec()
         if repeat:
             ds = ds.repeat()
         ds = ds.shuffle(self.cfg.data.shuffle_buffer, seed=seed)
@@ -72,46 +81,25 @@ class IctTask:
         ds = ds.map(lambda s: self.pack(tf.io.parse_example(s, spec)), num_parallel_calls=tf.data.AUTOTUNE)
         return ds.prefetch(tf.data.AUTOTUNE)
 
-    @staticmethod
-    def compute_loss(model: knowledge_retriever.KnowledgeRetriever, batch: Mapping[str, tf.Tensor],
-                     training: bool) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
-        """Per-example in-batch softmax cross-entropy ``[batch]`` and metrics (accuracy, mean positive rank)."""
-        query = {k: batch["query_" + k] for k in bert_encoder.INPUT_KEYS}
-        blocks = {k: batch["block_" + k] for k in bert_encoder.INPUT_KEYS}
-        logits = model.in_batch_scores(query, blocks, training=training)["retrieval_logits"]  # [batch, batch]
-        labels = tf.range(tf.shape(logits)[0])  # [batch]: query i's positive is block i
-        per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=logits)  # [batch]
-        correct = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), labels), tf.float32)
+    def call_model(self, model: knowledge_retriever.KnowledgeRetriever, features: Mapping[str, tf.Tensor],
+                   training: bool) -> dict[str, tf.Tensor]:
+        """In-batch scores ``retrieval_logits`` ``[batch, batch]``: every query against every block."""
+        query = {k: features["query_" + k] for k in bert_encoder.INPUT_KEYS}
+        blocks = {k: features["block_" + k] for k in bert_encoder.INPUT_KEYS}
+        return model.in_batch_scores(query, blocks, training=training)
+
+    def build_losses(self, labels: Mapping[str, tf.Tensor],
+                     outputs: Mapping[str, tf.Tensor]) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        """Per-example in-batch softmax cross-entropy ``[batch]``; terms ``correct`` and ``positive_rank``."""
+        logits = outputs["retrieval_logits"]  # [batch, batch]
+        positives = tf.range(tf.shape(logits)[0])  # [batch]: query i's positive is block i
+        per_example = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=positives, logits=logits)  # [batch]
+        correct = tf.cast(tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), positives), tf.float32)
         positive = tf.linalg.diag_part(logits)[:, None]  # [batch, 1]
         rank = tf.reduce_sum(tf.cast(logits > positive, tf.float32), axis=-1)  # [batch]
-        return per_example, {"accuracy": tf.reduce_mean(correct), "positive_rank": tf.reduce_mean(rank)}
+        return per_example, {"correct": correct, "positive_rank": rank}
 
-    def make_step_fn(self, model: knowledge_retriever.KnowledgeRetriever, optimizer: tf_keras.optimizers.Optimizer,
-                     global_batch_size: int) -> training_loop.StepFn:
-        def step_fn(batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-            per_example, metrics = training_loop.minimize(lambda: self.compute_loss(model, batch, training=True),
-                                                          model.trainable_variables, optimizer, global_batch_size)
-            return {"loss": tf.reduce_mean(per_example), **metrics,
-                    "learning_rate": training_loop.learning_rate(optimizer)}
-        return step_fn
-
-
-def train_ict(cfg: config_lib.ExperimentConfig, file_pattern: str | None = None,
-              hooks: tuple[training_loop.Hook, ...] = ()) -> tuple[knowledge_retriever.KnowledgeRetriever,
-                                                                   dict[str, float], int]:
-    """Trains the retriever with ICT for ``ict.steps`` (resuming from ``ict.model_dir``).
-
-    Returns the model, the last logs and the global step reached.
-    """
-    config_lib.save_params(cfg, cfg.ict.model_dir)
-    strategy = distribution.make_strategy(cfg.ict.strategy)
-    task = IctTask(cfg)
-    global_batch = cfg.data.batch_size
-    with strategy.scope():
-        model = task.build_model()
-        optimizer = optimizer_lib.build_optimizer(cfg.ict, model)
-    loop = training_loop.TrainingLoop(cfg.ict, strategy, {"model": model, "optimizer": optimizer}, global_batch)
-    pattern = file_pattern or f"{cfg.data.ict_dir}/ict-*.tfrecord*"
-    dataset = task.build_dataset(pattern, global_batch, seed=cfg.ict.seed)
-    logs = loop.run(dataset, task.make_step_fn(model, optimizer, global_batch), hooks=hooks)
-    return model, logs, loop.step
+    def build_metrics(self, labels: Mapping[str, tf.Tensor], outputs: Mapping[str, tf.Tensor],
+                      terms: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """``accuracy`` (the positive block scores highest) and ``positive_rank`` (blocks above it), means."""
+        return {"accuracy": tf.reduce_mean(terms["correct"]), "positive_rank": tf.reduce_mean(terms["positive_rank"])}

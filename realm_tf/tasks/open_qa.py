@@ -11,6 +11,7 @@ trained with batch 1).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gzip
 import json
 import os
@@ -20,7 +21,6 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
-import tf_keras
 import tqdm
 
 from realm_tf import config as config_lib
@@ -34,6 +34,7 @@ from realm_tf.layers import knowledge_corpus
 from realm_tf.models import knowledge_retriever
 from realm_tf.models import open_qa_model
 from realm_tf.models import span_reader
+from realm_tf.tasks import base_task
 from realm_tf.tasks import open_qa_loss
 from realm_tf.tasks import training_loop
 from realm_tf.tasks import warm_start
@@ -125,20 +126,52 @@ def load_corpus(cfg: config_lib.ExperimentConfig, tokenizer: bert_tokenizer.Bert
     return knowledge_corpus.KnowledgeCorpus(embeddings, blocks, tokenizer), blocks, meta
 
 
-class OpenQaTask:
-    """Builds the Open-QA model, input pipeline, loss, metrics and predictions from an experiment config."""
+class OpenQaTask(base_task.Task):
+    """The Open-QA model, input pipeline, loss, metrics and predictions from an experiment config (trainer
+    section ``finetune``).
 
-    def __init__(self, cfg: config_lib.ExperimentConfig):
-        self.cfg = cfg
-        self.tokenizer = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, cfg.model.lower_case)
-        self.continuation = tf.constant([t.startswith("##") for t in self.tokenizer.vocab])  # [vocab]
+    Args:
+      train_path: the {question, answers} JSONL trained on (its train split; needed to train, not to evaluate).
+      retriever: ``dense``: ORQA's fine-tuning of retriever and reader together on the retriever's top
+        ``model.reader_beam_size`` blocks; ``bm25``: the reader alone on BM25's top blocks (REALM's and ORQA's
+        "BM25 + BERT" baseline, trained like the dense row).
+    """
+
+    trainer_section = "finetune"
+
+    def __init__(self, cfg: config_lib.ExperimentConfig, train_path: str | None = None, retriever: str = "dense"):
+        super().__init__(cfg)
+        if retriever not in ("dense", "bm25"):
+            raise errors.UserError(f"unknown retriever {retriever!r} for finetune: dense or bm25")
+        self.train_path = train_path
+        self.retriever = retriever
+        self.blocks: block_store_lib.BlockStore | None = None
+        self.corpus_meta: dict[str, Any] = {}
+        self._training_set: tuple[list[QaExample], np.ndarray | None, dict[str, Any]] | None = None
+
+    @functools.cached_property
+    def continuation(self) -> np.ndarray:
+        """``bool[vocab]``: the ``##`` continuation wordpieces (numpy: a constant of whichever graph reads it)."""
+        return np.array([t.startswith("##") for t in self.tokenizer.vocab])
+
+    @property
+    def reader_only(self) -> bool:
+        """Only the reader trains, on the blocks each example gives (no retriever term)."""
+        return self.retriever == "bm25"
 
     # ---- model --------------------------------------------------------------------------------------------
 
-    def build_model(self, corpus: knowledge_corpus.KnowledgeCorpus) -> open_qa_model.OpenQaModel:
+    def load_corpus(self) -> knowledge_corpus.KnowledgeCorpus:
+        """The corpus the trained model reads: the newest index version's embeddings and the blocks."""
+        corpus, self.blocks, self.corpus_meta = load_corpus(self.cfg, self.tokenizer)
+        return corpus
+
+    def build_model(self, corpus: knowledge_corpus.KnowledgeCorpus | None = None) -> open_qa_model.OpenQaModel:
         """Retriever (``qa.retriever_checkpoint`` / ``model.retriever_checkpoint``) and reader
-        (``qa.reader_checkpoint``: the pre-trained knowledge-augmented encoder) over ``corpus``."""
+        (``qa.reader_checkpoint``: the pre-trained knowledge-augmented encoder) over ``corpus`` (default:
+        :meth:`load_corpus`)."""
         m, qa = self.cfg.model, self.cfg.qa
+        corpus = corpus if corpus is not None else self.load_corpus()
         retriever = knowledge_retriever.build_knowledge_retriever(m)
         retriever_source = qa.retriever_checkpoint or m.retriever_checkpoint
         if retriever_source:
@@ -161,6 +194,7 @@ class OpenQaTask:
         read instead of searching: BM25's, or gold + negatives), also ``block_ids`` ``int32[batch, k]``."""
         if not examples:
             raise ValueError("no questions")
+        _ = self.tokenizer  # its lookup tables made eagerly, not inside the traced map below
         width, max_answers = self.cfg.model.max_span_width, self.cfg.qa.max_answers
         answers = [list(e.answers[:max_answers]) or [""] for e in examples]
         columns = {"question": tf.constant([e.question for e in examples]),
@@ -218,39 +252,81 @@ class OpenQaTask:
         shape = tf.shape(outputs["span_mask"])
         return tf.reshape(match, shape) & outputs["span_mask"]  # [batch, k, len * w]
 
-    def compute_loss(self, model: open_qa_model.OpenQaModel, batch: Mapping[str, tf.Tensor],
-                     training: bool) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
-        outputs = model(model_inputs(batch), training=training)
-        answer_mask = self.answer_span_mask(outputs, batch["answer_ids"])
+    def build_losses(self, labels: Mapping[str, tf.Tensor],
+                     outputs: Mapping[str, tf.Tensor]) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        """ORQA's loss per question ``[batch]`` (the reader's term alone when :attr:`reader_only`) and its terms
+        (:func:`realm_tf.tasks.open_qa_loss.open_qa_marginal_loss`, plus ``span_correct``: the predicted span is
+        an answer)."""
+        answer_mask = self.answer_span_mask(outputs, labels["answer_ids"])
         terms = open_qa_loss.open_qa_marginal_loss(outputs["retrieval_logits"], outputs["span_logits"],
                                                    outputs["span_mask"], answer_mask)
         correct = tf.gather_nd(answer_mask, tf.stack([terms["predicted_block"], terms["predicted_span"]], -1),
                                batch_dims=1)  # [batch]: the predicted span is an answer
         terms["span_correct"] = tf.cast(correct, tf.float32)
-        return terms["loss"], terms
+        return (terms["reader_loss"] if self.reader_only else terms["loss"]), terms
 
-    def make_step_fn(self, model: open_qa_model.OpenQaModel, optimizer: tf_keras.optimizers.Optimizer,
-                     global_batch_size: int, reader_only: bool = False) -> training_loop.StepFn:
-        """One optimisation step on ORQA's loss; ``reader_only``: the reader's term and variables alone (blocks
-        given by the batch, e.g. the reader warm start or a reader trained on BM25's blocks)."""
-        variables = list(model.reader.trainable_variables if reader_only else model.trainable_variables)
+    def build_metrics(self, labels: Mapping[str, tf.Tensor], outputs: Mapping[str, tf.Tensor],
+                      terms: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """``answer_in_beam``, ``span_accuracy`` and the two loss terms (the retriever's only when it trains)."""
+        metrics = {"answer_in_beam": tf.reduce_mean(terms["has_answer_block"]),
+                   "span_accuracy": tf.reduce_mean(terms["span_correct"])}
+        if not self.reader_only:  # given blocks: no retriever term
+            metrics["retriever_loss"] = tf.reduce_mean(terms["retriever_loss"])
+            metrics["reader_loss"] = tf.reduce_mean(terms["reader_loss"])
+        return metrics
 
-        def loss_fn(batch: Mapping[str, tf.Tensor]) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
-            loss, terms = self.compute_loss(model, batch, training=True)
-            return (terms["reader_loss"] if reader_only else loss), terms
+    def trainable_variables(self, model: open_qa_model.OpenQaModel, **options: Any) -> list[tf.Variable]:
+        return list(model.reader.trainable_variables if self.reader_only else model.trainable_variables)
 
-        def step_fn(batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-            _, terms = training_loop.minimize(lambda: loss_fn(batch), variables, optimizer, global_batch_size)
-            logs = {"loss": tf.reduce_mean(terms["loss"]), "retriever_loss": tf.reduce_mean(terms["retriever_loss"]),
-                    "reader_loss": tf.reduce_mean(terms["reader_loss"]),
-                    "answer_in_beam": tf.reduce_mean(terms["has_answer_block"]),
-                    "span_accuracy": tf.reduce_mean(terms["span_correct"]),
-                    "learning_rate": training_loop.learning_rate(optimizer)}
-            if reader_only:  # no retriever term: the blocks were given
-                logs["loss"] = logs.pop("reader_loss")
-                del logs["retriever_loss"]
-            return logs
-        return step_fn
+    def checkpoint_items(self, model: open_qa_model.OpenQaModel) -> dict[str, tf.Module]:
+        return {"retriever": model.retriever, "reader": model.reader}
+
+    # ---- the run ------------------------------------------------------------------------------------------
+
+    def training_set(self) -> tuple[list[QaExample], np.ndarray | None, dict[str, Any]]:
+        """(questions, the blocks each reads ``[num_questions, k]`` or None to search, facts to print)."""
+        if self._training_set is None:
+            if not self.train_path:
+                raise errors.UserError("finetune needs a question file to train on")
+            train, dev = split_questions(read_questions(self.train_path), self.cfg.data.qa_dev_fraction,
+                                         self.cfg.data.qa_tune_fraction)
+            if not train:
+                raise errors.UserError(f"{self.train_path}: every question is in the dev or tune split "
+                                       f"(data.qa_dev_fraction, data.qa_tune_fraction)")
+            block_ids = None
+            if self.retriever == "bm25":
+                from realm_tf.index import bm25_retriever  # pylint: disable=import-outside-toplevel
+
+                blocks = self.blocks or block_store_lib.BlockStore.load(
+                    os.path.join(self.cfg.data.blocks_dir, "blocks-*.tfrecord*"))
+                block_ids, _ = bm25_retriever.Bm25Retriever(blocks.titles, blocks.texts).search(
+                    [e.question for e in train], self.cfg.model.reader_beam_size)  # [num_train, k]
+            self._training_set = (train, block_ids, {"num_train": len(train), "num_dev": len(dev)})
+        return self._training_set
+
+    def build_inputs(self, input_context: tf.distribute.InputContext | None = None, seed: int | None = None,
+                     **options: Any) -> tf.data.Dataset:
+        """Shuffled, repeated batches ``(features, labels)`` of the training questions: features ``question_*``
+        (and ``block_ids`` when the blocks are given), labels ``answer_ids`` and ``index``."""
+        examples, block_ids, _ = self.training_set()
+        batch_size = self.global_batch_size
+        if input_context is not None:
+            batch_size = input_context.get_per_replica_batch_size(batch_size)
+        dataset = self.dataset(examples, batch_size, repeat=True, shuffle=True, seed=seed, drop_remainder=True,
+                               block_ids=block_ids)
+        return dataset.map(base_task.split_features(is_model_input))
+
+    def initialize(self, model: open_qa_model.OpenQaModel, loop: training_loop.TrainingLoop) -> None:
+        _, _, facts = self.training_set()
+        if self.retriever == "dense" and not self.cfg.qa.recompute_doc_embeddings:
+            check_index_matches(self, model)  # frozen Embed_doc: the index must come from it
+        print(f"finetune: {facts['num_train']} training questions ({facts['num_dev']} in dev), {self.retriever} "
+              f"blocks, corpus {self.corpus_meta.get('num_blocks')} blocks from index version "
+              f"{self.corpus_meta.get('version')}", flush=True)
+
+    def finish(self, model: open_qa_model.OpenQaModel, loop: training_loop.TrainingLoop) -> dict[str, Any]:
+        _, _, facts = self.training_set()
+        return dict(facts)
 
     def decode(self, model: open_qa_model.OpenQaModel, outputs: Mapping[str, tf.Tensor],
                retrieval_weight: float | None = None) -> dict[str, tf.Tensor]:
@@ -284,9 +360,14 @@ class OpenQaTask:
         return {"answer": answer, "score": score, "block": position, "block_id": block}
 
 
+def is_model_input(key: str) -> bool:
+    """Whether :class:`OpenQaModel` reads this batch entry: the packed question and, when given, ``block_ids``."""
+    return key.startswith(_QUESTION_PREFIX) or key == "block_ids"
+
+
 def model_inputs(batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-    """What :class:`OpenQaModel` reads from a batch: the packed question and, when given, ``block_ids``."""
-    return {k: v for k, v in batch.items() if k.startswith(_QUESTION_PREFIX) or k == "block_ids"}
+    """The entries of a batch :class:`OpenQaModel` reads (:func:`is_model_input`)."""
+    return {k: v for k, v in batch.items() if is_model_input(k)}
 
 
 def check_index_matches(task: "OpenQaTask", model: open_qa_model.OpenQaModel, sample: int = 8) -> float:
@@ -353,47 +434,12 @@ def finetune(cfg: config_lib.ExperimentConfig, train_path: str, retriever: str =
     """``realm-tf finetune``: trains on the train split of ``train_path`` for ``finetune.steps``.
 
     The dev and tune splits (``data.qa_dev_fraction`` / ``qa_tune_fraction`` of the question ids) are never
-    trained on; ``realm-tf evaluate --split dev`` scores them. Resumes from ``finetune.model_dir``.
-
-    Args:
-      retriever: ``dense``: ORQA's fine-tuning of retriever and reader together on the retriever's top
-        ``model.reader_beam_size`` blocks; ``bm25``: the reader alone on BM25's top blocks (REALM's and ORQA's
-        "BM25 + BERT" baseline, trained like the dense row).
+    trained on; ``realm-tf evaluate --split dev`` scores them. Resumes from ``finetune.model_dir``. ``retriever``:
+    see :class:`OpenQaTask`.
     """
-    from realm_tf.tasks import distribution  # pylint: disable=import-outside-toplevel
-    from realm_tf.tasks import optimizer as optimizer_lib  # pylint: disable=import-outside-toplevel
+    from realm_tf.tasks import experiment  # pylint: disable=import-outside-toplevel
 
-    if retriever not in ("dense", "bm25"):
-        raise errors.UserError(f"unknown retriever {retriever!r} for finetune: dense or bm25")
-    config_lib.save_params(cfg, cfg.finetune.model_dir)
-    task = OpenQaTask(cfg)
-    train, dev = split_questions(read_questions(train_path), cfg.data.qa_dev_fraction, cfg.data.qa_tune_fraction)
-    if not train:
-        raise errors.UserError(f"{train_path}: every question is in the dev or tune split (data.qa_dev_fraction, "
-                               f"data.qa_tune_fraction)")
-    strategy = distribution.make_strategy(cfg.finetune.strategy)
-    batch_size = cfg.data.batch_size
-    with strategy.scope():
-        corpus, blocks, meta = load_corpus(cfg, task.tokenizer)
-        model = task.build_model(corpus)
-        optimizer = optimizer_lib.build_optimizer(cfg.finetune, model)
-    loop = training_loop.TrainingLoop(cfg.finetune, strategy, {"retriever": model.retriever, "reader": model.reader,
-                                                               "optimizer": optimizer}, batch_size)
-    block_ids = None
-    if retriever == "bm25":
-        from realm_tf.index import bm25_retriever  # pylint: disable=import-outside-toplevel
-
-        block_ids, _ = bm25_retriever.Bm25Retriever(blocks.titles, blocks.texts).search(
-            [e.question for e in train], cfg.model.reader_beam_size)  # [num_train, k]
-    elif not cfg.qa.recompute_doc_embeddings:
-        check_index_matches(task, model)  # frozen Embed_doc: the index must come from it
-    print(f"finetune: {len(train)} training questions ({len(dev)} in dev), {retriever} blocks, corpus "
-          f"{meta['num_blocks']} blocks from index version {meta['version']}", flush=True)
-    # A resumed run draws a new order (seed + step) instead of replaying the questions it has already seen.
-    dataset = task.dataset(train, batch_size, repeat=True, shuffle=True, seed=cfg.finetune.seed + loop.step,
-                           drop_remainder=True, block_ids=block_ids)
-    logs = loop.run(dataset, task.make_step_fn(model, optimizer, batch_size, reader_only=retriever == "bm25"))
-    return {"step": loop.step, "train": logs, "num_train": len(train), "num_dev": len(dev)}
+    return experiment.run_experiment(OpenQaTask(cfg, train_path, retriever))
 
 
 RETRIEVERS = ("dense", "bm25", "gold")

@@ -19,12 +19,18 @@ from __future__ import annotations
 import os
 from typing import Any, Sequence
 
+import numpy as np
+import tensorflow as tf
 
 from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.data import block_store as block_store_lib
+from realm_tf.layers import knowledge_corpus
+from realm_tf.models import open_qa_model
+from realm_tf.tasks import experiment
 from realm_tf.tasks import open_qa
 from realm_tf.tasks import reading_sets
+from realm_tf.tasks import training_loop
 
 def read_training_questions(cfg: config_lib.ExperimentConfig,
                             paths: Sequence[str]) -> list[open_qa.QaExample]:
@@ -37,39 +43,52 @@ def read_training_questions(cfg: config_lib.ExperimentConfig,
     return examples
 
 
-def train_reader(cfg: config_lib.ExperimentConfig, question_paths: Sequence[str] = ()) -> dict[str, Any]:
-    """``realm-tf train-reader``: trains the span reader on gold + negative blocks for ``reader.steps``
-    (or ``reader.max_minutes``); resumes from ``reader.model_dir``.
+class ReaderWarmStartTask(open_qa.OpenQaTask):
+    """The span reader alone on gold + negative blocks (trainer section ``reader``).
 
     Args:
       question_paths: {question, answers, gold_passage_ids} JSONL files (default ``qa.reader_questions``).
     """
-    from realm_tf.layers import knowledge_corpus  # pylint: disable=import-outside-toplevel
-    from realm_tf.tasks import distribution  # pylint: disable=import-outside-toplevel
-    from realm_tf.tasks import optimizer as optimizer_lib  # pylint: disable=import-outside-toplevel
-    from realm_tf.tasks import training_loop  # pylint: disable=import-outside-toplevel
 
-    paths = list(question_paths) or list(cfg.qa.reader_questions)
-    if not paths:
-        raise errors.UserError("train-reader needs question files (--questions or qa.reader_questions)")
-    config_lib.save_params(cfg, cfg.reader.model_dir)
-    task = open_qa.OpenQaTask(cfg)
-    blocks = block_store_lib.BlockStore.load(os.path.join(cfg.data.blocks_dir, "blocks-*.tfrecord*"))
-    examples = read_training_questions(cfg, paths)
-    reading = reading_sets.gold_and_negatives(examples, blocks, cfg.qa.reader_negatives, seed=cfg.reader.seed)
-    print(f"train-reader: {len(reading.examples)} questions from {len(paths)} file(s), each read with its gold "
-          f"block and {cfg.qa.reader_negatives} negatives; skipped: {reading.skipped}", flush=True)
-    strategy = distribution.make_strategy(cfg.reader.strategy)
-    batch_size = cfg.data.batch_size
-    with strategy.scope():
-        # The reader reads the blocks it is given; the corpus embeddings are never searched here.
-        corpus = knowledge_corpus.KnowledgeCorpus.without_index(blocks, task.tokenizer)
-        model = task.build_model(corpus)
-        optimizer = optimizer_lib.build_optimizer(cfg.reader, model)
-    loop = training_loop.TrainingLoop(cfg.reader, strategy, {"reader": model.reader, "optimizer": optimizer},
-                                      batch_size)
-    # A resumed run draws a new order (seed + step) instead of replaying the examples it has already seen.
-    dataset = task.dataset(reading.examples, batch_size, repeat=True, shuffle=True, seed=cfg.reader.seed + loop.step,
-                           drop_remainder=True, block_ids=reading.block_ids)
-    logs = loop.run(dataset, task.make_step_fn(model, optimizer, batch_size, reader_only=True))
-    return {"step": loop.step, "train": logs, "num_questions": len(reading.examples), "skipped": reading.skipped}
+    trainer_section = "reader"
+
+    def __init__(self, cfg: config_lib.ExperimentConfig, question_paths: Sequence[str] = ()):
+        super().__init__(cfg)
+        self.question_paths = list(question_paths) or list(cfg.qa.reader_questions)
+        if not self.question_paths:
+            raise errors.UserError("train-reader needs question files (--questions or qa.reader_questions)")
+
+    @property
+    def reader_only(self) -> bool:
+        return True
+
+    def load_corpus(self) -> knowledge_corpus.KnowledgeCorpus:
+        """The blocks without an index: the reader reads the blocks it is given, nothing is searched."""
+        self.blocks = block_store_lib.BlockStore.load(os.path.join(self.cfg.data.blocks_dir, "blocks-*.tfrecord*"))
+        return knowledge_corpus.KnowledgeCorpus.without_index(self.blocks, self.tokenizer)
+
+    def checkpoint_items(self, model: open_qa_model.OpenQaModel) -> dict[str, tf.Module]:
+        return {"reader": model.reader}
+
+    def training_set(self) -> tuple[list[open_qa.QaExample], np.ndarray | None, dict[str, Any]]:
+        if self._training_set is None:
+            blocks = self.blocks or block_store_lib.BlockStore.load(
+                os.path.join(self.cfg.data.blocks_dir, "blocks-*.tfrecord*"))
+            examples = read_training_questions(self.cfg, self.question_paths)
+            reading = reading_sets.gold_and_negatives(examples, blocks, self.cfg.qa.reader_negatives,
+                                                      seed=self.cfg.reader.seed)
+            self._training_set = (reading.examples, reading.block_ids,
+                                  {"num_questions": len(reading.examples), "skipped": reading.skipped})
+        return self._training_set
+
+    def initialize(self, model: open_qa_model.OpenQaModel, loop: training_loop.TrainingLoop) -> None:
+        _, _, facts = self.training_set()
+        print(f"train-reader: {facts['num_questions']} questions from {len(self.question_paths)} file(s), each read "
+              f"with its gold block and {self.cfg.qa.reader_negatives} negatives; skipped: {facts['skipped']}",
+              flush=True)
+
+
+def train_reader(cfg: config_lib.ExperimentConfig, question_paths: Sequence[str] = ()) -> dict[str, Any]:
+    """``realm-tf train-reader``: trains the span reader on gold + negative blocks for ``reader.steps``
+    (or ``reader.max_minutes``); resumes from ``reader.model_dir``."""
+    return experiment.run_experiment(ReaderWarmStartTask(cfg, question_paths))

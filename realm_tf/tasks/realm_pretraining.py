@@ -36,14 +36,13 @@ from realm_tf.data import retrieval_augmented_input
 from realm_tf.index import index_loader
 from realm_tf.index import index_publisher
 from realm_tf.index import index_refresher
-from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_augmented_encoder
 from realm_tf.models import knowledge_retriever
 from realm_tf.models import realm_pretrainer
 from realm_tf.serving import retriever_export
-from realm_tf.tasks import distribution
+from realm_tf.tasks import base_task
+from realm_tf.tasks import experiment
 from realm_tf.tasks import mlm_head_warmup
-from realm_tf.tasks import optimizer as optimizer_lib
 from realm_tf.tasks import realm_loss
 from realm_tf.tasks import training_loop
 from realm_tf.tasks import warm_start
@@ -52,12 +51,41 @@ REFRESH_MODES = ("process", "thread", "external")
 _MODEL_INPUT_PREFIXES = ("query_", "candidates_", "reader_", "masked_positions")
 
 
-class RealmPretrainingTask:
-    """Builds REALM's model, losses and metrics from an experiment config; the trainer calls it."""
+def is_model_input(key: str) -> bool:
+    """Whether :class:`RealmPretrainer` reads this batch entry (the rest are labels and bookkeeping)."""
+    return key.startswith(_MODEL_INPUT_PREFIXES)
 
-    def __init__(self, cfg: config_lib.ExperimentConfig):
-        self.cfg = cfg
-        self.tokenizer = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, cfg.model.lower_case)
+
+class RealmPretrainingTask(base_task.Task):
+    """REALM's model, inputs, losses and metrics, and the run around them: the MLM head warm-up, the first
+    index, the refresh supervisor, the frozen-retriever phase and the held-out evaluation (trainer section
+    ``trainer``).
+
+    Args:
+      pretraining_pattern: the ``pretraining-*.tfrecord`` shards (default: under ``data.pretraining_dir``).
+      evaluate: score the held-out salient spans at the end (:meth:`evaluate`).
+    """
+
+    trainer_section = "trainer"
+
+    def __init__(self, cfg: config_lib.ExperimentConfig, pretraining_pattern: str | None = None,
+                 evaluate: bool = True):
+        super().__init__(cfg)
+        trainer = cfg.trainer
+        if trainer.strategy == "multi_worker" and trainer.max_minutes > 0:
+            raise config_lib.ConfigError("trainer.max_minutes needs a single-worker strategy: each worker would stop "
+                                         "at its own time and leave the others waiting in an all-reduce")
+        rate = trainer.trivial_retrieval_rate_while_frozen
+        if not 0.0 <= rate <= 1.0 or (rate > 0 and trainer.freeze_retriever_steps <= 0):
+            raise config_lib.ConfigError(
+                f"trainer.trivial_retrieval_rate_while_frozen={rate}: must be in [0, 1], and > 0 only with "
+                f"trainer.freeze_retriever_steps > 0 (a trained retriever would learn exact string matching from "
+                f"them, REALM §3.4)")
+        self.pattern = pretraining_pattern or os.path.join(cfg.data.pretraining_dir, "pretraining-*.tfrecord*")
+        self.run_evaluation = evaluate
+        self.inputs: retrieval_augmented_input.RetrievalAugmentedInput | None = None
+        self.supervisor: _RefreshSupervisor | None = None
+        self.chief = True
 
     def build_model(self) -> realm_pretrainer.RealmPretrainer:
         """Retriever (from ``model.retriever_checkpoint`` when set, e.g. ICT) + knowledge-augmented encoder."""
@@ -67,46 +95,158 @@ class RealmPretrainingTask:
         encoder = knowledge_augmented_encoder.build_knowledge_augmented_encoder(self.cfg.model)
         return realm_pretrainer.RealmPretrainer(retriever, encoder, name="realm_pretrainer")
 
-    @staticmethod
-    def compute_loss(model: realm_pretrainer.RealmPretrainer, batch: Mapping[str, tf.Tensor],
-                     training: bool) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+    def build_inputs(self, input_context: tf.distribute.InputContext | None = None, seed: int | None = None,
+                     trivial_retrieval_rate: float = 0.0) -> tf.data.Dataset:
+        """Training batches ``(features, labels)`` of the non-held-out masked queries with their candidates
+        from the current index (:class:`RetrievalAugmentedInput`); needs :meth:`initialize` first."""
+        if self.inputs is None:
+            raise RuntimeError("RealmPretrainingTask.build_inputs before initialize: no index loader yet")
+        batch_size = self.global_batch_size
+        if input_context is not None:
+            batch_size = input_context.get_per_replica_batch_size(batch_size)
+        train_split = heldout_predicate(self.cfg.data.pretraining_heldout_fraction, heldout=False)
+        dataset = self.inputs.dataset(self.pattern, batch_size, input_context, seed=seed, split=train_split,
+                                      trivial_retrieval_rate=trivial_retrieval_rate)
+        return dataset.map(base_task.split_features(is_model_input))
+
+    def build_losses(self, labels: Mapping[str, tf.Tensor],
+                     outputs: Mapping[str, tf.Tensor]) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
         """−log p(y|x) per example ``[batch]`` and the per-example terms of :func:`realm_loss.realm_marginal_loss`."""
-        outputs = model({k: v for k, v in batch.items() if k.startswith(_MODEL_INPUT_PREFIXES)}, training=training)
         terms = realm_loss.realm_marginal_loss(outputs["retrieval_logits"], outputs["mlm_logits"],
-                                               batch["target_ids"], batch["target_weights"])
+                                               labels["target_ids"], labels["target_weights"])
         terms["null_probability"] = tf.nn.softmax(outputs["retrieval_logits"], axis=-1)[:, 0]  # [batch]
         terms["query_similarity"] = query_similarity(outputs["query_embedding"])  # [batch]
         return terms["loss"], terms
 
-    def make_step_fn(self, model: realm_pretrainer.RealmPretrainer, optimizer: tf_keras.optimizers.Optimizer,
-                     global_batch_size: int, global_step: tf.Variable,
-                     train_retriever: bool = True) -> training_loop.StepFn:
-        """One update of the whole model, or of the reader alone (``train_retriever=False``)."""
-        variables = model.trainable_variables if train_retriever else model.encoder.trainable_variables
+    def trainable_variables(self, model: realm_pretrainer.RealmPretrainer,
+                            train_retriever: bool = True) -> list[tf.Variable]:
+        """The whole model, or the reader alone (``train_retriever=False``)."""
+        return list(model.trainable_variables if train_retriever else model.encoder.trainable_variables)
 
-        def step_fn(batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-            per_example, terms = training_loop.minimize(lambda: self.compute_loss(model, batch, training=True),
-                                                        variables, optimizer, global_batch_size)
-            version = tf.cast(batch["index_version"], tf.float32)  # [batch]
-            # The candidates were chosen with the weights exported at step `index_version`; this update uses
-            # the weights after `global_step` updates.
-            delay_steps = tf.cast(global_step, tf.float32) - version  # [batch]
-            delay_seconds = tf.cast(tf.timestamp() - batch["index_exported_at"], tf.float32)  # [batch]
-            return {
-                "loss": tf.reduce_mean(per_example),
-                "mlm_accuracy": tf.reduce_sum(terms["mlm_correct"]) / tf.maximum(tf.reduce_sum(terms["mlm_count"]), 1.0),
-                "retrieval_utility": tf.reduce_mean(terms["retrieval_utility"]),
-                "null_probability": tf.reduce_mean(terms["null_probability"]),
-                "query_similarity": tf.reduce_mean(terms["query_similarity"]),
-                "off_policy_delay_steps": tf.reduce_mean(delay_steps),
-                "off_policy_delay_seconds": tf.reduce_mean(delay_seconds),
-                "index_version": tf.reduce_max(version),
-                "learning_rate": training_loop.learning_rate(optimizer),
-            }
-        return step_fn
+    def train_step(self, inputs: tuple[base_task.Features, base_task.Labels], model: realm_pretrainer.RealmPretrainer,
+                   optimizer: tf_keras.optimizers.Optimizer, global_step: tf.Variable | None = None,
+                   train_retriever: bool = True) -> dict[str, tf.Tensor]:
+        """One update of the whole model, or of the reader alone (``train_retriever=False``)."""
+        features, labels = inputs
+        per_example, terms = training_loop.minimize(
+            lambda: self.build_losses(labels, model(features, training=True)),
+            self.trainable_variables(model, train_retriever), optimizer, self.global_batch_size)
+        version = tf.cast(labels["index_version"], tf.float32)  # [batch]
+        # The candidates were chosen with the weights exported at step `index_version`; this update uses
+        # the weights after `global_step` updates.
+        step = tf.cast(global_step if global_step is not None else optimizer.iterations, tf.float32)
+        delay_steps = step - version  # [batch]
+        delay_seconds = tf.cast(tf.timestamp() - labels["index_exported_at"], tf.float32)  # [batch]
+        return {
+            "loss": tf.reduce_mean(per_example),
+            "mlm_accuracy": tf.reduce_sum(terms["mlm_correct"]) / tf.maximum(tf.reduce_sum(terms["mlm_count"]), 1.0),
+            "retrieval_utility": tf.reduce_mean(terms["retrieval_utility"]),
+            "null_probability": tf.reduce_mean(terms["null_probability"]),
+            "query_similarity": tf.reduce_mean(terms["query_similarity"]),
+            "off_policy_delay_steps": tf.reduce_mean(delay_steps),
+            "off_policy_delay_seconds": tf.reduce_mean(delay_seconds),
+            "index_version": tf.reduce_max(version),
+            "learning_rate": training_loop.learning_rate(optimizer),
+        }
+
+    # ---- the run ------------------------------------------------------------------------------------------
+
+    def phases(self, step: int) -> list[base_task.Phase]:
+        """The reader alone until ``trainer.freeze_retriever_steps``, then everything. Both phases read one
+        iterator (no example twice), unless the frozen phase keeps trivial retrievals: then it has its own
+        (differently shuffled) and the second phase's, which excludes them all, starts after it."""
+        trainer = self.cfg.trainer
+        frozen_until, rate = trainer.freeze_retriever_steps, trainer.trivial_retrieval_rate_while_frozen
+        train = base_task.Phase("train", None, (("seed", trainer.seed), ("trivial_retrieval_rate", 0.0)),
+                                (("train_retriever", True),))
+        if step >= frozen_until:
+            return [train]
+        frozen_inputs = (("seed", trainer.seed + 1_000_003), ("trivial_retrieval_rate", rate)) if rate \
+            else train.input_options
+        return [base_task.Phase("reader_alone", frozen_until, frozen_inputs, (("train_retriever", False),)), train]
+
+    def initialize(self, model: realm_pretrainer.RealmPretrainer, loop: training_loop.TrainingLoop) -> None:
+        """The MLM head warm-up (a new run), the first index (chief), the index loader, the input pipeline and
+        the refresh supervisor."""
+        cfg = self.cfg
+        self.chief = loop.chief
+        blocks = block_store.BlockStore.load(os.path.join(cfg.data.blocks_dir, "blocks-*.tfrecord*"))
+        if cfg.trainer.mlm_head_warmup_blocks > 0 and loop.step == 0 and not loop.restored_from:
+            # Every worker fits the same head (same blocks, same seed) before the first all-reduce.
+            warmup = mlm_head_warmup.warm_up_mlm_head(model.encoder, blocks, self.tokenizer,
+                                                      cfg.trainer.mlm_head_warmup_blocks, seed=cfg.trainer.seed)
+            print("pretrain: MLM head warm-up on the frozen reader: " + ", ".join(
+                f"{k}={v:.4g}" for k, v in warmup.items()), file=sys.stderr, flush=True)
+            with loop.writer.as_default(step=0):
+                for key, value in warmup.items():
+                    tf.summary.scalar("mlm_head_warmup/" + key, value)
+        params_path = os.path.join(cfg.trainer.model_dir, "params.yaml")
+        self.supervisor = _RefreshSupervisor(cfg, params_path)
+        if self.chief:
+            self.supervisor.bootstrap(loop.step, model.retriever)
+        loader_args = dict(index_dir=cfg.index.index_dir, expected_dim=cfg.model.projection_size,
+                           expected_vocab_hash=self.tokenizer.vocab_hash, kind=cfg.index.kind,
+                           min_refresh_interval_seconds=cfg.refresh.poll_seconds)
+        loader = wait_for_index(loader_args, timeout=3600.0)
+        newest = loader.version or 0
+        if newest > loop.step + cfg.refresh.export_every_steps:
+            logging.warning("%s: index version %d is ahead of trainer step %d: this run's refreshes (versions = "
+                            "its steps) will not replace it until then", cfg.index.index_dir, newest, loop.step)
+        self.inputs = retrieval_augmented_input.RetrievalAugmentedInput(cfg, loader, blocks, self.tokenizer)
+        if self.chief:
+            self.supervisor.start()
+
+    def train_hooks(self, model: realm_pretrainer.RealmPretrainer,
+                    loop: training_loop.TrainingLoop) -> list[training_loop.Hook]:
+        """Exports the retriever every ``refresh.export_every_steps`` (REALM §3.4) once it trains, and reports
+        when the input pipeline switches to a new index version."""
+        cfg, inputs = self.cfg, self.inputs
+        export_every, frozen_until = cfg.refresh.export_every_steps, cfg.trainer.freeze_retriever_steps
+        last_version = [inputs.loader.version]
+
+        def export_hook(step: int, logs: Mapping[str, float]) -> None:
+            # While the retriever is frozen its index is exact: nothing to export.
+            if export_every > 0 and step % export_every == 0 and frozen_until < step < cfg.trainer.steps:
+                if self.chief:
+                    path = retriever_export.export_retriever(model.retriever, cfg, step, self.tokenizer)
+                    print(f"\npretrain: step {step}: exported the retriever to {path}", file=sys.stderr, flush=True)
+                else:  # every MultiWorkerMirrored worker takes part in saving; only the chief's copy is kept
+                    with tempfile.TemporaryDirectory() as scratch:
+                        retriever_export.export_retriever(model.retriever, cfg, step, self.tokenizer,
+                                                          export_dir=scratch)
+            if inputs.loader.version != last_version[0]:
+                last_version[0] = inputs.loader.version
+                print(f"\npretrain: step {step}: input pipeline switched to index version {inputs.loader.version}",
+                      file=sys.stderr, flush=True)
+        return [export_hook]
+
+    def close(self) -> None:
+        if self.supervisor is not None:
+            self.supervisor.stop()
+
+    def finish(self, model: realm_pretrainer.RealmPretrainer, loop: training_loop.TrainingLoop) -> dict[str, Any]:
+        """What the input pipeline did, and the held-out evaluation (``eval``, chief only, TensorBoard ``eval``)."""
+        self.close()  # the index builder is not needed for the evaluation
+        stats = self.inputs.stats
+        result: dict[str, Any] = {"index_versions": dict(stats.versions),
+                                  "excluded_source_blocks": stats.excluded_source_blocks,
+                                  "trivial_retrievals_kept": stats.trivial_retrievals_kept}
+        if self.run_evaluation and self.chief:
+            batch = self.global_batch_size
+            heldout = self.inputs.dataset(self.pattern, batch, repeat=False, shuffle=False,
+                                          split=salient_heldout_predicate(self.cfg.data.pretraining_heldout_fraction))
+            heldout = heldout.take(max(1, self.cfg.trainer.eval_examples // batch))
+            scores = self.evaluate(model, heldout.map(base_task.split_features(is_model_input)))
+            writer = tf.summary.create_file_writer(os.path.join(self.cfg.trainer.model_dir, "eval"))
+            with writer.as_default(step=loop.step):
+                for key, value in scores.items():
+                    tf.summary.scalar(key, value)
+            writer.flush()
+            result["eval"] = scores
+        return result
 
     def evaluate(self, model: realm_pretrainer.RealmPretrainer, dataset: tf.data.Dataset) -> dict[str, float]:
-        """Held-out scores of the marginal model and of the same model reading only the null document.
+        """Held-out scores (``dataset``: ``(features, labels)`` batches) of the marginal model and of the same model reading only the null document.
 
         Returns ``mlm_accuracy`` (marginal over the k candidates), ``mlm_accuracy_null_only`` (k = 1: ∅ alone),
         ``retrieval_utility``, ``log_likelihood`` and ``log_likelihood_null_only`` (per example),
@@ -116,19 +256,19 @@ class RealmPretrainingTask:
         examples with the span in some retrieved block: does the reader copy it?) and ``num_examples``.
         """
         @tf.function(reduce_retracing=True)
-        def score(batch):
-            outputs = model({k: v for k, v in batch.items() if k.startswith(_MODEL_INPUT_PREFIXES)}, training=False)
+        def score(features, labels):
+            outputs = model(features, training=False)
             full = realm_loss.realm_marginal_loss(outputs["retrieval_logits"], outputs["mlm_logits"],
-                                                  batch["target_ids"], batch["target_weights"])
+                                                  labels["target_ids"], labels["target_weights"])
             null = realm_loss.realm_marginal_loss(outputs["retrieval_logits"][:, :1], outputs["mlm_logits"][:, :1],
-                                                  batch["target_ids"], batch["target_weights"])
+                                                  labels["target_ids"], labels["target_weights"])
             return full, null
 
         sums = {"correct": 0.0, "correct_null": 0.0, "count": 0.0, "ru": 0.0, "ll": 0.0, "ll_null": 0.0, "n": 0,
                 "top1": 0.0, "any": 0.0, "correct_found": 0.0, "correct_null_found": 0.0, "count_found": 0.0}
-        for batch in dataset:
-            full, null = score(batch)
-            found = span_in_candidates(batch)  # [batch, num_candidates - 1]
+        for features, labels in dataset:
+            full, null = score(features, labels)
+            found = span_in_candidates({**features, **labels})  # [batch, num_candidates - 1]
             sums["top1"] += float(found[:, 0].sum()) if found.shape[1] else 0.0
             sums["any"] += float(found.any(axis=1).sum())
             in_some = found.any(axis=1)  # [batch]
@@ -269,109 +409,7 @@ def pretrain(cfg: config_lib.ExperimentConfig, pretraining_pattern: str | None =
     Returns the last training logs, the held-out evaluation (``eval/...``), the global step, and the index
     versions the input pipeline used.
     """
-    if cfg.trainer.strategy == "multi_worker" and cfg.trainer.max_minutes > 0:
-        raise config_lib.ConfigError("trainer.max_minutes needs a single-worker strategy: each worker would stop "
-                                     "at its own time and leave the others waiting in an all-reduce")
-    frozen_until = cfg.trainer.freeze_retriever_steps
-    trivial_rate = cfg.trainer.trivial_retrieval_rate_while_frozen
-    if not 0.0 <= trivial_rate <= 1.0 or (trivial_rate > 0 and frozen_until <= 0):
-        raise config_lib.ConfigError(f"trainer.trivial_retrieval_rate_while_frozen={trivial_rate}: must be in [0, 1], "
-                                     f"and > 0 only with trainer.freeze_retriever_steps > 0 (a trained retriever "
-                                     f"would learn exact string matching from them, REALM §3.4)")
-    params_path = config_lib.save_params(cfg, cfg.trainer.model_dir)
-    strategy = distribution.make_strategy(cfg.trainer.strategy)
-    chief = distribution.is_chief(strategy)
-    task = RealmPretrainingTask(cfg)
-    global_batch = cfg.data.batch_size
-    with strategy.scope():
-        model = task.build_model()
-        optimizer = optimizer_lib.build_optimizer(cfg.trainer, model)
-    loop = training_loop.TrainingLoop(cfg.trainer, strategy, {"model": model, "optimizer": optimizer}, global_batch)
-
-    blocks = block_store.BlockStore.load(os.path.join(cfg.data.blocks_dir, "blocks-*.tfrecord*"))
-    if cfg.trainer.mlm_head_warmup_blocks > 0 and loop.step == 0 and not loop.restored_from:
-        # Every worker fits the same head (same blocks, same seed) before the first all-reduce.
-        warmup = mlm_head_warmup.warm_up_mlm_head(model.encoder, blocks, task.tokenizer,
-                                                  cfg.trainer.mlm_head_warmup_blocks, seed=cfg.trainer.seed)
-        print("pretrain: MLM head warm-up on the frozen reader: " + ", ".join(f"{k}={v:.4g}" for k, v in
-                                                                             warmup.items()), file=sys.stderr, flush=True)
-        with loop.writer.as_default(step=0):
-            for key, value in warmup.items():
-                tf.summary.scalar("mlm_head_warmup/" + key, value)
-    supervisor = _RefreshSupervisor(cfg, params_path)
-    if chief:
-        supervisor.bootstrap(loop.step, model.retriever)
-    loader_args = dict(index_dir=cfg.index.index_dir, expected_dim=cfg.model.projection_size,
-                       expected_vocab_hash=task.tokenizer.vocab_hash, kind=cfg.index.kind,
-                       min_refresh_interval_seconds=cfg.refresh.poll_seconds)
-    loader = wait_for_index(loader_args, timeout=3600.0)
-    newest = loader.version or 0
-    if newest > loop.step + cfg.refresh.export_every_steps:
-        logging.warning("%s: index version %d is ahead of trainer step %d: this run's refreshes (versions = its "
-                        "steps) will not replace it until then", cfg.index.index_dir, newest, loop.step)
-    inputs = retrieval_augmented_input.RetrievalAugmentedInput(cfg, loader, blocks, task.tokenizer)
-    pattern = pretraining_pattern or os.path.join(cfg.data.pretraining_dir, "pretraining-*.tfrecord*")
-    train_split = heldout_predicate(cfg.data.pretraining_heldout_fraction, heldout=False)
-
-    def make_dataset(rate: float, seed: int) -> Any:
-        return strategy.distribute_datasets_from_function(
-            lambda ctx: inputs.dataset(pattern, ctx.get_per_replica_batch_size(global_batch), ctx,
-                                       seed=seed + ctx.input_pipeline_id, split=train_split,
-                                       trivial_retrieval_rate=rate))
-
-    export_every = cfg.refresh.export_every_steps
-    last_version = [loader.version]
-
-    def export_hook(step: int, logs: Mapping[str, float]) -> None:
-        # While the retriever is frozen its index is exact: nothing to export.
-        if export_every > 0 and step % export_every == 0 and frozen_until < step < cfg.trainer.steps:
-            if chief:
-                path = retriever_export.export_retriever(model.retriever, cfg, step, task.tokenizer)
-                print(f"\npretrain: step {step}: exported the retriever to {path}", file=sys.stderr, flush=True)
-            else:  # every MultiWorkerMirrored worker takes part in saving; only the chief's copy is kept
-                with tempfile.TemporaryDirectory() as scratch:
-                    retriever_export.export_retriever(model.retriever, cfg, step, task.tokenizer, export_dir=scratch)
-        if loader.version != last_version[0]:
-            last_version[0] = loader.version
-            print(f"\npretrain: step {step}: input pipeline switched to index version {loader.version}",
-                  file=sys.stderr, flush=True)
-
-    if chief:
-        supervisor.start()
-    # One iterator for both stages (no example twice), unless the frozen stage keeps trivial retrievals: then
-    # it has its own (differently shuffled) and the second stage's, which excludes them all, starts after it.
-    iterator = iter(make_dataset(0.0, cfg.trainer.seed)) if trivial_rate == 0 or loop.step >= frozen_until else None
-    logs: dict[str, float] = {}
-    try:
-        if loop.step < frozen_until:
-            print(f"pretrain: training the reader alone until step {frozen_until} (trainer.freeze_retriever_steps)"
-                  + (f"; {trivial_rate:.0%} of the queries keep their source block" if trivial_rate else ""),
-                  file=sys.stderr, flush=True)
-            frozen_iterator = iterator or iter(make_dataset(trivial_rate, cfg.trainer.seed + 1_000_003))
-            logs = loop.run(frozen_iterator, task.make_step_fn(model, optimizer, global_batch, loop.global_step,
-                                                               train_retriever=False),
-                            hooks=(export_hook,), distribute_dataset=False, until_step=frozen_until)
-        if loop.step >= frozen_until:  # not stopped early (max_minutes, SIGTERM)
-            iterator = iterator or iter(make_dataset(0.0, cfg.trainer.seed))
-            logs = loop.run(iterator, task.make_step_fn(model, optimizer, global_batch, loop.global_step),
-                            hooks=(export_hook,), distribute_dataset=False)
-    finally:
-        supervisor.stop()
-    result: dict[str, Any] = {"step": loop.step, "train": logs, "index_versions": dict(inputs.stats.versions),
-                              "excluded_source_blocks": inputs.stats.excluded_source_blocks,
-                              "trivial_retrievals_kept": inputs.stats.trivial_retrievals_kept}
-    if evaluate and chief:
-        heldout = inputs.dataset(pattern, global_batch, repeat=False, shuffle=False,
-                                 split=salient_heldout_predicate(cfg.data.pretraining_heldout_fraction))
-        heldout = heldout.take(max(1, cfg.trainer.eval_examples // global_batch))
-        scores = task.evaluate(model, heldout)
-        writer = tf.summary.create_file_writer(os.path.join(cfg.trainer.model_dir, "eval"))
-        with writer.as_default(step=loop.step):
-            for key, value in scores.items():
-                tf.summary.scalar(key, value)
-        writer.flush()
-        result["eval"] = scores
-    return result
+    return experiment.run_experiment(RealmPretrainingTask(cfg, pretraining_pattern, evaluate))
 
 
 def format_result(result: Mapping[str, Any]) -> str:

@@ -11,6 +11,7 @@ import tensorflow as tf
 from realm_tf import config
 from realm_tf.data import example_schemas
 from realm_tf.layers import bert_tokenizer
+from realm_tf.tasks import experiment
 from realm_tf.tasks import ict
 
 
@@ -45,10 +46,11 @@ def tiny(tmp_path):
 
 
 def test_loss_matches_numpy_softmax(tiny):
-    task = ict.IctTask(tiny)
+    task = ict.IctTask(tiny, f"{tiny.data.ict_dir}/*.tfrecord")
     model = task.build_model()
-    batch = next(iter(task.build_dataset(f"{tiny.data.ict_dir}/*.tfrecord", 8, seed=1)))
-    per_example, metrics = task.compute_loss(model, batch, training=False)
+    batch, labels = next(iter(task.build_inputs(seed=1)))
+    per_example, terms = task.build_losses(labels, task.call_model(model, batch, training=False))
+    metrics = task.build_metrics(labels, {}, terms)
     q = model.embed_queries({k: batch["query_" + k] for k in ("input_word_ids", "input_mask", "input_type_ids")})
     d = model.embed_blocks({k: batch["block_" + k] for k in ("input_word_ids", "input_mask", "input_type_ids")})
     logits = q.numpy().astype(np.float64) @ d.numpy().T
@@ -64,19 +66,19 @@ def test_loss_matches_numpy_softmax(tiny):
     # Block packing is [CLS] title [SEP] body [SEP]; the query [CLS] sentence [SEP].
     assert (batch["block_input_word_ids"].numpy()[:, 0] == task.tokenizer.cls_id).all()
     assert batch["query_input_word_ids"].shape[1] <= tiny.model.query_seq_length  # padded to the longest row
-    static = ict.IctTask(config.apply_override(tiny, "data.static_padding=true"))
-    static_batch = next(iter(static.build_dataset(f"{tiny.data.ict_dir}/*.tfrecord", 8, seed=1)))
+    static = ict.IctTask(config.apply_override(tiny, "data.static_padding=true"), f"{tiny.data.ict_dir}/*.tfrecord")
+    static_batch, static_labels = next(iter(static.build_inputs(seed=1)))
     assert static_batch["query_input_word_ids"].shape == (8, tiny.model.query_seq_length)
-    same, _ = static.compute_loss(model, static_batch, training=False)
+    same, _ = static.build_losses(static_labels, static.call_model(model, static_batch, training=False))
     np.testing.assert_allclose(same.numpy(), per_example.numpy(), rtol=1e-4, atol=1e-4)  # padding-invariant
 
 
 def test_gradients_reach_both_towers(tiny):
     task = ict.IctTask(tiny)
     model = task.build_model()
-    batch = next(iter(task.build_dataset(f"{tiny.data.ict_dir}/*.tfrecord", 8, seed=1)))
+    batch, labels = next(iter(task.build_inputs(seed=1)))
     with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(task.compute_loss(model, batch, training=True)[0])
+        loss = tf.reduce_mean(task.build_losses(labels, task.call_model(model, batch, training=True))[0])
     variables = model.trainable_variables
     grads = dict(zip([v.name for v in variables], tape.gradient(loss, variables)))
     for tower in ("query_embedder", "doc_embedder"):
@@ -88,8 +90,8 @@ def test_gradients_reach_both_towers(tiny):
 
 def test_training_lowers_loss_and_resumes(tiny):
     losses = []
-    _, logs, step = ict.train_ict(tiny, hooks=(lambda s, l: losses.append(l.get("loss")),))
-    assert step == 50
+    result = experiment.run_experiment(ict.IctTask(tiny), hooks=(lambda s, l: losses.append(l.get("loss")),))
+    assert result["step"] == 50
     recorded = [x for x in losses if x is not None]
     assert np.mean(recorded[:5]) > np.log(8) - 0.05  # chance level with 8 in-batch candidates
     assert np.mean(recorded[-5:]) < np.mean(recorded[:5]) - 0.4, recorded
@@ -98,5 +100,5 @@ def test_training_lowers_loss_and_resumes(tiny):
     # Rerunning with more steps resumes from the last checkpoint instead of starting over.
     more = config.apply_override(tiny, "ict.steps=53")
     seen = []
-    _, _, step = ict.train_ict(more, hooks=(lambda s, l: seen.append(s),))
-    assert step == 53 and seen == [51, 52, 53]
+    result = experiment.run_experiment(ict.IctTask(more), hooks=(lambda s, l: seen.append(s),))
+    assert result["step"] == 53 and seen == [51, 52, 53]

@@ -25,6 +25,7 @@ from realm_tf import config
 from realm_tf.data import block_store
 from realm_tf.data import retrieval_augmented_input
 from realm_tf.index import index_loader
+from realm_tf.tasks import base_task
 from realm_tf.tasks import distribution
 from realm_tf.tasks import realm_pretraining
 
@@ -50,10 +51,12 @@ with mirrored.scope():
     replicated.set_weights(initial)
     optimizer = tf_keras.optimizers.SGD(1.0)
     mirrored_step = tf.Variable(5, dtype=tf.int64)
-logs_single = task.make_step_fn(single, tf_keras.optimizers.SGD(1.0), 4, tf.Variable(5, dtype=tf.int64))(batch)
-step_fn = task.make_step_fn(replicated, optimizer, 4, mirrored_step)
+split = base_task.split_features(realm_pretraining.is_model_input)
+logs_single = task.train_step(split(batch), single, tf_keras.optimizers.SGD(1.0), global_step=tf.Variable(5, dtype=tf.int64))
+step_fn = lambda inputs: task.train_step(inputs, replicated, optimizer, global_step=mirrored_step)
 halves = mirrored.experimental_distribute_values_from_function(
-    lambda ctx: {k: v[2 * ctx.replica_id_in_sync_group:2 * ctx.replica_id_in_sync_group + 2] for k, v in batch.items()})
+    lambda ctx: split({k: v[2 * ctx.replica_id_in_sync_group:2 * ctx.replica_id_in_sync_group + 2]
+                       for k, v in batch.items()}))
 logs = tf.function(lambda b: mirrored.run(step_fn, args=(b,)))(halves)
 loss = float(mirrored.reduce(tf.distribute.ReduceOp.MEAN, logs["loss"], axis=None))
 moved = max(float(np.abs(a - b).max()) for a, b in zip(single.get_weights(), initial))

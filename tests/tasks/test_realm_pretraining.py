@@ -15,6 +15,7 @@ from realm_tf.index import brute_force_index
 from realm_tf.index import index_loader
 from realm_tf.index import index_publisher
 from realm_tf.networks import bert_encoder
+from realm_tf.tasks import base_task
 from realm_tf.tasks import realm_pretraining
 
 TINY = "configs/tiny.yaml"
@@ -135,7 +136,7 @@ def test_evaluate_against_numpy(setup):
     cfg, task, _, _, inputs = setup
     model = task.build_model()
     dataset = inputs.dataset(f"{cfg.data.pretraining_dir}/pretraining-*", 4, repeat=False, shuffle=False).take(3)
-    scores = task.evaluate(model, dataset)
+    scores = task.evaluate(model, dataset.map(base_task.split_features(realm_pretraining.is_model_input)))
     correct = np.zeros(2)  # [with retrieval, null only]
     correct_found, count, count_found, n = np.zeros(2), 0.0, 0.0, 0
     for batch in dataset:
@@ -188,14 +189,15 @@ def test_loss_matches_numpy_with_fixed_candidates_and_one_step_trains_every_towe
     cfg, task, _, _, inputs = setup
     model = task.build_model()
     batch = next(iter(inputs.dataset(f"{cfg.data.pretraining_dir}/pretraining-*", 2, repeat=False, shuffle=False)))
-    per_example, terms = task.compute_loss(model, batch, training=False)
+    features, labels = base_task.split_features(realm_pretraining.is_model_input)(batch)
+    per_example, terms = task.build_losses(labels, model(features, training=False))
     np.testing.assert_allclose(per_example.numpy(), _numpy_log_marginal(model, batch), rtol=1e-4, atol=1e-4)
     assert np.isfinite(terms["retrieval_utility"].numpy()).all()
 
     optimizer = tf_keras.optimizers.SGD(0.5)
     step = tf.Variable(7, dtype=tf.int64)
     before = {v.name: v.numpy().copy() for v in model.trainable_variables}
-    logs = task.make_step_fn(model, optimizer, 2, step)(batch)
+    logs = task.train_step((features, labels), model, optimizer, global_step=step)
     assert logs["off_policy_delay_steps"].numpy() == 7 - 3  # trainer step 7, index exported at step 3
     assert logs["off_policy_delay_seconds"].numpy() > 0
     changed = {v.name for v in model.trainable_variables if not np.array_equal(before[v.name], v.numpy())}
@@ -262,8 +264,8 @@ def test_reader_only_step_leaves_the_retriever_alone(setup):
     model = task.build_model()
     batch = next(iter(inputs.dataset(f"{cfg.data.pretraining_dir}/pretraining-*", 2, repeat=False, shuffle=False)))
     before = {v.name: v.numpy().copy() for v in model.trainable_variables}
-    task.make_step_fn(model, tf_keras.optimizers.SGD(0.5), 2, tf.Variable(1, dtype=tf.int64),
-                      train_retriever=False)(batch)
+    task.train_step(base_task.split_features(realm_pretraining.is_model_input)(batch), model,
+                    tf_keras.optimizers.SGD(0.5), global_step=tf.Variable(1, dtype=tf.int64), train_retriever=False)
     changed = {v.name for v in model.trainable_variables if not np.array_equal(before[v.name], v.numpy())}
     assert any("reader_bert/" in n for n in changed) and any("masked_lm/" in n for n in changed)
     assert not [n for n in changed if "knowledge_retriever" in n]

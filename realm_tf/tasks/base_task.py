@@ -1,0 +1,159 @@
+"""The shape every training task has, in the manner of tensorflow/models ``official/core/base_task.py``.
+
+A task turns an experiment config into a model, its inputs, its losses and its metrics; one driver,
+:func:`realm_tf.tasks.experiment.run_experiment`, trains any task under any tf.distribute strategy with
+checkpoints, TensorBoard summaries, resume, ``max_minutes`` and SIGTERM handling in one place. ICT (ORQA §5),
+REALM pre-training (Guu et al., 2020, §3), the reader warm start and Open-QA fine-tuning (§4) are tasks.
+
+Inputs are ``(features, labels)`` pairs: ``features`` is exactly what the model is called with, ``labels`` is
+what the loss and metrics need besides the model's outputs (targets, and per-example bookkeeping such as the
+index version that chose the candidates).
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import functools
+from typing import Any, Callable, ClassVar, Mapping, Sequence
+
+import tensorflow as tf
+import tf_keras
+
+from realm_tf import config as config_lib
+from realm_tf.layers import bert_tokenizer
+from realm_tf.tasks import training_loop
+
+Features = Mapping[str, tf.Tensor]
+Labels = Mapping[str, tf.Tensor]
+Logs = dict[str, tf.Tensor]
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """A stretch of training with its own inputs and trained variables (most tasks have one).
+
+    Attributes:
+      name: shown in the progress output.
+      until_step: the phase ends at this global step (``None``: at ``steps``).
+      input_options: keyword arguments of :meth:`Task.build_inputs`; phases with equal options share one
+        iterator, so no example is seen twice across them.
+      options: passed to :meth:`Task.train_step` (e.g. which variables train).
+    """
+
+    name: str = "train"
+    until_step: int | None = None
+    input_options: tuple[tuple[str, Any], ...] = ()
+    options: tuple[tuple[str, Any], ...] = ()
+
+
+class Task(abc.ABC):
+    """Base class of the training tasks: model, inputs, losses, metrics, steps.
+
+    Subclasses set :attr:`trainer_section` (the ``TrainerConfig`` section of the experiment config that drives
+    them: ``ict``, ``trainer``, ``reader`` or ``finetune``) and implement :meth:`build_model`,
+    :meth:`build_inputs` and :meth:`build_losses`.
+    """
+
+    trainer_section: ClassVar[str] = "trainer"
+
+    def __init__(self, cfg: config_lib.ExperimentConfig):
+        self.cfg = cfg  # no TensorFlow op here: MultiWorkerMirroredStrategy must be created before any
+
+    @functools.cached_property
+    def tokenizer(self) -> bert_tokenizer.BertTokenizer:
+        """The model's wordpiece tokenizer, built on first use."""
+        return bert_tokenizer.BertTokenizer(self.cfg.model.vocab_file, self.cfg.model.lower_case)
+
+    @property
+    def trainer_config(self) -> config_lib.TrainerConfig:
+        return getattr(self.cfg, self.trainer_section)
+
+    @property
+    def global_batch_size(self) -> int:
+        """Examples per step over all replicas."""
+        return self.cfg.data.batch_size
+
+    # ---- what a task defines ------------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def build_model(self) -> tf_keras.Model:
+        """The model, with any warm start applied (called inside the strategy's scope)."""
+
+    @abc.abstractmethod
+    def build_inputs(self, input_context: tf.distribute.InputContext | None = None, seed: int | None = None,
+                     **options: Any) -> tf.data.Dataset:
+        """Training batches of ``(features, labels)``, per replica when ``input_context`` is given."""
+
+    @abc.abstractmethod
+    def build_losses(self, labels: Labels, outputs: Mapping[str, tf.Tensor]) -> tuple[tf.Tensor, Logs]:
+        """The per-example loss ``[batch]`` and named per-example terms the metrics read."""
+
+    def build_metrics(self, labels: Labels, outputs: Mapping[str, tf.Tensor], terms: Logs) -> Logs:
+        """Scalar metrics of one batch (logged as TensorBoard scalars next to ``loss``)."""
+        return {}
+
+    def call_model(self, model: tf_keras.Model, features: Features, training: bool) -> Mapping[str, tf.Tensor]:
+        """The forward pass (a dict of named tensors)."""
+        return model(features, training=training)
+
+    def trainable_variables(self, model: tf_keras.Model, **options: Any) -> Sequence[tf.Variable]:
+        """What :meth:`train_step` updates (``options``: the phase's)."""
+        return model.trainable_variables
+
+    def checkpoint_items(self, model: tf_keras.Model) -> dict[str, tf.Module]:
+        """What the checkpoints hold besides the optimizer and the global step."""
+        return {"model": model}
+
+    # ---- the run around the steps -------------------------------------------------------------------------
+
+    def phases(self, step: int) -> list[Phase]:
+        """The phases still to run from global ``step`` on."""
+        return [Phase()]
+
+    def initialize(self, model: tf_keras.Model, loop: training_loop.TrainingLoop) -> None:
+        """Work before the first step, after the checkpoint (if any) is restored (e.g. a head warm-up)."""
+
+    def train_hooks(self, model: tf_keras.Model, loop: training_loop.TrainingLoop) -> Sequence[training_loop.Hook]:
+        """Called after every step with ``(step, logs)`` (e.g. exporting the retriever for the index refresh)."""
+        return ()
+
+    def finish(self, model: tf_keras.Model, loop: training_loop.TrainingLoop) -> dict[str, Any]:
+        """Called once training stopped; returns entries for the run's result (e.g. a held-out evaluation)."""
+        return {}
+
+    def close(self) -> None:
+        """Releases what :meth:`initialize` started (also after an error)."""
+
+    # ---- steps --------------------------------------------------------------------------------------------
+
+    def train_step(self, inputs: tuple[Features, Labels], model: tf_keras.Model,
+                   optimizer: tf_keras.optimizers.Optimizer, global_step: tf.Variable | None = None,
+                   **options: Any) -> Logs:
+        """One update inside a replica: forward, loss averaged over the global batch, gradients, update."""
+        features, labels = inputs
+        found: dict[str, Any] = {}
+
+        def loss_fn() -> tuple[tf.Tensor, Logs]:
+            outputs = self.call_model(model, features, training=True)
+            per_example, terms = self.build_losses(labels, outputs)
+            found["outputs"] = outputs
+            return per_example, terms
+
+        per_example, terms = training_loop.minimize(loss_fn, self.trainable_variables(model, **options), optimizer,
+                                                    self.global_batch_size)
+        return {"loss": tf.reduce_mean(per_example), **self.build_metrics(labels, found["outputs"], terms),
+                "learning_rate": training_loop.learning_rate(optimizer)}
+
+    def validation_step(self, inputs: tuple[Features, Labels], model: tf_keras.Model) -> Logs:
+        """Loss and metrics of one batch without an update."""
+        features, labels = inputs
+        outputs = self.call_model(model, features, training=False)
+        per_example, terms = self.build_losses(labels, outputs)
+        return {"loss": tf.reduce_mean(per_example), **self.build_metrics(labels, outputs, terms)}
+
+
+def split_features(keys: Callable[[str], bool]) -> Callable[[Mapping[str, tf.Tensor]], tuple[Features, Labels]]:
+    """``batch -> (features, labels)``: the entries whose key satisfies ``keys`` are the model's features."""
+    def split(batch: Mapping[str, tf.Tensor]) -> tuple[Features, Labels]:
+        return ({k: v for k, v in batch.items() if keys(k)}, {k: v for k, v in batch.items() if not keys(k)})
+    return split

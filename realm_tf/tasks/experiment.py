@@ -1,0 +1,83 @@
+"""One driver for every training task: ``run_experiment(task)``.
+
+It writes ``<model_dir>/params.yaml``, builds the strategy named by the task's trainer section, the model and
+optimizer under it, restores the newest checkpoint (a rerun resumes), lets the task initialise, then runs the
+task's phases through :class:`realm_tf.tasks.training_loop.TrainingLoop` (checkpoints, TensorBoard scalars,
+``max_minutes``, SIGTERM). ICT, REALM pre-training (Guu et al., 2020, §3), the reader warm start and Open-QA
+fine-tuning (§4) all run here.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterator, Sequence
+
+import tensorflow as tf
+
+from realm_tf import config as config_lib
+from realm_tf.tasks import base_task
+from realm_tf.tasks import distribution
+from realm_tf.tasks import optimizer as optimizer_lib
+from realm_tf.tasks import training_loop
+
+logger = logging.getLogger(__name__)
+
+
+def run_experiment(task: base_task.Task, strategy: tf.distribute.Strategy | None = None,
+                   hooks: Sequence[training_loop.Hook] = ()) -> dict[str, Any]:
+    """Trains ``task`` to its trainer section's ``steps`` (or ``max_minutes``), resuming from its ``model_dir``.
+
+    ``hooks`` are called after every step with ``(step, logs)``, after the task's own.
+
+    Returns ``step`` (the global step reached), ``train`` (the last summary's logs, floats), ``model`` and
+    whatever the task's :meth:`~realm_tf.tasks.base_task.Task.finish` adds.
+    """
+    trainer = task.trainer_config
+    config_lib.save_params(task.cfg, trainer.model_dir)
+    strategy = strategy or distribution.make_strategy(trainer.strategy)
+    # The tokenizer's lookup tables: after the strategy (MultiWorkerMirroredStrategy must precede every op),
+    # eagerly (not first inside a traced input or step function, whose graph would own them).
+    _ = task.tokenizer
+    with strategy.scope():
+        model = task.build_model()
+        optimizer = optimizer_lib.build_optimizer(trainer, model)
+    loop = training_loop.TrainingLoop(trainer, strategy, {**task.checkpoint_items(model), "optimizer": optimizer},
+                                      task.global_batch_size)
+    result: dict[str, Any] = {"model": model, "train": {}}
+    logs: dict[str, float] = {}
+    try:
+        task.initialize(model, loop)
+        all_hooks = (*task.train_hooks(model, loop), *hooks)
+        iterators: dict[tuple, Iterator] = {}
+        for phase in task.phases(loop.step):
+            if phase.until_step is not None and loop.step >= phase.until_step:
+                continue
+            if phase.name != "train":
+                logger.info("%s: phase %r until step %s", trainer.model_dir, phase.name,
+                            phase.until_step or trainer.steps)
+            if phase.input_options not in iterators:
+                iterators[phase.input_options] = iter(_distributed_inputs(task, strategy, loop.step,
+                                                                          dict(phase.input_options)))
+            options = dict(phase.options)
+
+            def step_fn(inputs, options=options):
+                return task.train_step(inputs, model, optimizer, global_step=loop.global_step, **options)
+
+            logs = loop.run(iterators[phase.input_options], step_fn, hooks=all_hooks, distribute_dataset=False,
+                            until_step=phase.until_step)
+            if phase.until_step is not None and loop.step < phase.until_step:
+                break  # stopped early (max_minutes, SIGTERM, input exhausted): later phases wait for a rerun
+        result.update(task.finish(model, loop))
+    finally:
+        task.close()
+    result["step"] = loop.step
+    result["train"] = logs
+    return result
+
+
+def _distributed_inputs(task: base_task.Task, strategy: tf.distribute.Strategy, step: int,
+                        options: dict[str, Any]) -> Any:
+    """The task's inputs split over the replicas. A resumed run draws a new order (seed + step) instead of
+    replaying the examples it has already seen; each input pipeline gets its own seed."""
+    seed = options.pop("seed", task.trainer_config.seed) + step
+    return strategy.distribute_datasets_from_function(
+        lambda ctx: task.build_inputs(ctx, seed=seed + ctx.input_pipeline_id, **options))
