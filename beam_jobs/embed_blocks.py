@@ -321,7 +321,7 @@ def to_embedding_record(keyed: tuple[int, np.ndarray]) -> bytes:
     return tf.train.Example(features=tf.train.Features(feature={
         example_schemas.BLOCK_ID: tf.train.Feature(int64_list=tf.train.Int64List(value=[int(block_id)])),
         EMBEDDING: tf.train.Feature(float_list=tf.train.FloatList(value=np.asarray(vector, np.float32))),
-    })).SerializeToString()
+    })).SerializeToString(deterministic=True)
 
 
 # ---- the whole matrix, in the launching process ---------------------------------------------------------

@@ -54,7 +54,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from realm_tf import demo
 
     return demo.run(_load(args), main, workdir=args.workdir, num_questions=args.questions,
-                    pretrain_steps=args.pretrain_steps, finetune_steps=args.finetune_steps)
+                    pretrain_steps=args.pretrain_steps, finetune_steps=args.finetune_steps,
+                    reader_steps=args.reader_steps, reader_minutes=args.reader_minutes,
+                    squad_paragraphs=args.squad_paragraphs)
 
 
 def _add_beam_job_args(parser: argparse.ArgumentParser, adder: str) -> None:
@@ -247,9 +249,16 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                         p.add_argument("--workdir", default="runs/demo", help="output directory (recreated)"),
                         p.add_argument("--questions", type=int, default=400,
                                        help="bundled questions used; the corpus is their gold passages + as many others"),
-                        p.add_argument("--pretrain-steps", dest="pretrain_steps", type=int, default=6,
+                        p.add_argument("--pretrain-steps", dest="pretrain_steps", type=int, default=4,
                                        help="REALM pre-training steps"),
-                        p.add_argument("--finetune-steps", dest="finetune_steps", type=int, default=60,
+                        p.add_argument("--reader-steps", dest="reader_steps", type=int, default=400,
+                                       help="reader warm-start steps (at most --reader-minutes)"),
+                        p.add_argument("--reader-minutes", dest="reader_minutes", type=float, default=3.0,
+                                       help="time budget of the reader warm start"),
+                        p.add_argument("--squad-paragraphs", dest="squad_paragraphs", type=int, default=100,
+                                       help="SQuAD paragraphs added to the corpus; their questions train the "
+                                            "reader warm start"),
+                        p.add_argument("--finetune-steps", dest="finetune_steps", type=int, default=20,
                                        help="Open-QA fine-tuning steps"))),
     "preprocess": ("Beam job: corpus (JSONL/TSV/TFRecord) -> REALM blocks of <= 288 wordpieces + manifest",
                    _cmd_preprocess, lambda p: _add_beam_job_args(p, "add_preprocess_args")),

@@ -1,11 +1,13 @@
 """The main job (``make demo``): REALM's whole loop on the bundled Open-QA sample, sized for a small CPU.
 
 The loop of Guu et al. (2020), each stage the real subcommand's code: a corpus subset (the gold passages of a
-sample of the bundled questions plus as many other passages) → ``preprocess`` into blocks →
-``generate-pretraining-data`` (salient spans) → ``pretrain`` (which exports Embed_doc, embeds every block and
-publishes the first ScaNN index, then trains REALM a few steps) → a refreshed index from the pre-trained
-retriever → ``finetune`` on the training questions → ``evaluate`` on held-out questions → ``export`` the
-serving SavedModel → ``ask`` it sample questions. Everything goes to ``<workdir>`` (default ``runs/demo``,
+sample of the bundled questions, the paragraphs of some SQuAD questions, and as many other passages) →
+``preprocess`` into blocks → ``generate-pretraining-data`` (salient spans) → ``init-retriever`` (the import's
+projection fitted to the corpus) → ``pretrain`` (which exports Embed_doc, embeds every block and publishes the
+first ScaNN index, then trains REALM a few steps) → a refreshed index from the pre-trained retriever →
+``train-reader`` (the reader warm start on gold blocks, from the pre-trained reader) → ``finetune`` on the
+training questions → ``evaluate`` on held-out questions → ``export`` the serving SavedModel → ``ask`` it
+sample questions. Everything goes to ``<workdir>`` (default ``runs/demo``,
 recreated each run), TensorBoard logs included; the last lines print exact match, accuracy@5 and where the
 outputs are.
 """
@@ -22,29 +24,37 @@ from typing import Any, Callable
 from realm_tf import config as config_lib
 from realm_tf.data import question_split
 
-STAGES = ("corpus", "preprocess", "pretraining-data", "pretrain", "index", "finetune", "evaluate", "export", "ask")
+STAGES = ("corpus", "preprocess", "pretraining-data", "init-retriever", "pretrain", "index", "train-reader",
+          "finetune", "evaluate", "export", "ask")
 
 
-def _overrides(work: str, pretrain_steps: int, finetune_steps: int) -> list[str]:
+def _overrides(work: str, pretrain_steps: int, finetune_steps: int, reader_steps: int,
+               reader_minutes: float) -> list[str]:
     return [
         f"data.blocks_dir={work}/blocks", f"data.pretraining_dir={work}/pretraining",
         f"index.index_dir={work}/index", f"refresh.export_dir={work}/export",
         f"trainer.model_dir={work}/pretrain", f"finetune.model_dir={work}/finetune",
+        f"reader.model_dir={work}/reader", f"model.retriever_checkpoint={work}/retriever_init",
         # Pre-training: a handful of steps to run the loop (REALM trains 200k steps on 64 TPUs).
         f"trainer.steps={pretrain_steps}", "trainer.warmup_steps=1", "trainer.summary_every_steps=1",
         "trainer.checkpoint_every_steps=100", "trainer.eval_examples=16", "refresh.export_every_steps=0",
         "refresh.mode=external", "data.batch_size=4", "data.shuffle_buffer=256",
         # The reader alone for half of them (after a short MLM head warm-up), then both towers too.
         f"trainer.freeze_retriever_steps={pretrain_steps // 2}", "trainer.mlm_head_warmup_blocks=256",
-        # Fine-tuning: the retriever and reader from the pre-training run, a short schedule.
-        f"qa.retriever_checkpoint={work}/pretrain", f"qa.reader_checkpoint={work}/pretrain",
-        f"finetune.steps={finetune_steps}", "finetune.learning_rate=1e-4", "finetune.warmup_steps=5",
+        # The reader warm start (gold block + one BM25 negative), from the pre-trained reader, for a few minutes.
+        f"reader.steps={reader_steps}", f"reader.max_minutes={reader_minutes:g}", "reader.learning_rate=1e-4",
+        "reader.warmup_steps=5", "reader.summary_every_steps=5", "reader.checkpoint_every_steps=1000",
+        "qa.reader_negatives=1",
+        # Fine-tuning: the retriever from the pre-training run, the reader from its warm start; a short schedule.
+        f"qa.retriever_checkpoint={work}/pretrain", f"qa.reader_checkpoint={work}/reader",
+        f"finetune.steps={finetune_steps}", "finetune.learning_rate=5e-5", "finetune.warmup_steps=2",
         "finetune.summary_every_steps=5", "finetune.checkpoint_every_steps=1000",
     ]
 
 
 def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], workdir: str = "runs/demo",
-        num_questions: int = 400, pretrain_steps: int = 6, finetune_steps: int = 60, samples: int = 3) -> int:
+        num_questions: int = 400, pretrain_steps: int = 4, finetune_steps: int = 20, reader_steps: int = 400,
+        reader_minutes: float = 3.0, squad_paragraphs: int = 100, samples: int = 3) -> int:
     """Runs every stage on a subset of the bundled data; returns 0 when the loop completed.
 
     ``main`` runs one ``realm-tf`` subcommand from its arguments and returns its exit code: ``cli.main``, passed in
@@ -55,7 +65,7 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
     if os.path.isdir(work):
         shutil.rmtree(work)
     os.makedirs(work)
-    for item in _overrides(work, pretrain_steps, finetune_steps):
+    for item in _overrides(work, pretrain_steps, finetune_steps, reader_steps, reader_minutes):
         cfg = config_lib.apply_override(cfg, item)
     params = config_lib.save_params(cfg, work)
     sets = ["--config", params]
@@ -72,15 +82,17 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
         if code != 0:
             raise SystemExit(f"realm-tf demo: stage `realm-tf {argv[0]}` failed with exit code {code}")
 
-    corpus, questions = f"{work}/corpus.jsonl", f"{work}/questions.jsonl"
-    stats = stage(1, "corpus", "gold passages of sampled questions + as many others", lambda: _subset(
-        cfg, corpus, questions, num_questions))
-    print(f"  {stats['passages']} passages, {stats['questions']} questions ({stats['dev']} held out)")
+    corpus, questions, squad = f"{work}/corpus.jsonl", f"{work}/questions.jsonl", f"{work}/squad.jsonl"
+    stats = stage(1, "corpus", "gold passages of sampled questions, SQuAD paragraphs + as many others",
+                  lambda: _subset(cfg, corpus, questions, squad, num_questions, squad_paragraphs))
+    print(f"  {stats['passages']} passages, {stats['questions']} questions ({stats['dev']} held out), "
+          f"{stats['squad_questions']} SQuAD questions for the reader warm start")
     stage(2, "preprocess", "passages -> blocks of <= 288 wordpieces", lambda: call(
         "preprocess", *sets, "--input", corpus, "--output", cfg.data.blocks_dir))
     stage(3, "pretraining-data", "salient-span masked queries", lambda: call("generate-pretraining-data", *sets))
-    stage(4, "pretrain", "first index from MiniLM, then REALM pre-training steps", lambda: call(
-        "pretrain", *sets))
+    stage(4, "init-retriever", "the import's projection fitted to the corpus (model.projection_init)", lambda: call(
+        "init-retriever", *sets, "--out", f"{work}/retriever_init", "--blocks", "256"))
+    stage(5, "pretrain", "first index, then REALM pre-training steps", lambda: call("pretrain", *sets))
 
     def refresh() -> None:
         from realm_tf.index import index_refresher  # pylint: disable=import-outside-toplevel
@@ -93,8 +105,11 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
         retriever_export.export_retriever(model, cfg, cfg.trainer.steps)
         index_refresher.IndexRefresher(params).refresh_once()
 
-    stage(5, "index", "Embed_doc of the pre-trained retriever -> a new index version", refresh)
-    stage(6, "finetune", "Open-QA fine-tuning (retriever + span reader)", lambda: call(
+    stage(6, "index", "Embed_doc of the pre-trained retriever -> a new index version", refresh)
+    stage(7, "train-reader", f"the reader warm start on gold blocks (at most {reader_minutes:g} min)", lambda: call(
+        "train-reader", *sets, "--set", f"qa.reader_checkpoint={cfg.trainer.model_dir}", "--questions", squad,
+        questions))
+    stage(8, "finetune", "Open-QA fine-tuning (retriever + span reader)", lambda: call(
         "finetune", *sets, "--train", questions))
     metrics_path = f"{work}/metrics.json"
 
@@ -106,12 +121,12 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
             json.dump(metrics, f, indent=2)
         return metrics
 
-    metrics = stage(7, "evaluate", "held-out questions: EM, retrieval accuracy@k", evaluate)
+    metrics = stage(9, "evaluate", "held-out questions: EM, retrieval accuracy@k", evaluate)
     served = f"{work}/served"
-    stage(8, "export", "one SavedModel: tokenize, embed, ScaNN search, read, decode", lambda: call(
+    stage(10, "export", "one SavedModel: tokenize, embed, ScaNN search, read, decode", lambda: call(
         "export", *sets, "--out", served))
     sample = _dev_questions(questions, cfg.data.qa_dev_fraction)[:samples]
-    stage(9, "ask", "sample held-out questions", lambda: call("ask", *sample, "--model", served, "--snippet", "100"))
+    stage(11, "ask", "sample held-out questions", lambda: call("ask", *sample, "--model", served, "--snippet", "100"))
 
     minutes = (time.time() - started) / 60
     print(f"\nrealm-tf demo finished in {minutes:.1f} min on {stats['passages']} passages; "
@@ -123,21 +138,36 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
     return 0
 
 
-def _subset(cfg: config_lib.ExperimentConfig, corpus_out: str, questions_out: str, num_questions: int) -> dict:
-    """The first ``num_questions`` bundled questions, their gold passages, and as many other passages."""
+def _subset(cfg: config_lib.ExperimentConfig, corpus_out: str, questions_out: str, squad_out: str,
+            num_questions: int, squad_paragraphs: int) -> dict:
+    """The first ``num_questions`` bundled questions and their gold passages, the SQuAD questions of the first
+    ``squad_paragraphs`` SQuAD paragraphs (reading-comprehension data for the reader warm start) and those
+    paragraphs, and as many other passages as there are gold ones."""
     with gzip.open(cfg.data.qa_train, "rt", encoding="utf-8") as f:
         rows = [json.loads(line) for _, line in zip(range(num_questions), f)]
-    gold = {pid for r in rows for pid in r.get("gold_passage_ids", [])}
+    gold = {str(pid) for r in rows for pid in r.get("gold_passage_ids", [])}
+    squad_rows, paragraphs = [], set()
+    squad_path = os.path.join(os.path.dirname(cfg.data.qa_train), "qa_squad_dev.jsonl.gz")
+    if squad_paragraphs > 0 and os.path.exists(squad_path):
+        with gzip.open(squad_path, "rt", encoding="utf-8") as f:
+            for line in f:
+                row = json.loads(line)
+                ids = {str(pid) for pid in row.get("gold_passage_ids", [])}
+                if not ids <= paragraphs and len(paragraphs | ids) > squad_paragraphs:
+                    break
+                paragraphs |= ids
+                squad_rows.append(row)
     with gzip.open(cfg.data.corpus_pattern, "rt", encoding="utf-8") as f:
         passages = [json.loads(line) for line in f]
-    others = [p for p in passages if p["id"] not in gold]
-    chosen = [p for p in passages if p["id"] in gold] + random.Random(0).sample(others, min(len(gold), len(others)))
-    with open(corpus_out, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(p, ensure_ascii=False) + "\n" for p in chosen)
-    with open(questions_out, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    wanted = gold | paragraphs
+    others = [p for p in passages if str(p["id"]) not in wanted]
+    chosen = [p for p in passages if str(p["id"]) in wanted] + random.Random(0).sample(
+        others, min(len(gold), len(others)))
+    for path, items in ((corpus_out, chosen), (questions_out, rows), (squad_out, squad_rows)):
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(item, ensure_ascii=False) + "\n" for item in items)
     dev = sum(question_split.is_dev(str(r["id"]), cfg.data.qa_dev_fraction) for r in rows)
-    return {"passages": len(chosen), "questions": len(rows), "dev": dev}
+    return {"passages": len(chosen), "questions": len(rows), "dev": dev, "squad_questions": len(squad_rows)}
 
 
 def _dev_questions(path: str, fraction: float) -> list[str]:

@@ -37,14 +37,16 @@ def test_config_prints_overrides_and_bad_key_is_a_clean_error():
 def test_demo_runs_the_whole_loop_on_the_tiny_config(tmp_path):
     work = tmp_path / "demo"
     result = _run("demo", "--config", "configs/tiny.yaml", "--workdir", str(work), "--questions", "40",
-                  "--pretrain-steps", "2", "--finetune-steps", "4")
+                  "--pretrain-steps", "2", "--finetune-steps", "4", "--reader-steps", "2", "--squad-paragraphs", "4")
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
-    for name in ("corpus", "preprocess", "pretraining-data", "pretrain", "index", "finetune", "evaluate", "export",
-                 "ask"):
+    for name in ("corpus", "preprocess", "pretraining-data", "init-retriever", "pretrain", "index", "train-reader",
+                 "finetune", "evaluate", "export", "ask"):
         assert f"] {name}:" in result.stdout and f"=== {name} done" in result.stdout, name
     last = result.stdout.strip().splitlines()[-1]
     assert last.startswith("EM ") and "accuracy@5" in last
     metrics = json.loads((work / "metrics.json").read_text())
     assert metrics["num_questions"] > 0 and 0 <= metrics["exact_match"] <= 1
     assert (work / "params.yaml").exists() and (work / "served" / "realm_qa.json").exists()
+    assert 'model_checkpoint_path: "ckpt-2"' in (work / "reader" / "checkpoints" / "checkpoint").read_text()
+    assert "SQuAD questions for the reader warm start" in result.stdout
     assert "A: " in result.stdout  # the sample questions were answered

@@ -70,7 +70,7 @@ def to_example(features: Mapping[str, object]) -> bytes:
             out[key] = _ints([value])
         else:
             out[key] = _ints(value)  # a sequence of ints
-    return tf.train.Example(features=tf.train.Features(feature=out)).SerializeToString()
+    return tf.train.Example(features=tf.train.Features(feature=out)).SerializeToString(deterministic=True)
 
 
 def block_feature_spec() -> dict[str, tf.io.FixedLenFeature | tf.io.RaggedFeature]:

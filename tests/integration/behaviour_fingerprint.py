@@ -43,13 +43,15 @@ QUESTIONS = [
 
 
 def _sha256_of(pattern: str) -> str:
-    """sha256 over the sorted serialized records of the TFRecord files (Beam writes them in no fixed order)."""
+    """sha256 over the sorted records of the TFRecord files, each re-serialised with its feature map in key
+    order (Beam writes records in no fixed order, and a map's serialised order may differ between processes)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
     records = []
     for path in sorted(glob.glob(pattern)):
         compression = "GZIP" if path.endswith(".gz") else ""
-        records += [r.numpy() for r in tf.data.TFRecordDataset(path, compression_type=compression)]
+        records += [tf.train.Example.FromString(r.numpy()).SerializeToString(deterministic=True)
+                    for r in tf.data.TFRecordDataset(path, compression_type=compression)]
     digest = hashlib.sha256()
     for record in sorted(records):
         digest.update(record)

@@ -1,0 +1,56 @@
+"""Prints a training run's TensorBoard scalars as window means over step ranges (the curves in RESULTS.md).
+
+    .venv/bin/python benchmarks/scalar_windows.py runs/bench/qa2/finetune/train --tags loss span_accuracy \
+        --window 250
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+
+def read_scalars(logdir: str) -> dict[str, dict[int, float]]:
+    """``tag -> {step: value}`` from every event file in ``logdir`` (a resumed run's later value wins)."""
+    scalars: dict[str, dict[int, float]] = {}
+    for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*")), key=os.path.getmtime):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                number = float(tf.make_ndarray(value.tensor)) if value.HasField("tensor") else value.simple_value
+                scalars.setdefault(value.tag, {})[event.step] = number
+    return scalars
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("logdir", help="a run's train/ (or eval/) directory")
+    parser.add_argument("--tags", nargs="+", default=["loss"], help="scalars to print")
+    parser.add_argument("--window", type=int, default=100, help="steps per window")
+    args = parser.parse_args()
+    scalars = read_scalars(args.logdir)
+    if not scalars:
+        print(f"{args.logdir}: no event files", file=sys.stderr)
+        return 1
+    for tag in args.tags:
+        points = sorted(scalars.get(tag, {}).items())
+        if not points:
+            print(f"{tag}: not logged (tags: {', '.join(sorted(scalars))})")
+            continue
+        last = points[-1][0]
+        for start in range(0, last, args.window):
+            values = [v for s, v in points if start < s <= start + args.window]
+            if values:
+                print(f"{tag:<20} steps {start + 1:>5}-{min(start + args.window, last):<5} mean {np.mean(values):.3f} "
+                      f"({len(values)} points)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
