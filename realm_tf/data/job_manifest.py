@@ -12,7 +12,9 @@ from typing import Any, Mapping
 
 from apache_beam.io import filesystems
 
-MANIFEST = "manifest.json"
+from realm_tf import artifacts
+
+MANIFEST = artifacts.JOB_MANIFEST
 
 
 def manifest_path(output_dir: str) -> str:

@@ -23,20 +23,17 @@ import json
 import logging
 import os
 import time
-import uuid
 from typing import Any, Mapping
 
 import numpy as np
 import tensorflow as tf
 
+from realm_tf import artifacts
 from realm_tf import errors
-from realm_tf import versioned_dirs
 from realm_tf.index import mips_index
 
-INDEX_JSON = "index.json"
 EMBEDDINGS_NPY = "embeddings.npy"
 SEARCHER_DIR = "searcher"
-STAGING_PREFIX = ".staging-"
 FORMAT_VERSION = 1
 
 _RESERVED = ("format", "version", "kind", "num_blocks", "dim", "embeddings", "searcher", "index",
@@ -58,7 +55,7 @@ def version_dir(index_dir: str, version: int) -> str:
 
 def is_complete(path: str) -> bool:
     """True when the version directory ``path`` holds its ``index.json`` (written last)."""
-    return tf.io.gfile.exists(os.path.join(path, INDEX_JSON))
+    return artifacts.is_complete(path, artifacts.INDEX)
 
 
 def complete_versions(index_dir: str) -> list[int]:
@@ -66,13 +63,12 @@ def complete_versions(index_dir: str) -> list[int]:
 
     Staging directories (``.staging-*``) and versions whose ``index.json`` was never written are ignored.
     """
-    return list(versioned_dirs.complete_versions(index_dir, INDEX_JSON))
+    return list(artifacts.complete_versions(index_dir, artifacts.INDEX))
 
 
 def read_index_json(path: str) -> dict[str, Any]:
     """The ``index.json`` of the version directory ``path``."""
-    with tf.io.gfile.GFile(os.path.join(path, INDEX_JSON), "r") as f:
-        return json.loads(f.read())
+    return artifacts.read_marker(path, artifacts.INDEX, "index version")
 
 
 def publish(index_dir: str, version: int, embeddings: np.ndarray, index: mips_index.MipsIndex,
@@ -105,31 +101,24 @@ def publish(index_dir: str, version: int, embeddings: np.ndarray, index: mips_in
                          f"{list(embeddings.shape)}")
     _check_metadata(metadata)
     final = version_dir(index_dir, version)
-    if tf.io.gfile.exists(final):
-        if is_complete(final):
-            raise IndexVersionExistsError(f"{final}: index version {version} is already published")
-        logging.warning("%s: removing an incomplete version left by an interrupted publish", final)
-        tf.io.gfile.rmtree(final)
-
-    staging = os.path.join(index_dir, f"{STAGING_PREFIX}{version_name(version)}-{uuid.uuid4().hex}")
-    tf.io.gfile.makedirs(staging)
+    if is_complete(final):
+        raise IndexVersionExistsError(f"{final}: index version {version} is already published")
     try:
-        with tf.io.gfile.GFile(os.path.join(staging, EMBEDDINGS_NPY), "wb") as f:
-            np.save(f, embeddings, allow_pickle=False)
-        index.save(os.path.join(staging, SEARCHER_DIR))
-        content = {**dict(metadata), "format": FORMAT_VERSION, "version": version, "kind": index.kind,
-                   "num_blocks": index.num_blocks, "dim": index.dim, "embeddings": EMBEDDINGS_NPY,
-                   "searcher": SEARCHER_DIR, "index": index.describe(),
-                   "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                   "write_seconds": round(time.perf_counter() - start, 3)}
-        _write_index_json(staging, content)
-        if pause_before_commit > 0:
-            logging.warning("%s: staged; pausing %.1fs before the commit", staging, pause_before_commit)
-            time.sleep(pause_before_commit)
-        _commit(staging, final)
-    except BaseException:
-        versioned_dirs.remove_quietly(staging)
-        raise
+        with artifacts.staged(final, artifacts.INDEX) as staging:
+            with tf.io.gfile.GFile(os.path.join(staging.path, EMBEDDINGS_NPY), "wb") as f:
+                np.save(f, embeddings, allow_pickle=False)
+            index.save(os.path.join(staging.path, SEARCHER_DIR))
+            staging.metadata = {
+                **dict(metadata), "format": FORMAT_VERSION, "version": version, "kind": index.kind,
+                "num_blocks": index.num_blocks, "dim": index.dim, "embeddings": EMBEDDINGS_NPY,
+                "searcher": SEARCHER_DIR, "index": index.describe(),
+                "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "write_seconds": round(time.perf_counter() - start, 3)}
+            if pause_before_commit > 0:
+                logging.warning("%s: staged; pausing %.1fs before the commit", staging.path, pause_before_commit)
+                time.sleep(pause_before_commit)
+    except FileExistsError as e:
+        raise IndexVersionExistsError(f"{final}: index version {version} was published concurrently") from e
     logging.info("published index version %d (%s, %d blocks) at %s", version, index.kind, index.num_blocks,
                  final)
     delete_old_versions(index_dir, keep_versions, protect=version)
@@ -141,7 +130,7 @@ def delete_old_versions(index_dir: str, keep_versions: int, protect: int | None 
 
     Readers hold a loaded index in memory, so deleting the files of a version still being served is harmless.
     """
-    return versioned_dirs.delete_old_versions(index_dir, INDEX_JSON, keep_versions, protect)
+    return artifacts.delete_old_versions(index_dir, artifacts.INDEX, keep_versions, protect)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -158,17 +147,3 @@ def _check_metadata(metadata: Mapping[str, Any]) -> None:
     if isinstance(step, bool) or not isinstance(step, int):
         raise ValueError(f"metadata['export_step'] (int) is required, got {step!r}")
     json.dumps(dict(metadata))  # fails early (before any file is written) on non-JSON values
-
-
-def _write_index_json(directory: str, content: Mapping[str, Any]) -> None:
-    """Writes ``index.json``: the completeness marker, so always the last file of a version."""
-    with tf.io.gfile.GFile(os.path.join(directory, INDEX_JSON), "w") as f:
-        f.write(json.dumps(content, indent=2, sort_keys=True))
-
-
-def _commit(staging: str, final: str) -> None:
-    """Makes the staged version visible under its final name (index.json last)."""
-    try:
-        versioned_dirs.commit(staging, final, INDEX_JSON)
-    except FileExistsError as e:
-        raise IndexVersionExistsError(f"{final}: index version already published concurrently") from e

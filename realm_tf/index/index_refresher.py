@@ -21,10 +21,9 @@ import time
 from typing import Sequence
 
 from realm_tf import config as config_lib
-from realm_tf import versioned_dirs
+from realm_tf import artifacts
 from realm_tf.index import index_publisher
 
-EXPORT_JSON = "export.json"  # completeness marker of an export (realm_tf.serving.retriever_export.EXPORT_JSON)
 
 
 class IndexRefresher:
@@ -57,7 +56,7 @@ class IndexRefresher:
 
     def pending_export(self) -> int | None:
         """The newest export step that is newer than every published index version (None if none)."""
-        exports = [s for s in versioned_dirs.complete_versions(self.export_dir, EXPORT_JSON) if s not in self.failed]
+        exports = [s for s in artifacts.complete_versions(self.export_dir, artifacts.RETRIEVER_EXPORT) if s not in self.failed]
         if not exports:
             return None
         published = index_publisher.complete_versions(self.index_dir)

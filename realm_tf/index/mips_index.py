@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import numpy as np
 import tensorflow as tf
 
-from realm_tf import versioned_dirs
+from realm_tf import artifacts
 
 
 class MipsIndex(abc.ABC):
@@ -140,8 +140,8 @@ def local_dir(directory: str, upload: bool) -> Iterator[str]:
     the directory itself; for a remote one (gs://) it is a temporary directory that is copied up on a clean
     exit (``upload=True``) or filled from the remote one on entry (``upload=False``), then removed.
     """
-    if versioned_dirs.is_local(directory):
-        path = versioned_dirs.local_path(directory)
+    if artifacts.is_local(directory):
+        path = artifacts.local_path(directory)
         if upload:
             os.makedirs(path, exist_ok=True)
         yield path

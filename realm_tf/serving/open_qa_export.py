@@ -16,22 +16,18 @@ and any batch size works (cost grows linearly: k readings per question). Loading
 """
 from __future__ import annotations
 
-import json
 import os
 import time
-import uuid
 from typing import Any
 
 import tensorflow as tf
 
+from realm_tf import artifacts
 from realm_tf import config as config_lib
 from realm_tf import errors
-from realm_tf import versioned_dirs
 from realm_tf.index import index_publisher
 from realm_tf.models import open_qa_model
 from realm_tf.tasks import open_qa
-
-EXPORT_JSON = "realm_qa.json"
 
 
 class OpenQaExportModule(tf.Module):
@@ -39,7 +35,11 @@ class OpenQaExportModule(tf.Module):
 
     def __init__(self, task: open_qa.OpenQaTask, model: open_qa_model.OpenQaModel):
         super().__init__(name="realm_open_qa")
-        self.model = model
+        # Tracked: the variables, the corpus (titles, texts, embeddings, searcher) and the tokenizer; not the
+        # Keras model, whose layer call functions would be traced and saved too (twice the export time).
+        self.model_variables = list(model.variables)
+        self.corpus = model.corpus
+        object.__setattr__(self, "model", model)
         self.tokenizer = task.tokenizer
         self._task = task
         self._question_length = task.cfg.qa.question_seq_length
@@ -107,24 +107,13 @@ def export_open_qa(cfg: config_lib.ExperimentConfig, out: str, model_dir: str | 
     task, model, info = build_model(cfg, model_dir, index_dir)
     module = OpenQaExportModule(task, model)
     out = out.rstrip("/")
-    if tf.io.gfile.exists(os.path.join(out, EXPORT_JSON)):
+    if artifacts.is_complete(out, artifacts.OPEN_QA_EXPORT):
         raise errors.UserError(f"{out}: already holds an export; choose another --out or delete it")
-    parent = os.path.dirname(out) or "."
-    tf.io.gfile.makedirs(parent)
-    staging = os.path.join(parent, f".staging-{os.path.basename(out)}-{uuid.uuid4().hex[:8]}")
     start = time.time()
-    try:
-        tf.saved_model.save(module, staging, signatures={
+    with artifacts.staged(out, artifacts.OPEN_QA_EXPORT) as staging:
+        tf.saved_model.save(module, staging.path, signatures={
             "serving_default": module.answer, "embed_query": module.embed_query, "embed_block": module.embed_block})
-        meta = {**info, "exported_at": time.time(), "config_hash": config_lib.config_hash(cfg),
-                "reader_beam_size": cfg.model.reader_beam_size, "vocab_hash": task.tokenizer.vocab_hash,
-                "export_seconds": round(time.time() - start, 3)}
-        with tf.io.gfile.GFile(os.path.join(staging, EXPORT_JSON), "w") as f:
-            f.write(json.dumps(meta, indent=2))
-        if tf.io.gfile.exists(out):
-            tf.io.gfile.rmtree(out)  # an incomplete earlier export (no realm_qa.json)
-        versioned_dirs.commit(staging, out, EXPORT_JSON)
-    except BaseException:
-        versioned_dirs.remove_quietly(staging)
-        raise
+        staging.metadata = {**info, "exported_at": time.time(), "config_hash": config_lib.config_hash(cfg),
+                            "reader_beam_size": cfg.model.reader_beam_size, "vocab_hash": task.tokenizer.vocab_hash,
+                            "export_seconds": round(time.time() - start, 3)}
     return out

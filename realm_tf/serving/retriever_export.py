@@ -15,21 +15,17 @@ Each export goes to ``export_dir/<global_step>/`` atomically: written to a stagi
 """
 from __future__ import annotations
 
-import json
 import os
 import time
-import uuid
 from typing import Any
 
 import tensorflow as tf
 
+from realm_tf import artifacts
 from realm_tf import config as config_lib
-from realm_tf import versioned_dirs
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_retriever
 from realm_tf.networks import bert_encoder
-
-EXPORT_JSON = "export.json"
 
 
 class RetrieverExportModule(tf.Module):
@@ -38,7 +34,11 @@ class RetrieverExportModule(tf.Module):
     def __init__(self, retriever: knowledge_retriever.KnowledgeRetriever, tokenizer: bert_tokenizer.BertTokenizer,
                  query_seq_length: int, block_seq_length: int):
         super().__init__(name="realm_retriever")
-        self.retriever = retriever
+        # The SavedModel tracks the towers' variables, not the Keras model: tracking a Keras model makes the
+        # export trace and save every layer's call function as well, which nothing loads and which doubles
+        # the export time (benchmarks/export_speed.py). ``retriever`` is bypassing tracking on purpose.
+        self.retriever_variables = list(retriever.variables)
+        object.__setattr__(self, "retriever", retriever)
         self.tokenizer = tokenizer
         self._query_seq_length = query_seq_length
         self._block_seq_length = block_seq_length
@@ -73,15 +73,14 @@ def export_retriever(retriever: knowledge_retriever.KnowledgeRetriever, cfg: con
     export_dir = export_dir or cfg.refresh.export_dir
     module = RetrieverExportModule(retriever, tokenizer, cfg.model.query_seq_length, cfg.model.block_seq_length)
     final = os.path.join(export_dir, str(int(step)))
-    staging = os.path.join(export_dir, f".staging-{int(step)}-{uuid.uuid4().hex[:8]}")
-    tf.io.gfile.makedirs(export_dir)
     start = time.time()
-    try:
-        tf.saved_model.save(module, staging, signatures={
+    # A re-export of the same step (e.g. after a resume) replaces it.
+    with artifacts.staged(final, artifacts.RETRIEVER_EXPORT, replace=True) as staging:
+        tf.saved_model.save(module, staging.path, signatures={
             "embed_query": module.embed_query, "embed_block": module.embed_block,
             "embed_query_ids": module.embed_query_ids,
             "serving_default": module.embed_query})
-        metadata = {
+        staging.metadata = {
             "step": int(step),
             "exported_at": time.time(),
             "config_hash": config_lib.config_hash(cfg),
@@ -91,31 +90,18 @@ def export_retriever(retriever: knowledge_retriever.KnowledgeRetriever, cfg: con
             "block_seq_length": cfg.model.block_seq_length,
             "export_seconds": round(time.time() - start, 3),
         }
-        with tf.io.gfile.GFile(os.path.join(staging, EXPORT_JSON), "w") as f:
-            f.write(json.dumps(metadata, indent=2))
-        if tf.io.gfile.exists(final):  # a re-export of the same step (e.g. after a resume) replaces it
-            tf.io.gfile.rmtree(final)
-        versioned_dirs.commit(staging, final, EXPORT_JSON)  # export.json last, also on gs://
-    except BaseException:
-        if tf.io.gfile.exists(staging):
-            tf.io.gfile.rmtree(staging)
-        raise
     # An export stays while an index version built from it may still be served: the trainer's input pipeline
     # embeds queries with the export of the index version it searches.
-    in_use = {int(step), *versioned_dirs.complete_versions(cfg.index.index_dir, "index.json")}
-    versioned_dirs.delete_old_versions(export_dir, EXPORT_JSON, cfg.refresh.keep_exports, protect=in_use)
+    in_use = {int(step), *artifacts.complete_versions(cfg.index.index_dir, artifacts.INDEX)}
+    artifacts.delete_old_versions(export_dir, artifacts.RETRIEVER_EXPORT, cfg.refresh.keep_exports, protect=in_use)
     return final
 
 
 def list_exports(export_dir: str) -> list[int]:
     """Steps of the complete exports (numeric directory with export.json), oldest first."""
-    return list(versioned_dirs.complete_versions(export_dir, EXPORT_JSON))
+    return list(artifacts.complete_versions(export_dir, artifacts.RETRIEVER_EXPORT))
 
 
 def read_export_metadata(export_path: str) -> dict[str, Any]:
     """The ``export.json`` of one export (FileNotFoundError naming the path if it is incomplete)."""
-    path = os.path.join(export_path, EXPORT_JSON)
-    if not tf.io.gfile.exists(path):
-        raise FileNotFoundError(f"{export_path}: no {EXPORT_JSON}: not a complete retriever export")
-    with tf.io.gfile.GFile(path) as f:
-        return json.load(f)
+    return artifacts.read_marker(export_path, artifacts.RETRIEVER_EXPORT, "retriever export")

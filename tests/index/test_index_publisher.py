@@ -5,6 +5,7 @@ import os
 import numpy as np
 import pytest
 
+from realm_tf import artifacts
 from realm_tf import errors
 from realm_tf.index import brute_force_index
 from realm_tf.index import index_publisher
@@ -43,16 +44,17 @@ def test_publish_writes_a_complete_version_and_no_staging_remains(tmp_path):
 def test_index_json_is_written_last_inside_staging_before_the_rename(tmp_path, monkeypatch):
     embeddings, index = _index()
     seen = {}
-    real_write = index_publisher._write_index_json
+    real_write = artifacts.write_marker
 
-    def spy(directory, content):
+    def spy(directory, marker, content):
+        assert marker == "index.json"
         seen["staging"] = os.path.basename(directory)
         seen["files"] = _entries(directory)
         seen["searcher"] = _entries(os.path.join(directory, "searcher"))
         seen["visible"] = _entries(tmp_path)
-        real_write(directory, content)
+        real_write(directory, marker, content)
 
-    monkeypatch.setattr(index_publisher, "_write_index_json", spy)
+    monkeypatch.setattr(artifacts, "write_marker", spy)
     index_publisher.publish(str(tmp_path), 3, embeddings, index, META, 3)
     assert seen["staging"].startswith(".staging-0000000003-")
     assert seen["files"] == ["embeddings.npy", "searcher"] and "embeddings.npy" in seen["searcher"]
@@ -70,9 +72,9 @@ def test_a_failed_publish_leaves_no_version_and_no_staging(tmp_path, monkeypatch
     if where == "save":
         monkeypatch.setattr(index, "save", boom)
     elif where == "index_json":
-        monkeypatch.setattr(index_publisher, "_write_index_json", boom)
+        monkeypatch.setattr(artifacts, "write_marker", boom)
     else:
-        monkeypatch.setattr(index_publisher, "_commit", boom)
+        monkeypatch.setattr(artifacts, "commit", boom)
     with pytest.raises(OSError, match="disk full"):
         index_publisher.publish(str(tmp_path), 2, embeddings, index, META, 3)
     assert _entries(tmp_path) == ["0000000001"]

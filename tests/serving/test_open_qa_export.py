@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from realm_tf import artifacts
 from realm_tf import config
 from realm_tf.index import index_refresher
 from realm_tf.models import knowledge_retriever
@@ -50,7 +51,7 @@ def _keras_answers(task, model, questions):
 
 def test_fresh_process_without_realm_tf_answers_like_the_keras_model(exported, tmp_path):
     cfg, path, task, model = exported
-    meta = json.load(open(os.path.join(path, open_qa_export.EXPORT_JSON)))
+    meta = json.load(open(os.path.join(path, artifacts.OPEN_QA_EXPORT)))
     assert meta["searcher"] == "scann"  # ScaNN's TF op inside the graph
     script = f"""
 import json, sys

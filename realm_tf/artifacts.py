@@ -1,0 +1,211 @@
+"""The artifacts one job publishes for another, and the only code that writes or lists them.
+
+REALM's asynchronous refresh (Guu et al., 2020, §3.4) hands artefacts from one job to another: the trainer's
+retriever export to the index builder, the index builder's MIPS index to the trainer's input pipeline, the
+fine-tuned system to serving, and each data job's output to the next job. Every one is a directory that is
+complete exactly when its **marker** (a JSON file, written last) exists:
+
+* ``export.json``, a retriever SavedModel: written by ``serving.retriever_export``, read by
+  ``index.index_refresher``, ``beam_jobs/embed_blocks`` and the input pipeline (``index.index_loader``);
+* ``index.json``, a MIPS index version: written by ``index.index_publisher``, read by ``index.index_loader``,
+  ``tasks.open_qa`` and serving;
+* ``realm_qa.json``, the Open-QA serving SavedModel: written by ``serving.open_qa_export``, read by
+  ``serving.answerer`` (and TF Serving);
+* ``manifest.json``, a Beam job's output: written by every job (``data.job_manifest``), read by the next job.
+
+Versioned artifacts live under ``<root>/<number>/``. :func:`staged` writes a directory under a staging name
+next to its final one and publishes it in one step (marker last); :func:`complete_versions` lists only
+complete versions, and :func:`delete_old_versions` prunes. Works on any TensorFlow filesystem (local, gs://).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import uuid
+from typing import Any, Collection, Iterator, Mapping
+
+import tensorflow as tf
+
+RETRIEVER_EXPORT = "export.json"  # a retriever SavedModel (embed_query / embed_block signatures)
+INDEX = "index.json"  # a MIPS index version: embeddings.npy + searcher/
+OPEN_QA_EXPORT = "realm_qa.json"  # the serving SavedModel of the Open-QA system
+JOB_MANIFEST = "manifest.json"  # a Beam job's output directory (counts, shards, config)
+STAGING_PREFIX = ".staging-"
+
+
+class Staging:
+    """The directory being written inside :func:`staged`; set ``metadata`` to the marker's content."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.metadata: Mapping[str, Any] | None = None
+
+
+@contextlib.contextmanager
+def staged(final: str, marker: str, replace: bool = False) -> Iterator[Staging]:
+    """Publishes the directory ``final`` atomically, ``marker`` last.
+
+    Yields a :class:`Staging` whose ``path`` (``<parent>/.staging-<name>-<random>``) the body fills and whose
+    ``metadata`` it sets. On a normal exit the marker is written into the staging directory with that
+    metadata, then the directory becomes ``final`` (:func:`commit`); if the body raises, the staging
+    directory is removed and ``final`` is untouched. A directory already at ``final`` is replaced when it is
+    incomplete (no marker: left by a crash) or when ``replace``; otherwise FileExistsError. Locally the
+    replaced directory is moved aside and restored if the commit fails; on an object store it is deleted
+    first (no directory rename there).
+    """
+    final = final.rstrip("/")
+    parent = os.path.dirname(final) or "."
+    tf.io.gfile.makedirs(parent)
+    staging = Staging(os.path.join(parent, f"{STAGING_PREFIX}{os.path.basename(final)}-{uuid.uuid4().hex[:12]}"))
+    tf.io.gfile.makedirs(staging.path)
+    try:
+        yield staging
+        if staging.metadata is None:
+            raise ValueError(f"{final}: nothing set the metadata of {marker}")
+        write_marker(staging.path, marker, staging.metadata)
+        aside = None
+        if tf.io.gfile.exists(final):
+            if tf.io.gfile.exists(os.path.join(final, marker)) and not replace:
+                raise FileExistsError(f"{final}: already published")
+            logging.warning("%s: replacing %s", final, "an earlier version" if replace else "an incomplete version")
+            if is_local(final):  # kept aside until the new one is in place, and put back if the commit fails
+                aside = os.path.join(parent, f".replaced-{os.path.basename(final)}-{uuid.uuid4().hex[:12]}")
+                os.rename(local_path(final), local_path(aside))
+            else:  # object stores cannot move a directory in one step
+                tf.io.gfile.rmtree(final)
+        try:
+            commit(staging.path, final, marker)
+        except BaseException:
+            if aside is not None and not tf.io.gfile.exists(final):
+                os.rename(local_path(aside), local_path(final))
+            raise
+        if aside is not None:
+            remove_quietly(aside)
+    except BaseException:
+        remove_quietly(staging.path)
+        raise
+
+
+def write_marker(directory: str, marker: str, content: Mapping[str, Any]) -> None:
+    """Writes ``<directory>/<marker>`` as JSON: the completeness marker, so the last file of an artifact."""
+    with tf.io.gfile.GFile(os.path.join(directory, marker), "w") as f:
+        f.write(json.dumps(dict(content), indent=2, sort_keys=True))
+
+
+def read_marker(directory: str, marker: str, what: str = "artifact") -> dict[str, Any]:
+    """The marker of a complete artifact; FileNotFoundError naming the directory when it is incomplete."""
+    path = os.path.join(directory, marker)
+    if not tf.io.gfile.exists(path):
+        raise FileNotFoundError(f"{directory}: no {marker}: not a complete {what}")
+    with tf.io.gfile.GFile(path) as f:
+        return json.loads(f.read())
+
+
+def is_complete(directory: str, marker: str) -> bool:
+    return tf.io.gfile.exists(os.path.join(directory, marker))
+
+
+def is_local(path: str) -> bool:
+    """True for a path on the local filesystem (no ``scheme://``), which native libraries can open."""
+    return "://" not in path or path.startswith("file://")
+
+
+def local_path(path: str) -> str:
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+def commit(staging: str, final: str, marker: str) -> None:
+    """Makes a fully written staging directory visible as ``final``, its ``marker`` file last.
+
+    Locally: every file is fsynced, then one atomic ``rename``. Object stores (gs://) have no directory
+    rename: every object is moved, the marker last, so the version is complete exactly when it appears.
+
+    Raises:
+      FileExistsError: ``final`` became a complete version meanwhile (a concurrent publisher won).
+    """
+    if is_local(staging):
+        src, dst = local_path(staging), local_path(final)
+        _fsync_tree(src)
+        try:
+            os.rename(src, dst)  # atomic
+        except OSError as e:
+            if tf.io.gfile.exists(os.path.join(final, marker)):
+                raise FileExistsError(f"{final}: already published concurrently") from e
+            raise
+        _fsync_dir(os.path.dirname(dst))
+        return
+    for parent, _, files in tf.io.gfile.walk(staging):
+        rel = os.path.relpath(parent, staging)
+        target = final if rel == "." else os.path.join(final, rel)
+        tf.io.gfile.makedirs(target)
+        for name in files:
+            if rel == "." and name == marker:
+                continue
+            tf.io.gfile.rename(os.path.join(parent, name), os.path.join(target, name), overwrite=True)
+    tf.io.gfile.rename(os.path.join(staging, marker), os.path.join(final, marker), overwrite=False)
+    remove_quietly(staging)
+
+
+def remove_quietly(path: str) -> None:
+    """Deletes a directory tree, logging (not raising) a failure: for clean-up paths."""
+    try:
+        if tf.io.gfile.exists(path):
+            tf.io.gfile.rmtree(path)
+    except Exception:  # pylint: disable=broad-except
+        logging.exception("could not remove %s", path)
+
+
+def complete_versions(root: str, marker: str) -> dict[int, str]:
+    """``{version: directory}`` of the complete versions under ``root``, in ascending version order.
+
+    A version is a subdirectory whose name is all digits (any zero padding) and which holds ``marker``.
+    """
+    if not tf.io.gfile.isdir(root):
+        return {}
+    found: dict[int, str] = {}
+    for name in tf.io.gfile.listdir(root):
+        name = name.rstrip("/")
+        path = os.path.join(root, name)
+        if name.isdecimal() and tf.io.gfile.exists(os.path.join(path, marker)):
+            found[int(name)] = path
+    return dict(sorted(found.items()))
+
+
+def delete_old_versions(root: str, marker: str, keep: int, protect: int | Collection[int] | None = None) -> list[int]:
+    """Deletes all but the newest ``keep`` complete versions (never those in ``protect``); returns the deleted ones.
+
+    The marker goes first, so a reader listing concurrently sees the version as incomplete, not torn.
+    Staging directories and incomplete versions may belong to a publish in progress and are left alone.
+    """
+    versions = complete_versions(root, marker)
+    protected = {protect} if isinstance(protect, int) else set(protect or ())
+    doomed = [v for v in list(versions)[:-keep] if v not in protected] if keep > 0 else []
+    for version in doomed:
+        try:
+            tf.io.gfile.remove(os.path.join(versions[version], marker))
+            tf.io.gfile.rmtree(versions[version])
+        except tf.errors.NotFoundError:
+            pass  # deleted concurrently by another publisher
+    return doomed
+
+
+def _fsync_tree(root: str) -> None:
+    """Flushes every file and directory under ``root`` so the rename never exposes unwritten data."""
+    for parent, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(parent, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(parent)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
