@@ -23,11 +23,11 @@ Pipeline (any Beam runner: every flag the job does not define is a standard Beam
                       embedding: float32[dim])
   WriteFailures       <embeddings_dir>/failures-SSSSS-of-NNNNN.jsonl  ({"block_id", "error"})
 
-After the pipeline has finished, the **launching process** reads the shards back through Beam's
-``FileSystems`` (so gs:// works as well as local disk), orders the vectors by block_id into one matrix and
+After the pipeline has finished, the **launching process** reads the shards back (``tf.data``, so gs://
+works as well as local disk; :mod:`realm_tf.index.embedding_matrix`), orders the vectors by block_id into one matrix and
 checks that every id 0..N-1 is present exactly once (N from the blocks' ``manifest.json`` when there is
 one, else the largest id + 1). Any missing, duplicated or out-of-range id, or any failed block, refuses the
-publish with :class:`IncompleteEmbeddingsError` naming the ids (the shards are kept for inspection).
+publish with :class:`realm_tf.index.embedding_matrix.IncompleteEmbeddingsError` naming the ids (the shards are kept for inspection).
 Otherwise it builds the index (``index.kind``: ScaNN or brute force, with the config's ScaNN parameters) on
 the whole matrix, in the same process, and publishes it with
 :func:`realm_tf.index.index_publisher.publish` (staging + rename, ``index.json`` last), version = the
@@ -53,21 +53,21 @@ import realm_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is im
 import apache_beam as beam
 import numpy as np
 from apache_beam.io import filesystems
-from apache_beam.io import tfrecordio
 from apache_beam.ml.inference import base as inference_base
-from apache_beam.options import pipeline_options
 
 from beam_jobs import job_flags
 from beam_jobs import job_support
 from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.data import example_schemas
-from realm_tf.data import job_manifest
+from realm_tf.index import embedding_matrix
+from realm_tf.index import index_kinds
+
+logger = logging.getLogger(__name__)
 
 NAMESPACE = "realm_tf.embed_blocks"
 EMBEDDINGS_PREFIX = "embeddings"
 FAILURES_PREFIX = "failures"
-EMBEDDING = "embedding"  # float32[dim] feature of an embedding record (with example_schemas.BLOCK_ID)
 
 # Counter names (also the keys of the returned summary's "counts").
 BLOCKS_READ = "blocks_read"
@@ -79,11 +79,6 @@ WORDPIECES = "wordpieces"  # real wordpieces of the embedded blocks ([CLS]/[SEP]
 PADDED_WORDPIECES = "padded_wordpieces"  # batch size x longest block, summed over batches
 
 _FAILURES = "failures"  # tagged output
-_SHOWN_IDS = 20  # ids listed in an error message before "... and N more"
-
-
-class IncompleteEmbeddingsError(errors.UserError, ValueError):
-    """The embedded blocks are not exactly the ids 0..N-1 once each; the publish is refused."""
 
 
 class BlockInput(NamedTuple):
@@ -141,7 +136,7 @@ class BlockEmbeddingModelHandler(inference_base.ModelHandler[BlockInput, BlockEm
         try:
             vectors = self._embed(model, batch)  # [B, dim]
         except Exception as e:  # pylint: disable=broad-except  # find the culprit(s) block by block
-            logging.warning("embed_block failed on a batch of %d blocks (%s); retrying one by one", len(batch), e)
+            logger.warning("embed_block failed on a batch of %d blocks (%s); retrying one by one", len(batch), e)
             return [self._embed_one(model, block) for block in batch]
         return [_outcome(vector) for vector in vectors]
 
@@ -196,59 +191,27 @@ class _ParseBlockFn(beam.DoFn):
                                    min(length, self._block_seq_length))
 
 
-class _Progress:
-    """``embed_blocks [pid P] N/T blocks (P%), R blocks/s, ETA`` on stderr at most every ``interval`` s."""
-
-    def __init__(self, total: int | None, interval: float) -> None:
-        self._total, self._interval = total, interval
-        self._start = self._last = time.monotonic()
-        self.done = self.failed = self._reported = 0
-
-    def update(self, embedded: int, failed: int) -> None:
-        self.done += embedded + failed
-        self.failed += failed
-        if self._interval > 0 and time.monotonic() - self._last >= self._interval:
-            self.report()
-
-    def flush(self) -> None:
-        if self._interval > 0 and self.done != self._reported:
-            self.report()
-
-    def report(self) -> None:
-        now = time.monotonic()
-        self._last, self._reported = now, self.done
-        rate = self.done / max(now - self._start, 1e-9)
-        text = f"{self.done:,}"
-        if self._total:
-            eta = (self._total - self.done) / rate if rate > 0 else float("inf")
-            text += f"/{self._total:,} blocks ({100.0 * self.done / self._total:.0f}%), ETA {eta:,.0f}s"
-        else:
-            text += " blocks"
-        failed = f", {self.failed:,} failed" if self.failed else ""
-        print(f"embed_blocks [pid {os.getpid()}] {text}, {rate:,.1f} blocks/s{failed}", file=sys.stderr, flush=True)
-
-
 class _SplitOutcomesFn(beam.DoFn):
     """``(block_id, BlockEmbedding)`` -> ``(block_id, float32[dim])`` | ``failures``; counters + progress."""
 
     def __init__(self, progress_total: int | None, progress_interval: float) -> None:
         super().__init__()
         self._progress_args = (progress_total, progress_interval)
-        self._progress: _Progress | None = None
+        self._progress: job_support.Progress | None = None
 
     def setup(self) -> None:
-        self._progress = _Progress(*self._progress_args)
+        self._progress = job_support.Progress("embed_blocks", "blocks", *self._progress_args)
 
     def process(self, keyed: tuple[int, BlockEmbedding]) -> Iterator[Any]:
         block_id, outcome = keyed
         assert self._progress is not None
         if outcome.error is not None:
             job_support.count(NAMESPACE, BLOCKS_FAILED)
-            self._progress.update(0, 1)
+            self._progress.update(1, failed=1)
             yield beam.pvalue.TaggedOutput(_FAILURES, {"block_id": block_id, "error": outcome.error})
             return
         job_support.count(NAMESPACE, BLOCKS_EMBEDDED)
-        self._progress.update(1, 0)
+        self._progress.update(1)
         yield block_id, outcome.embedding
 
     def finish_bundle(self) -> None:
@@ -313,126 +276,15 @@ class EmbedBlocks(beam.PTransform):
         return {"embeddings": outcomes["embeddings"], "failures": failures}
 
 
-def to_embedding_record(keyed: tuple[int, np.ndarray]) -> bytes:
-    """``(block_id, float32[dim])`` -> serialized tf.train.Example ``{block_id, embedding}``."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-    block_id, vector = keyed
-    return tf.train.Example(features=tf.train.Features(feature={
-        example_schemas.BLOCK_ID: tf.train.Feature(int64_list=tf.train.Int64List(value=[int(block_id)])),
-        EMBEDDING: tf.train.Feature(float_list=tf.train.FloatList(value=np.asarray(vector, np.float32))),
-    })).SerializeToString(deterministic=True)
-
-
-# ---- the whole matrix, in the launching process ---------------------------------------------------------
-
-def read_embedding_shards(pattern: str, dim: int) -> tuple[np.ndarray, np.ndarray]:
-    """Every ``(block_id, vector)`` of the shards matching ``pattern``, read with Beam ``FileSystems``.
-
-    Returns ``(ids int64 [M], vectors float32 [M, dim])`` in file order (TFRecord framing and checksums
-    by Beam's ``tfrecordio``, with google-crc32c).
-    """
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-    ids: list[int] = []
-    vectors: list[np.ndarray] = []
-    for metadata in _match(pattern):
-        with filesystems.FileSystems.open(metadata.path) as f:
-            while (record := tfrecordio._TFRecordUtil.read_record(f)) is not None:  # pylint: disable=protected-access
-                features = tf.train.Example.FromString(record).features.feature
-                vector = np.asarray(features[EMBEDDING].float_list.value, np.float32)  # [dim]
-                if vector.shape != (dim,):
-                    raise IncompleteEmbeddingsError(f"{metadata.path}: an embedding of shape {vector.shape}, "
-                                                    f"expected ({dim},)")
-                ids.append(int(features[example_schemas.BLOCK_ID].int64_list.value[0]))
-                vectors.append(vector)
-    matrix = np.stack(vectors) if vectors else np.zeros([0, dim], np.float32)  # [M, dim]
-    return np.asarray(ids, np.int64), matrix
-
-
-def read_failures(pattern: str) -> list[dict[str, Any]]:
-    """The ``{"block_id", "error"}`` lines of the failure shards matching ``pattern``."""
-    failures = []
-    for metadata in _match(pattern):
-        with filesystems.FileSystems.open(metadata.path) as f:
-            failures += [json.loads(line) for line in f.read().decode("utf-8").splitlines() if line.strip()]
-    return failures
-
-
-def assemble_matrix(ids: np.ndarray, vectors: np.ndarray, num_blocks: int | None,
-                    failures: Sequence[Mapping[str, Any]] = (), where: str = "") -> np.ndarray:
-    """Orders ``vectors`` ([M, dim], row i = block ``ids[i]``) by block id into ``[num_blocks, dim]``.
-
-    Every id 0..num_blocks-1 must occur exactly once (``num_blocks`` None: the largest id + 1) and
-    ``failures`` must be empty; otherwise :class:`IncompleteEmbeddingsError` names the missing,
-    duplicated and out-of-range ids and the failures (``where`` is appended to the message).
-    """
-    if num_blocks is None:
-        num_blocks = int(ids.max()) + 1 if ids.size else 0
-    in_range = (ids >= 0) & (ids < num_blocks)  # [M]
-    counts = np.bincount(ids[in_range], minlength=num_blocks)  # [num_blocks]
-    missing = np.flatnonzero(counts == 0)
-    duplicated = np.flatnonzero(counts > 1)
-    out_of_range = np.unique(ids[~in_range])
-    problems = []
-    if missing.size:
-        problems.append(f"{missing.size} of {num_blocks} block ids missing: {format_ids(missing)}")
-    if duplicated.size:
-        problems.append(f"{duplicated.size} block ids embedded more than once: {format_ids(duplicated)}")
-    if out_of_range.size:
-        problems.append(f"{out_of_range.size} block ids outside 0..{num_blocks - 1}: {format_ids(out_of_range)}")
-    if failures:
-        shown = "; ".join(f"{f.get('block_id')}: {f.get('error')}" for f in list(failures)[:5])
-        more = f"; ... and {len(failures) - 5} more" if len(failures) > 5 else ""
-        problems.append(f"{len(failures)} block(s) failed to embed or parse ({shown}{more})")
-    if num_blocks == 0:
-        problems.append("no blocks at all")
-    if problems:
-        raise IncompleteEmbeddingsError("refusing to publish the index: " + "; ".join(problems) + where)
-    matrix = np.empty([num_blocks, vectors.shape[1]], np.float32)  # [num_blocks, dim]
-    matrix[ids] = vectors
-    return matrix
-
-
-def format_ids(ids: Sequence[int] | np.ndarray, limit: int = _SHOWN_IDS) -> str:
-    """``[0, 1, 2, 5, 9, 10]`` -> ``"0-2, 5, 9-10"``, at most ``limit`` runs then ``... and N more ids``."""
-    ids = sorted(int(i) for i in np.asarray(ids).ravel())
-    runs: list[tuple[int, int]] = []
-    for i in ids:
-        if runs and i == runs[-1][1] + 1:
-            runs[-1] = (runs[-1][0], i)
-        else:
-            runs.append((i, i))
-    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:limit])
-    if len(runs) > limit:
-        text += f", ... and {sum(b - a + 1 for a, b in runs[limit:])} more ids"
-    return text
-
-
-def build_index(kind: str, index_config: config_lib.IndexConfig, embeddings: np.ndarray) -> Any:
-    """The ``index.kind`` MipsIndex built over ``embeddings`` ([num_blocks, dim], row = block id)."""
-    from realm_tf.index import brute_force_index  # pylint: disable=import-outside-toplevel
-    from realm_tf.index import scann_index  # pylint: disable=import-outside-toplevel
-
-    if kind == scann_index.ScannIndex.kind:
-        index = scann_index.ScannIndex(index_config)
-    elif kind == brute_force_index.BruteForceIndex.kind:
-        index = brute_force_index.BruteForceIndex()
-    else:
-        raise errors.UserError(f"index.kind must be 'scann' or 'brute_force', got {kind!r}")
-    index.build(embeddings)
-    return index
-
-
 # ---- the job --------------------------------------------------------------------------------------------
 
-def resolve_export(args: argparse.Namespace, cfg: config_lib.ExperimentConfig) -> str:
-    """``--export``, else the newest complete export under ``--export_dir`` (default refresh.export_dir)."""
+def resolve_export(export: str | None, export_dir: str | None, cfg: config_lib.ExperimentConfig) -> str:
+    """``export``, else the newest complete export under ``export_dir`` (default refresh.export_dir)."""
     from realm_tf.serving import retriever_export  # pylint: disable=import-outside-toplevel
 
-    if args.export:
-        return args.export.rstrip("/")
-    export_dir = args.export_dir or cfg.refresh.export_dir
+    if export:
+        return export.rstrip("/")
+    export_dir = export_dir or cfg.refresh.export_dir
     steps = retriever_export.list_exports(export_dir)
     if not steps:
         raise errors.UserError(f"{export_dir}: no complete retriever export (run realm-tf export-retriever, or "
@@ -440,57 +292,44 @@ def resolve_export(args: argparse.Namespace, cfg: config_lib.ExperimentConfig) -
     return os.path.join(export_dir, str(steps[-1]))
 
 
-def _match(pattern: str) -> list[Any]:
-    return sorted(filesystems.FileSystems.match([pattern])[0].metadata_list, key=lambda m: m.path)
+def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_dir: str | None = None,
+                      blocks: str | None = None, beam_args: Sequence[str] = (), embeddings_dir: str | None = None,
+                      keep_embeddings: bool = False, min_batch_size: int = 1, max_batch_size: int = 32,
+                      batching: str = "length", num_shards: int = 0, progress_interval: float | None = None,
+                      pause_before_commit: float = 0.0) -> dict[str, Any]:
+    """The job's Python API: embeds every block of ``blocks`` (default ``<data.blocks_dir>/blocks-*.tfrecord``)
+    with the retriever export ``export_path`` and publishes ``<index_dir>/<export step>/``; returns the
+    summary (``index.json`` plus timings). The flags of ``python -m beam_jobs.embed_blocks`` name the same
+    arguments (see ``job_flags.add_embed_blocks_args``); ``beam_args`` are Beam pipeline options.
 
-
-def _delete_matching(patterns: Sequence[str]) -> None:
-    paths = [m.path for p in patterns for m in _match(p)]
-    if paths:
-        filesystems.FileSystems.delete(paths)
-
-
-def _is_direct_runner(options: pipeline_options.PipelineOptions) -> bool:
-    runner = options.view_as(pipeline_options.StandardOptions).runner
-    return runner is None or "direct" in str(runner).lower() or "DirectRunner" in str(runner)
-
-
-def run(argv: list[str] | None = None) -> dict[str, Any]:
-    """Runs the job on ``argv`` (job flags + Beam pipeline options); returns the summary it printed."""
-    parser = argparse.ArgumentParser(prog="python -m beam_jobs.embed_blocks", description=__doc__.split("\n\n")[0])
-    job_flags.add_embed_blocks_args(parser)
-    args, beam_args = parser.parse_known_args(argv)
-    return run_with_args(args, beam_args)
-
-
-def run_with_args(args: argparse.Namespace, beam_args: Sequence[str]) -> dict[str, Any]:
-    """Runs the job on parsed ``job_flags.add_embed_blocks_args`` flags and Beam options (used by ``realm-tf``)."""
+    Raises:
+      IndexVersionExistsError: that version is already published.
+      IncompleteEmbeddingsError: some block is missing, duplicated or failed (nothing is published).
+    """
     from realm_tf.index import index_publisher  # pylint: disable=import-outside-toplevel
     from realm_tf.serving import retriever_export  # pylint: disable=import-outside-toplevel
 
     started = time.time()
-    cfg = config_lib.load_config(args.config, args.overrides)
-    blocks = args.blocks or filesystems.FileSystems.join(cfg.data.blocks_dir, "blocks-*.tfrecord")
-    index_dir = args.index_dir or cfg.index.index_dir
-    export_path = resolve_export(args, cfg)
+    blocks = blocks or filesystems.FileSystems.join(cfg.data.blocks_dir, "blocks-*.tfrecord")
+    index_dir = index_dir or cfg.index.index_dir
     export = retriever_export.read_export_metadata(export_path)
     version = int(export["step"])
     if index_publisher.is_complete(index_publisher.version_dir(index_dir, version)):
         raise index_publisher.IndexVersionExistsError(
             f"{index_publisher.version_dir(index_dir, version)}: index version {version} (export step) is "
             f"already published")
+    index_kinds.index_class(cfg.index.kind)  # an unknown kind fails before the embedding, not after
     manifest = job_support.check_input(blocks, export["vocab_hash"], flag="--blocks")
     expected_blocks = int(manifest["blocks"]) if manifest and "blocks" in manifest else None
-    embeddings_dir = args.embeddings_dir or filesystems.FileSystems.join(
+    embeddings_dir = embeddings_dir or filesystems.FileSystems.join(
         index_dir, f".embeddings-{index_publisher.version_name(version)}-{uuid.uuid4().hex[:8]}")
     embeddings_pattern = filesystems.FileSystems.join(embeddings_dir, f"{EMBEDDINGS_PREFIX}-*.tfrecord")
     failures_pattern = filesystems.FileSystems.join(embeddings_dir, f"{FAILURES_PREFIX}-*.jsonl")
-    _delete_matching([embeddings_pattern, failures_pattern])  # a rerun into the same --embeddings_dir
+    job_support.delete_matching([embeddings_pattern, failures_pattern])  # a rerun into the same embeddings_dir
 
-    options = pipeline_options.PipelineOptions([a for a in beam_args if a != "--"])
-    options.view_as(pipeline_options.SetupOptions).save_main_session = False
-    interval = args.progress_interval if args.progress_interval is not None else (
-        10.0 if _is_direct_runner(options) else 0.0)
+    options = job_support.pipeline_options_for(beam_args)
+    interval = progress_interval if progress_interval is not None else (
+        10.0 if job_support.is_direct_runner(options) else 0.0)
     print(f"embed_blocks: export {export_path} (step {version}, dim {export['embedding_dim']}) over {blocks}"
           f"{f' ({expected_blocks:,} blocks)' if expected_blocks is not None else ''} -> {index_dir}",
           file=sys.stderr, flush=True)
@@ -498,13 +337,13 @@ def run_with_args(args: argparse.Namespace, beam_args: Sequence[str]) -> dict[st
     pipeline = beam.Pipeline(options=options)
     outputs = (pipeline
                | "ReadBlocks" >> beam.io.ReadFromTFRecord(blocks)
-               | "EmbedBlocks" >> EmbedBlocks(export_path, int(export["block_seq_length"]), args.min_batch_size,
-                                              args.max_batch_size, args.batching, expected_blocks, interval))
+               | "EmbedBlocks" >> EmbedBlocks(export_path, int(export["block_seq_length"]), min_batch_size,
+                                              max_batch_size, batching, expected_blocks, interval))
     _ = (outputs["embeddings"]
-         | "SerializeEmbeddings" >> beam.Map(to_embedding_record)
+         | "SerializeEmbeddings" >> beam.Map(embedding_matrix.to_embedding_record)
          | "WriteEmbeddings" >> beam.io.WriteToTFRecord(
              filesystems.FileSystems.join(embeddings_dir, EMBEDDINGS_PREFIX), file_name_suffix=".tfrecord",
-             num_shards=args.num_shards))
+             num_shards=num_shards))
     _ = (outputs["failures"]
          | "SerializeFailures" >> beam.Map(lambda f: json.dumps(f, sort_keys=True))
          | "WriteFailures" >> beam.io.WriteToText(filesystems.FileSystems.join(embeddings_dir, FAILURES_PREFIX),
@@ -515,15 +354,16 @@ def run_with_args(args: argparse.Namespace, beam_args: Sequence[str]) -> dict[st
     counts = job_support.read_counters(result, NAMESPACE)
 
     start = time.time()
-    ids, vectors = read_embedding_shards(embeddings_pattern, int(export["embedding_dim"]))  # [M], [M, dim]
-    failures = read_failures(failures_pattern)
-    matrix = assemble_matrix(ids, vectors, expected_blocks, failures,
-                             where=f" (blocks {blocks}; embeddings kept in {embeddings_dir})")  # [N, dim]
-    del ids, vectors
+    ids, vectors = embedding_matrix.read_embedding_shards(  # [M], [M, dim]
+        [m.path for m in job_support.match(embeddings_pattern)], int(export["embedding_dim"]))
+    failures = embedding_matrix.read_failures([m.path for m in job_support.match(failures_pattern)])
+    matrix = embedding_matrix.assemble_matrix(ids, vectors, expected_blocks, failures,
+                                              where=f" (blocks {blocks}; embeddings kept in {embeddings_dir})")
+    del ids, vectors  # matrix: [N, dim]
     assemble_seconds = time.time() - start
 
     start = time.time()
-    index = build_index(cfg.index.kind, cfg.index, matrix)
+    index = index_kinds.build_index(cfg.index.kind, cfg.index, matrix)
     build_seconds = time.time() - start
     metadata = {
         "export_step": version,
@@ -535,8 +375,7 @@ def run_with_args(args: argparse.Namespace, beam_args: Sequence[str]) -> dict[st
         "blocks_pattern": blocks,
         "blocks_manifest": expected_blocks is not None,
         "counts": counts,
-        "batching": {"mode": args.batching, "min_batch_size": args.min_batch_size,
-                     "max_batch_size": args.max_batch_size},
+        "batching": {"mode": batching, "min_batch_size": min_batch_size, "max_batch_size": max_batch_size},
         "embed_seconds": round(embed_seconds, 3),
         "assemble_seconds": round(assemble_seconds, 3),
         "build_seconds": round(build_seconds, 3),
@@ -544,19 +383,35 @@ def run_with_args(args: argparse.Namespace, beam_args: Sequence[str]) -> dict[st
     }
     start = time.time()
     path = index_publisher.publish(index_dir, version, matrix, index, metadata, cfg.index.keep_versions,
-                                   pause_before_commit=args.pause_before_commit)
+                                   pause_before_commit=pause_before_commit)
     publish_seconds = time.time() - start
-    if not args.keep_embeddings:
-        _delete_matching([embeddings_pattern, failures_pattern])
+    if not keep_embeddings:
+        job_support.delete_matching([embeddings_pattern, failures_pattern])
         try:
             filesystems.FileSystems.delete([embeddings_dir])
         except Exception:  # pylint: disable=broad-except  # object stores have no directories to delete
             pass
     summary = {**index_publisher.read_index_json(path), "index_path": path, "publish_seconds": round(publish_seconds, 3),
                "total_seconds": round(time.time() - started, 3),
-               "embeddings_dir": embeddings_dir if args.keep_embeddings else None}
+               "embeddings_dir": embeddings_dir if keep_embeddings else None}
     print(format_summary(summary))
     return summary
+
+
+class EmbedBlocksJob(job_support.BeamJob):
+    """``python -m beam_jobs.embed_blocks`` / ``realm-tf embed-blocks``: the flags of :func:`embed_and_publish`."""
+
+    name = "embed_blocks"
+
+    def add_args(self, parser: argparse.ArgumentParser) -> None:
+        job_flags.add_embed_blocks_args(parser)
+
+    def run_with_args(self, args: argparse.Namespace, beam_args: Sequence[str]) -> dict[str, Any]:
+        cfg = config_lib.load_config(args.config, args.overrides)
+        return embed_and_publish(
+            cfg, resolve_export(args.export, args.export_dir, cfg), args.index_dir, args.blocks, beam_args,
+            args.embeddings_dir, args.keep_embeddings, args.min_batch_size, args.max_batch_size, args.batching,
+            args.num_shards, args.progress_interval, args.pause_before_commit)
 
 
 def format_summary(summary: Mapping[str, Any]) -> str:
@@ -576,5 +431,10 @@ def format_summary(summary: Mapping[str, Any]) -> str:
             f"{summary['publish_seconds']:.1f}, total {summary['total_seconds']:.1f}")
 
 
+JOB = EmbedBlocksJob()
+run = JOB.run  # python: embed_blocks.run(argv)
+run_with_args = JOB.run_with_args
+
+
 if __name__ == "__main__":
-    sys.exit(job_support.main(run, "embed_blocks"))
+    sys.exit(JOB.main())

@@ -27,20 +27,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import realm_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
 import apache_beam as beam
-from apache_beam.io import filesystems
 
 from beam_jobs import job_flags
 from beam_jobs import job_support
 from realm_tf import config as config_lib
 from realm_tf.data import example_schemas
 from realm_tf.data import inverse_cloze_task
-from realm_tf.data import job_manifest
-from realm_tf.data import tokenized_text
 
 NAMESPACE = "realm_tf.generate_ict_data"
 PREFIX = "ict"
@@ -51,33 +47,20 @@ EXAMPLES = "examples"
 BODY_IDS_MISMATCH = "body_ids_mismatch"  # re-tokenized TEXT differs from the block's BODY_IDS
 
 
-class _MakeIctExamples(beam.DoFn):
+class _MakeIctExamples(job_support.BlocksDoFn):
     """A batch of serialized blocks -> serialized ICT examples (tokenizer built in setup)."""
 
     def __init__(self, vocab_file: str, lower_case: bool, query_max_length: int, remove_probability: float,
                  seed: int, sentences_per_block: int) -> None:
-        super().__init__()
-        self._vocab_file = vocab_file
-        self._lower_case = lower_case
+        super().__init__(vocab_file, lower_case)
         self._task = inverse_cloze_task.InverseClozeTask(
             query_max_length, remove_probability=remove_probability, seed=seed,
             sentences_per_block=sentences_per_block)
 
-    def setup(self) -> None:
-        from realm_tf.data import sentence_splitter  # pylint: disable=import-outside-toplevel
-        from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
-
-        self._tokenizer = bert_tokenizer.BertTokenizer(self._vocab_file, lower_case=self._lower_case)
-        self._continuation = tokenized_text.TokenizedText.continuation_table(self._tokenizer.vocab)
-        self._splitter = sentence_splitter.SentenceSplitter()
-
     def process(self, batch: Sequence[bytes]) -> Iterator[bytes]:
-        spec = example_schemas.block_feature_spec()
-        blocks = [job_support.parse_example(record, spec) for record in batch]
-        texts = [block[example_schemas.TEXT].decode("utf-8") for block in blocks]
-        bodies = tokenized_text.TokenizedText.from_batch(self._tokenizer, texts, self._continuation)
+        blocks = self.parse_blocks(batch)
         job_support.count(NAMESPACE, BLOCKS, len(blocks))
-        for block, body in zip(blocks, bodies):
+        for block, body in blocks:
             if list(body.ids) != list(block[example_schemas.BODY_IDS]):
                 # The sentence boundaries are only known on the re-tokenized text, which is then the context.
                 job_support.count(NAMESPACE, BODY_IDS_MISMATCH)
@@ -119,65 +102,42 @@ class GenerateIctExamples(beam.PTransform):
                     sentences_per_block=self._sentences_per_block)))
 
 
-def summarize(counts: dict[str, int]) -> str:
-    """A human-readable summary of the counters."""
-    examples = counts.get(EXAMPLES, 0)
-    removed = counts.get(inverse_cloze_task.REMOVED, 0)
-    rate = f"{removed / examples:.3f}" if examples else "n/a"
-    return (f"{counts.get(BLOCKS, 0)} blocks, {counts.get(inverse_cloze_task.SENTENCES, 0)} sentences -> "
-            f"{examples} examples, sentence removed from context in {removed} (rate {rate}); skipped (sentence "
-            f"= whole body) {counts.get(inverse_cloze_task.SKIPPED_WHOLE_BODY, 0)}, query truncated "
-            f"{counts.get(inverse_cloze_task.QUERY_TRUNCATED, 0)}, body_ids mismatches "
-            f"{counts.get(BODY_IDS_MISMATCH, 0)}")
+class GenerateIctDataJob(job_support.ExamplesFromBlocksJob):
+    """``python -m beam_jobs.generate_ict_data`` / ``realm-tf generate-ict-data``."""
+
+    name = "generate_ict_data"
+    namespace = NAMESPACE
+    prefix = PREFIX
+
+    def add_args(self, parser: argparse.ArgumentParser) -> None:
+        job_flags.add_ict_args(parser)
+
+    def output_dir(self, cfg: config_lib.ExperimentConfig) -> str:
+        return cfg.data.ict_dir
+
+    def transform(self, args: argparse.Namespace, cfg: config_lib.ExperimentConfig) -> beam.PTransform:
+        return GenerateIctExamples(cfg, args.sentences_per_block, args.batch_size)
+
+    def manifest_fields(self, args: argparse.Namespace, cfg: config_lib.ExperimentConfig) -> dict[str, object]:
+        return {"remove_probability": cfg.data.ict_remove_probability,
+                "sentences_per_block": args.sentences_per_block,
+                "query_max_length": cfg.model.query_seq_length - 2}
+
+    def summarize(self, counts: Mapping[str, int]) -> str:
+        examples = counts.get(EXAMPLES, 0)
+        removed = counts.get(inverse_cloze_task.REMOVED, 0)
+        rate = f"{removed / examples:.3f}" if examples else "n/a"
+        return (f"{counts.get(BLOCKS, 0)} blocks, {counts.get(inverse_cloze_task.SENTENCES, 0)} sentences -> "
+                f"{examples} examples, sentence removed from context in {removed} (rate {rate}); skipped "
+                f"(sentence = whole body) {counts.get(inverse_cloze_task.SKIPPED_WHOLE_BODY, 0)}, query truncated "
+                f"{counts.get(inverse_cloze_task.QUERY_TRUNCATED, 0)}, body_ids mismatches "
+                f"{counts.get(BODY_IDS_MISMATCH, 0)}")
 
 
-def run(argv: list[str] | None = None) -> dict[str, object]:
-    """Runs the job on ``argv``; returns the manifest it wrote. Unknown flags are Beam pipeline options."""
-    parser = argparse.ArgumentParser(prog="generate_ict_data", description=__doc__.split("\n\n")[0])
-    job_flags.add_ict_args(parser)
-    args, beam_args = parser.parse_known_args(argv)
-    return run_with_args(args, beam_args)
-
-
-def run_with_args(args: argparse.Namespace, beam_args: Sequence[str]) -> dict[str, object]:
-    """Runs the job on parsed ``job_flags.add_ict_args`` flags and Beam options (used by ``realm-tf``)."""
-    cfg, options = job_support.resolve(args, beam_args)
-    output = args.output or cfg.data.ict_dir
-
-    from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
-    vocab_hash = bert_tokenizer.vocab_hash(cfg.model.vocab_file)
-    job_support.check_input(args.input, vocab_hash)
-    job_support.prepare_output(output, PREFIX)
-
-    started = time.time()
-    pipeline = beam.Pipeline(options=options)
-    _ = (pipeline
-         | "ReadBlocks" >> beam.io.ReadFromTFRecord(args.input)
-         | "GenerateExamples" >> GenerateIctExamples(cfg, args.sentences_per_block, args.batch_size)
-         | "WriteExamples" >> beam.io.WriteToTFRecord(
-             filesystems.FileSystems.join(output, PREFIX), file_name_suffix=".tfrecord",
-             num_shards=args.num_shards))
-    result = pipeline.run()
-    result.wait_until_finish()
-    counts = job_support.read_counters(result, NAMESPACE)
-    manifest = {
-        "job": "generate_ict_data",
-        "input": args.input,
-        "output_pattern": filesystems.FileSystems.join(output, f"{PREFIX}-*.tfrecord"),
-        "counts": counts,
-        "vocab_file": cfg.model.vocab_file,
-        "vocab_hash": vocab_hash,
-        "remove_probability": cfg.data.ict_remove_probability,
-        "sentences_per_block": args.sentences_per_block,
-        "query_max_length": cfg.model.query_seq_length - 2,
-        "config_hash": config_lib.config_hash(cfg),
-        "config": config_lib.to_dict(cfg),
-        "seconds": round(time.time() - started, 1),
-    }
-    job_manifest.write_manifest(output, manifest)
-    print(f"generate_ict_data: {summarize(counts)}; wrote {manifest['output_pattern']} in {manifest['seconds']}s")
-    return manifest
+JOB = GenerateIctDataJob()
+run = JOB.run  # python: generate_ict_data.run(argv)
+run_with_args = JOB.run_with_args
 
 
 if __name__ == "__main__":
-    sys.exit(job_support.main(run, "generate_ict_data"))
+    sys.exit(JOB.main())

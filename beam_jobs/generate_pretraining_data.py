@@ -31,21 +31,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import realm_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
 import apache_beam as beam
-from apache_beam.io import filesystems
 
 from beam_jobs import job_flags
 from beam_jobs import job_support
 from realm_tf import config as config_lib
 from realm_tf.data import example_schemas
-from realm_tf.data import job_manifest
 from realm_tf.data import query_packer
 from realm_tf.data import salient_span_masking
-from realm_tf.data import tokenized_text
 
 NAMESPACE = "realm_tf.generate_pretraining_data"
 PREFIX = "pretraining"
@@ -64,14 +60,12 @@ SPANS_FOUND = "spans_found"
 LABEL_PREFIX = "span_label_"  # + DATE / ENTITY / NUMBER: salient examples by the label of the masked span
 
 
-class _MakePretrainingExamples(beam.DoFn):
+class _MakePretrainingExamples(job_support.BlocksDoFn):
     """A batch of serialized blocks -> serialized pre-training examples (tokenizer, annotator built in setup)."""
 
     def __init__(self, vocab_file: str, lower_case: bool, annotator_name: str, query_max_length: int,
                  max_span_wordpieces: int, random_fallback: bool, mask_probability: float, seed: int) -> None:
-        super().__init__()
-        self._vocab_file = vocab_file
-        self._lower_case = lower_case
+        super().__init__(vocab_file, lower_case)
         self._annotator_name = annotator_name
         self._query_max_length = query_max_length
         self._max_span_wordpieces = max_span_wordpieces
@@ -80,27 +74,20 @@ class _MakePretrainingExamples(beam.DoFn):
         self._seed = seed
 
     def setup(self) -> None:
-        from realm_tf.data import sentence_splitter  # pylint: disable=import-outside-toplevel
         from realm_tf.data import span_annotators  # pylint: disable=import-outside-toplevel
-        from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
 
-        self._tokenizer = bert_tokenizer.BertTokenizer(self._vocab_file, lower_case=self._lower_case)
-        self._continuation = tokenized_text.TokenizedText.continuation_table(self._tokenizer.vocab)
+        super().setup()
         self._annotator = span_annotators.make_annotator(self._annotator_name)
-        self._splitter = sentence_splitter.SentenceSplitter()
         self._packer = query_packer.QueryPacker(self._query_max_length)
         self._masker = salient_span_masking.SalientSpanMasker(
             self._tokenizer.mask_id, max_span_wordpieces=self._max_span_wordpieces,
             random_fallback=self._random_fallback, mask_probability=self._mask_probability)
 
     def process(self, batch: Sequence[bytes]) -> Iterator[bytes]:
-        spec = example_schemas.block_feature_spec()
-        blocks = [job_support.parse_example(record, spec) for record in batch]
-        texts = [block[example_schemas.TEXT].decode("utf-8") for block in blocks]
-        bodies = tokenized_text.TokenizedText.from_batch(self._tokenizer, texts, self._continuation)
+        blocks = self.parse_blocks(batch)
         # (block, query index, query) for every query of the batch, annotated in one call.
         queries = []
-        for block, body in zip(blocks, bodies):
+        for block, body in blocks:
             packed = self._packer.pack(body, self._splitter.split(body.text))
             for index, (query, truncated) in enumerate(packed):
                 queries.append((block, index, query))
@@ -161,69 +148,44 @@ class GeneratePretrainingExamples(beam.PTransform):
                     mask_probability=cfg.data.mask_probability, seed=cfg.data.seed)))
 
 
-def summarize(counts: dict[str, int]) -> str:
-    """A human-readable summary of the counters."""
-    examples = counts.get(EXAMPLES, 0)
-    share = lambda n: f"{100.0 * n / examples:.1f}%" if examples else "n/a"  # noqa: E731
-    labels = ", ".join(f"{name[len(LABEL_PREFIX):]} {n}" for name, n in counts.items()
-                       if name.startswith(LABEL_PREFIX)) or "none"
-    mean = counts.get(MASKED_WORDPIECES, 0) / examples if examples else 0.0
-    return (f"{counts.get(BLOCKS, 0)} blocks -> {counts.get(QUERIES, 0)} queries -> {examples} examples: "
-            f"salient {counts.get(SALIENT, 0)} ({share(counts.get(SALIENT, 0))}), random fallback "
-            f"{counts.get(RANDOM_FALLBACK, 0)} ({share(counts.get(RANDOM_FALLBACK, 0))}), dropped without span "
-            f"{counts.get(NO_SPAN_DROPPED, 0)}, truncated {counts.get(TRUNCATED, 0)}; span labels: {labels}; "
-            f"mean masked wordpieces {mean:.2f}")
+class GeneratePretrainingDataJob(job_support.ExamplesFromBlocksJob):
+    """``python -m beam_jobs.generate_pretraining_data`` / ``realm-tf generate-pretraining-data``."""
+
+    name = "generate_pretraining_data"
+    namespace = NAMESPACE
+    prefix = PREFIX
+
+    def add_args(self, parser: argparse.ArgumentParser) -> None:
+        job_flags.add_pretraining_args(parser)
+
+    def output_dir(self, cfg: config_lib.ExperimentConfig) -> str:
+        return cfg.data.pretraining_dir
+
+    def transform(self, args: argparse.Namespace, cfg: config_lib.ExperimentConfig) -> beam.PTransform:
+        return GeneratePretrainingExamples(cfg, args.max_span_wordpieces, args.batch_size)
+
+    def manifest_fields(self, args: argparse.Namespace, cfg: config_lib.ExperimentConfig) -> dict[str, object]:
+        return {"annotator": cfg.data.salient_span_annotator,
+                "max_span_wordpieces": args.max_span_wordpieces or cfg.model.max_span_width,
+                "query_max_length": cfg.model.query_seq_length - 2}
+
+    def summarize(self, counts: Mapping[str, int]) -> str:
+        examples = counts.get(EXAMPLES, 0)
+        share = lambda n: f"{100.0 * n / examples:.1f}%" if examples else "n/a"  # noqa: E731
+        labels = ", ".join(f"{name[len(LABEL_PREFIX):]} {n}" for name, n in counts.items()
+                           if name.startswith(LABEL_PREFIX)) or "none"
+        mean = counts.get(MASKED_WORDPIECES, 0) / examples if examples else 0.0
+        return (f"{counts.get(BLOCKS, 0)} blocks -> {counts.get(QUERIES, 0)} queries -> {examples} examples: "
+                f"salient {counts.get(SALIENT, 0)} ({share(counts.get(SALIENT, 0))}), random fallback "
+                f"{counts.get(RANDOM_FALLBACK, 0)} ({share(counts.get(RANDOM_FALLBACK, 0))}), dropped without "
+                f"span {counts.get(NO_SPAN_DROPPED, 0)}, truncated {counts.get(TRUNCATED, 0)}; span labels: "
+                f"{labels}; mean masked wordpieces {mean:.2f}")
 
 
-def run(argv: list[str] | None = None) -> dict[str, object]:
-    """Runs the job on ``argv``; returns the manifest it wrote. Unknown flags are Beam pipeline options."""
-    parser = argparse.ArgumentParser(prog="generate_pretraining_data", description=__doc__.split("\n\n")[0])
-    job_flags.add_pretraining_args(parser)
-    args, beam_args = parser.parse_known_args(argv)
-    return run_with_args(args, beam_args)
-
-
-def run_with_args(args: argparse.Namespace, beam_args: Sequence[str]) -> dict[str, object]:
-    """Runs the job on parsed ``job_flags.add_pretraining_args`` flags and Beam options (used by ``realm-tf``)."""
-    cfg, options = job_support.resolve(args, beam_args)
-    output = args.output or cfg.data.pretraining_dir
-    max_span = args.max_span_wordpieces or cfg.model.max_span_width
-
-    from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
-    vocab_hash = bert_tokenizer.vocab_hash(cfg.model.vocab_file)
-    job_support.check_input(args.input, vocab_hash)
-    job_support.prepare_output(output, PREFIX)
-
-    started = time.time()
-    pipeline = beam.Pipeline(options=options)
-    _ = (pipeline
-         | "ReadBlocks" >> beam.io.ReadFromTFRecord(args.input)
-         | "GenerateExamples" >> GeneratePretrainingExamples(cfg, max_span, args.batch_size)
-         | "WriteExamples" >> beam.io.WriteToTFRecord(
-             filesystems.FileSystems.join(output, PREFIX), file_name_suffix=".tfrecord",
-             num_shards=args.num_shards))
-    result = pipeline.run()
-    result.wait_until_finish()
-    counts = job_support.read_counters(result, NAMESPACE)
-    manifest = {
-        "job": "generate_pretraining_data",
-        "input": args.input,
-        "output_pattern": filesystems.FileSystems.join(output, f"{PREFIX}-*.tfrecord"),
-        "counts": counts,
-        "vocab_file": cfg.model.vocab_file,
-        "vocab_hash": vocab_hash,
-        "annotator": cfg.data.salient_span_annotator,
-        "max_span_wordpieces": max_span,
-        "query_max_length": cfg.model.query_seq_length - 2,
-        "config_hash": config_lib.config_hash(cfg),
-        "config": config_lib.to_dict(cfg),
-        "seconds": round(time.time() - started, 1),
-    }
-    job_manifest.write_manifest(output, manifest)
-    print(f"generate_pretraining_data: {summarize(counts)}; wrote {manifest['output_pattern']} "
-          f"in {manifest['seconds']}s")
-    return manifest
+JOB = GeneratePretrainingDataJob()
+run = JOB.run  # python: generate_pretraining_data.run(argv)
+run_with_args = JOB.run_with_args
 
 
 if __name__ == "__main__":
-    sys.exit(job_support.main(run, "generate_pretraining_data"))
+    sys.exit(JOB.main())

@@ -1,15 +1,21 @@
-"""Command-line handling, output preparation and counters shared by the example-generation Beam jobs.
+"""The one skeleton of every Beam job: flags, inputs, outputs, counters, manifest, progress, entry point.
 
-Each job parses its own flags (``job_flags``: ``--input``, ``--output``, ``--config``, ``--set``, ...) and hands
-every other flag to Beam's standard ``PipelineOptions``, so the same command runs on the DirectRunner, Dataflow
-(``--runner=DataflowRunner --project ... --setup_file ./setup.py``), Flink or Spark. After the pipeline has
-finished, the job's Beam counters are read back from the result and written into ``manifest.json``.
+Every job (``preprocess_corpus``, ``generate_pretraining_data``, ``generate_ict_data``, ``embed_blocks``) is a
+:class:`BeamJob`: it parses its own flags (``job_flags``: ``--input``, ``--output``, ``--config``, ``--set``,
+...) and hands every other flag to Beam's standard ``PipelineOptions``, so the same command runs on the
+DirectRunner, Dataflow (``--runner=DataflowRunner --project ... --setup_file ./setup.py``), Flink or Spark.
+The shape is read → transform → write (labelled steps) → counters (read back from the result) → a marker
+written last (``manifest.json`` or an index version's ``index.json``) → a summary; long steps print
+:class:`Progress` lines. ``python -m beam_jobs.<job>`` and ``realm-tf <job>`` both call :meth:`BeamJob.run`.
 """
 from __future__ import annotations
 
+import abc
 import argparse
+import os
 import sys
-from typing import Callable, Mapping, Sequence
+import time
+from typing import Any, Mapping, Sequence
 
 import apache_beam as beam
 from apache_beam.io import filesystems
@@ -27,11 +33,12 @@ def resolve(args: argparse.Namespace, beam_args: Sequence[str]
     cfg = config_lib.load_config(args.config, args.overrides)
     if args.input is None:
         args.input = filesystems.FileSystems.join(cfg.data.blocks_dir, "blocks-*.tfrecord")
-    return cfg, pipeline_options.PipelineOptions([a for a in beam_args if a != "--"])
+    return cfg, pipeline_options_for(beam_args)
 
 
-def prepare_output(output_dir: str, prefix: str) -> None:
-    """Removes a previous run's manifest, then its ``<prefix>-*.tfrecord`` shards, from ``output_dir``.
+def prepare_output(output_dir: str, *globs: str) -> None:
+    """Removes a previous run's manifest, then its files matching ``globs`` (names inside ``output_dir``,
+    e.g. ``"ict-*.tfrecord"``), and creates ``output_dir``.
 
     The manifest goes first: a directory is complete only while its manifest exists, so a rerun that
     fails half-way never looks finished, and stale shards with another shard count cannot linger.
@@ -39,10 +46,9 @@ def prepare_output(output_dir: str, prefix: str) -> None:
     manifest = job_manifest.manifest_path(output_dir)
     if filesystems.FileSystems.exists(manifest):
         filesystems.FileSystems.delete([manifest])
-    pattern = filesystems.FileSystems.join(output_dir, f"{prefix}-*.tfrecord")
-    stale = [m.path for r in filesystems.FileSystems.match([pattern]) for m in r.metadata_list]
-    if stale:
-        filesystems.FileSystems.delete(stale)
+    delete_matching([filesystems.FileSystems.join(output_dir, glob) for glob in globs])
+    if not filesystems.FileSystems.exists(output_dir):
+        filesystems.FileSystems.mkdirs(output_dir)
 
 
 def check_input(pattern: str, vocab_hash: str, flag: str = "--input") -> dict[str, object] | None:
@@ -106,12 +112,191 @@ def read_counters(result: beam.runners.runner.PipelineResult, namespace: str) ->
     return dict(sorted(totals.items()))
 
 
-def main(run: Callable[[list[str] | None], object], name: str) -> int:
-    """``python -m beam_jobs.<job>``: runs the job, reporting configuration errors without a traceback."""
-    try:
-        run(sys.argv[1:])
-    except (errors.UserError, FileNotFoundError) as e:
-        print(f"{name}: error: {e}", file=sys.stderr)
-        return 2
-    return 0
+class BeamJob(abc.ABC):
+    """A Beam job: its flags, and :meth:`run_with_args`, which builds, runs and sums up one pipeline.
 
+    Subclasses set ``name`` (the module and the ``realm-tf`` subcommand) and implement :meth:`add_args` and
+    :meth:`run_with_args`; :meth:`run` and :meth:`main` are the entry points.
+    """
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def add_args(self, parser: argparse.ArgumentParser) -> None:
+        """Adds the job's own flags (every other flag is a Beam pipeline option)."""
+
+    @abc.abstractmethod
+    def run_with_args(self, args: argparse.Namespace, beam_args: Sequence[str]) -> Any:
+        """Runs the job on parsed flags and Beam options; returns what it published (manifest / summary)."""
+
+    def parser(self) -> argparse.ArgumentParser:
+        parser = argparse.ArgumentParser(prog=f"python -m beam_jobs.{self.name}",
+                                         description=(sys.modules[type(self).__module__].__doc__ or "").split(
+                                             "\n\n")[0])
+        self.add_args(parser)
+        return parser
+
+    def run(self, argv: Sequence[str] | None = None) -> Any:
+        """Runs the job on ``argv`` (job flags, then Beam pipeline options)."""
+        args, beam_args = self.parser().parse_known_args(argv)
+        return self.run_with_args(args, beam_args)
+
+    def main(self) -> int:
+        """``python -m beam_jobs.<job>``: runs the job, reporting configuration errors without a traceback."""
+        try:
+            self.run(sys.argv[1:])
+        except (errors.UserError, FileNotFoundError) as e:
+            print(f"{self.name}: error: {e}", file=sys.stderr)
+            return 2
+        return 0
+
+
+def pipeline_options_for(beam_args: Sequence[str]) -> pipeline_options.PipelineOptions:
+    """Beam's standard options from the flags a job did not take (a ``--`` separator is dropped)."""
+    options = pipeline_options.PipelineOptions([a for a in beam_args if a != "--"])
+    options.view_as(pipeline_options.SetupOptions).save_main_session = False
+    return options
+
+
+def is_direct_runner(options: pipeline_options.PipelineOptions) -> bool:
+    runner = options.view_as(pipeline_options.StandardOptions).runner
+    return runner is None or "direct" in str(runner).lower()
+
+
+def match(pattern: str) -> list[Any]:
+    """The files matching ``pattern`` (Beam ``FileSystems``: any filesystem), sorted by path."""
+    return sorted(filesystems.FileSystems.match([pattern])[0].metadata_list, key=lambda m: m.path)
+
+
+def delete_matching(patterns: Sequence[str]) -> None:
+    paths = [m.path for p in patterns for m in match(p)]
+    if paths:
+        filesystems.FileSystems.delete(paths)
+
+
+class Progress:
+    """``<job> [<stage>, pid P] N/T <unit> (P%), R <unit>/s, ETA Ss, <extra>`` on stderr, at most every
+    ``interval`` seconds (0: never). One per DoFn instance (built in ``setup``), flushed at bundle ends."""
+
+    def __init__(self, job: str, unit: str, total: int | None, interval: float, stage: str = "") -> None:
+        self._job, self._unit, self._total, self._interval = job, unit, total, interval
+        self._stage = f"{stage}, " if stage else ""
+        self._start = self._last = time.monotonic()
+        self.done = self._reported = 0
+        self.extra: dict[str, int] = {}
+
+    def update(self, done: int, **extra: int) -> None:
+        self.done += done
+        for key, value in extra.items():
+            self.extra[key] = self.extra.get(key, 0) + value
+        if self._interval > 0 and time.monotonic() - self._last >= self._interval:
+            self.report()
+
+    def flush(self) -> None:
+        """Reports what has not been reported yet (end of a bundle)."""
+        if self._interval > 0 and self.done != self._reported:
+            self.report()
+
+    def report(self) -> None:
+        now = time.monotonic()
+        self._last, self._reported = now, self.done
+        rate = self.done / max(now - self._start, 1e-9)
+        text = f"{self.done:,}"
+        if self._total:
+            eta = (self._total - self.done) / rate if rate > 0 else float("inf")
+            text += f"/{self._total:,} {self._unit} ({100.0 * self.done / self._total:.0f}%), ETA {eta:,.0f}s"
+        else:
+            text += f" {self._unit}"
+        extra = "".join(f", {value:,} {key}" for key, value in self.extra.items() if value)
+        print(f"{self._job} [{self._stage}pid {os.getpid()}] {text}, {rate:,.1f} {self._unit}/s{extra}",
+              file=sys.stderr, flush=True)
+
+
+
+class BlocksDoFn(beam.DoFn):
+    """Base of the DoFns that read knowledge-corpus blocks: builds the tokenizer, its ``##`` table and the
+    sentence splitter once per worker (``setup``), and parses a batch of block records with their bodies
+    re-tokenized with offsets (:meth:`parse_blocks`)."""
+
+    def __init__(self, vocab_file: str, lower_case: bool) -> None:
+        super().__init__()
+        self._vocab_file = vocab_file
+        self._lower_case = lower_case
+
+    def setup(self) -> None:
+        from realm_tf.data import sentence_splitter  # pylint: disable=import-outside-toplevel
+        from realm_tf.data import tokenized_text  # pylint: disable=import-outside-toplevel
+        from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
+
+        self._tokenizer = bert_tokenizer.BertTokenizer(self._vocab_file, lower_case=self._lower_case)
+        self._continuation = tokenized_text.TokenizedText.continuation_table(self._tokenizer.vocab)
+        self._splitter = sentence_splitter.SentenceSplitter()
+
+    def parse_blocks(self, batch: Sequence[bytes]) -> list[tuple[dict[str, Any], Any]]:
+        """``(block features, TokenizedText of its body)`` per serialized block of ``batch``."""
+        from realm_tf.data import example_schemas  # pylint: disable=import-outside-toplevel
+        from realm_tf.data import tokenized_text  # pylint: disable=import-outside-toplevel
+
+        spec = example_schemas.block_feature_spec()
+        blocks = [parse_example(record, spec) for record in batch]
+        texts = [block[example_schemas.TEXT].decode("utf-8") for block in blocks]
+        return list(zip(blocks, tokenized_text.TokenizedText.from_batch(self._tokenizer, texts, self._continuation)))
+
+
+class ExamplesFromBlocksJob(BeamJob):
+    """The jobs that turn blocks into training examples: read block TFRecords → :meth:`transform` → write
+    ``<output>/<prefix>-*.tfrecord`` → counters → ``manifest.json``."""
+
+    namespace: str = ""
+    prefix: str = ""
+
+    @abc.abstractmethod
+    def output_dir(self, cfg: config_lib.ExperimentConfig) -> str:
+        """The default ``--output``."""
+
+    @abc.abstractmethod
+    def transform(self, args: argparse.Namespace, cfg: config_lib.ExperimentConfig) -> beam.PTransform:
+        """``PCollection[bytes]`` of block records -> ``PCollection[bytes]`` of example records."""
+
+    @abc.abstractmethod
+    def manifest_fields(self, args: argparse.Namespace, cfg: config_lib.ExperimentConfig) -> dict[str, Any]:
+        """The job's own settings, recorded in the manifest."""
+
+    @abc.abstractmethod
+    def summarize(self, counts: Mapping[str, int]) -> str:
+        """The counters in one line."""
+
+    def run_with_args(self, args: argparse.Namespace, beam_args: Sequence[str]) -> dict[str, Any]:
+        from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
+
+        cfg, options = resolve(args, beam_args)
+        output = args.output or self.output_dir(cfg)
+        vocab_hash = bert_tokenizer.vocab_hash(cfg.model.vocab_file)
+        check_input(args.input, vocab_hash)
+        prepare_output(output, f"{self.prefix}-*.tfrecord")
+        started = time.time()
+        pipeline = beam.Pipeline(options=options)
+        _ = (pipeline
+             | "ReadBlocks" >> beam.io.ReadFromTFRecord(args.input)
+             | "GenerateExamples" >> self.transform(args, cfg)
+             | "WriteExamples" >> beam.io.WriteToTFRecord(
+                 filesystems.FileSystems.join(output, self.prefix), file_name_suffix=".tfrecord",
+                 num_shards=args.num_shards))
+        result = pipeline.run()
+        result.wait_until_finish()
+        counts = read_counters(result, self.namespace)
+        manifest = {
+            "job": self.name,
+            "input": args.input,
+            "output_pattern": filesystems.FileSystems.join(output, f"{self.prefix}-*.tfrecord"),
+            "counts": counts,
+            "vocab_file": cfg.model.vocab_file,
+            "vocab_hash": vocab_hash,
+            **self.manifest_fields(args, cfg),
+            "config_hash": config_lib.config_hash(cfg),
+            "config": config_lib.to_dict(cfg),
+            "seconds": round(time.time() - started, 1),
+        }
+        job_manifest.write_manifest(output, manifest)
+        print(f"{self.name}: {self.summarize(counts)}; wrote {manifest['output_pattern']} in {manifest['seconds']}s")
+        return manifest

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 import time
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -40,7 +39,6 @@ import numpy as np
 from apache_beam.io import fileio
 from apache_beam.io import filesystem
 from apache_beam.io import filesystems
-from apache_beam.options import pipeline_options
 
 from beam_jobs import job_flags
 from beam_jobs import job_support
@@ -164,42 +162,6 @@ def block_to_example(numbered: tuple[int, Block]) -> bytes:
     })
 
 
-class _Progress:
-    """Prints ``preprocess [stage] N/T lines (P%) ...`` to stderr at most every ``interval`` seconds."""
-
-    def __init__(self, stage: str, total: int | None, interval: float) -> None:
-        self._stage, self._total, self._interval = stage, total, interval
-        self._start = self._last = time.monotonic()
-        self.lines = self._reported = 0
-        self.extra: dict[str, int] = {}
-
-    def update(self, lines: int, **extra: int) -> None:
-        self.lines += lines
-        for key, value in extra.items():
-            self.extra[key] = self.extra.get(key, 0) + value
-        if self._interval > 0 and time.monotonic() - self._last >= self._interval:
-            self.report()
-
-    def flush(self) -> None:
-        """Reports what has not been reported yet (end of a bundle)."""
-        if self._interval > 0 and self.lines != self._reported:
-            self.report()
-
-    def report(self) -> None:
-        now = time.monotonic()
-        self._last = now
-        self._reported = self.lines
-        done = f"{self.lines:,}"
-        if self._total:
-            done += f"/{self._total:,} lines ({100.0 * self.lines / self._total:.0f}%)"
-        else:
-            done += " lines"
-        extra = "".join(f", {value:,} {key}" for key, value in self.extra.items())
-        rate = self.lines / max(now - self._start, 1e-9)
-        print(f"preprocess [{self._stage}, pid {os.getpid()}] {done}{extra}, {rate:,.0f} lines/s",
-              file=sys.stderr, flush=True)
-
-
 # ---- ReadCorpus -----------------------------------------------------------------------------------------
 
 class _ReadRecordsFn(beam.DoFn):
@@ -210,10 +172,11 @@ class _ReadRecordsFn(beam.DoFn):
         self._format = input_format
         self._progress_total = progress_total
         self._progress_interval = progress_interval
-        self._progress: _Progress | None = None
+        self._progress: job_support.Progress | None = None
 
     def setup(self) -> None:
-        self._progress = _Progress("read", self._progress_total, self._progress_interval)
+        self._progress = job_support.Progress("preprocess", "lines", self._progress_total, self._progress_interval,
+                                              stage="read")
 
     def process(self, path: str) -> Iterator[Any]:
         fmt = corpus_reader.detect_format(path, self._format)
@@ -334,7 +297,7 @@ class _PackFn(beam.DoFn):
         self._tokenize_graph = bert_tokenizer.traced_tokenize_with_offsets(self._tokenizer)
         self._splitter = sentence_splitter.SentenceSplitter()
         self._packer = block_packer.BlockPacker(self._max_block_length, self._max_title_length)
-        self._progress = _Progress("pack", *self._progress_args)
+        self._progress = job_support.Progress("preprocess", "lines", *self._progress_args, stage="pack")
 
     def _tokenize(self, texts: Sequence[str]) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Per text: wordpiece ids ``int32[n]`` and UTF-8 byte start offsets ``int64[n]``."""
@@ -598,21 +561,6 @@ def _match_inputs(patterns: Sequence[str], input_format: str) -> list[str]:
     return sorted(set(paths))
 
 
-def _prepare_output(output_dir: str) -> None:
-    """Removes a previous run's manifest first (the directory is then incomplete), then its shards."""
-    manifest = job_manifest.manifest_path(output_dir)
-    if filesystems.FileSystems.exists(manifest):
-        filesystems.FileSystems.delete([manifest])
-    stale = []
-    for prefix, suffix in ((BLOCKS_PREFIX, ".tfrecord"), (DEAD_LETTER_PREFIX, ".jsonl")):
-        pattern = filesystems.FileSystems.join(output_dir, f"{prefix}-*-of-*{suffix}")
-        stale += [m.path for r in filesystems.FileSystems.match([pattern]) for m in r.metadata_list]
-    if stale:
-        filesystems.FileSystems.delete(stale)
-    if not filesystems.FileSystems.exists(output_dir):
-        filesystems.FileSystems.mkdirs(output_dir)
-
-
 def count_input_lines(paths: Sequence[str], input_format: str = "auto") -> int:
     """Lines / records of the inputs (TSV headers excluded): the total for the progress display."""
     total = 0
@@ -623,71 +571,66 @@ def count_input_lines(paths: Sequence[str], input_format: str = "auto") -> int:
     return total
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    """The job's flags; the unknown ones (Beam pipeline options) end up in ``args.beam_args``."""
-    parser = argparse.ArgumentParser(prog="python -m beam_jobs.preprocess_corpus",
-                                     description=__doc__.split("\n", 1)[0])
-    job_flags.add_preprocess_args(parser)
-    job_flags.pass_unknown_through(parser)
-    return parser.parse_args(argv)
+class PreprocessCorpusJob(job_support.BeamJob):
+    """``python -m beam_jobs.preprocess_corpus`` / ``realm-tf preprocess``.
 
+    On the DirectRunner with progress lines on (``--progress_interval``), the input lines are counted first,
+    so that progress lines show a percentage; on a distributed runner the launcher does not read the corpus.
+    """
 
-def run_job(args: argparse.Namespace, progress_total: int | None = None) -> beam.runners.runner.PipelineResult:
-    """Builds and runs the job from parsed flags, waits for it and prints the manifest summary."""
-    cfg = config_lib.load_config(args.config, args.overrides)
-    paths = _match_inputs(args.input, args.format)
-    from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
+    name = "preprocess_corpus"
 
-    vocab_hash = bert_tokenizer.vocab_hash(cfg.model.vocab_file)
-    try:
-        block_packer.BlockPacker(cfg.data.max_block_length, args.max_title_length)
-    except ValueError as e:
-        raise errors.UserError(f"data.max_block_length: {e}") from e
-    static = {
-        "job": "preprocess_corpus",
-        "input_patterns": list(args.input),
-        "input_files": paths,
-        "input_format": args.format,
-        "output_dir": args.output,
-        "vocab_file": cfg.model.vocab_file,
-        "vocab_hash": vocab_hash,
-        "lower_case": cfg.model.lower_case,
-        "max_block_length": cfg.data.max_block_length,
-        "max_title_length": args.max_title_length,
-        "num_shards": args.num_shards,
-        "batch_size": args.batch_size,
-        "beam_args": list(args.beam_args),
-        "schema": sorted(example_schemas.block_feature_spec()),
-        "config": config_lib.to_dict(cfg),
-        "config_hash": config_lib.config_hash(cfg),
-    }
-    _prepare_output(args.output)
-    options = pipeline_options.PipelineOptions(args.beam_args)
-    options.view_as(pipeline_options.SetupOptions).save_main_session = False
-    pipeline = beam.Pipeline(options=options)
-    build_pipeline(pipeline, args.input, args.output, cfg, static, args.format, args.num_shards,
-                   args.batch_size, args.max_title_length, progress_total, args.progress_interval)
-    start = time.time()
-    result = pipeline.run()
-    result.wait_until_finish()
-    manifest = job_manifest.read_manifest(args.output)
-    print(format_summary(manifest, time.time() - start))
-    return result
+    def add_args(self, parser: argparse.ArgumentParser) -> None:
+        job_flags.add_preprocess_args(parser)
 
+    def run_with_args(self, args: argparse.Namespace, beam_args: Sequence[str]) -> dict[str, Any]:
+        """Builds and runs the job, waits for it, prints the manifest it wrote and returns it, with the run's
+        Beam counters under ``"counters"``."""
+        cfg = config_lib.load_config(args.config, args.overrides)
+        paths = _match_inputs(args.input, args.format)
+        from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
 
-def run(argv: list[str] | None = None) -> beam.runners.runner.PipelineResult:
-    """Runs the job with ``argv`` (job flags + Beam pipeline options); returns the finished PipelineResult."""
-    return run_job(parse_args(argv))
-
-
-def run_with_progress(args: argparse.Namespace) -> beam.runners.runner.PipelineResult:
-    """``realm-tf preprocess``: counts the input lines first, so that progress lines show a percentage."""
-    paths = _match_inputs(args.input, args.format)
-    start = time.time()
-    total = count_input_lines(paths, args.format)
-    print(f"preprocess: {len(paths)} input file(s), {total:,} lines (counted in {time.time() - start:.1f}s)",
-          file=sys.stderr, flush=True)
-    return run_job(args, progress_total=total)
+        vocab_hash = bert_tokenizer.vocab_hash(cfg.model.vocab_file)
+        try:
+            block_packer.BlockPacker(cfg.data.max_block_length, args.max_title_length)
+        except ValueError as e:
+            raise errors.UserError(f"data.max_block_length: {e}") from e
+        static = {
+            "job": self.name,
+            "input_patterns": list(args.input),
+            "input_files": paths,
+            "input_format": args.format,
+            "output_dir": args.output,
+            "vocab_file": cfg.model.vocab_file,
+            "vocab_hash": vocab_hash,
+            "lower_case": cfg.model.lower_case,
+            "max_block_length": cfg.data.max_block_length,
+            "max_title_length": args.max_title_length,
+            "num_shards": args.num_shards,
+            "batch_size": args.batch_size,
+            "beam_args": [a for a in beam_args if a != "--"],
+            "schema": sorted(example_schemas.block_feature_spec()),
+            "config": config_lib.to_dict(cfg),
+            "config_hash": config_lib.config_hash(cfg),
+        }
+        options = job_support.pipeline_options_for(beam_args)
+        total = None
+        if args.progress_interval > 0 and job_support.is_direct_runner(options):
+            start = time.time()
+            total = count_input_lines(paths, args.format)
+            print(f"preprocess: {len(paths)} input file(s), {total:,} lines (counted in {time.time() - start:.1f}s)",
+                  file=sys.stderr, flush=True)
+        job_support.prepare_output(args.output, f"{BLOCKS_PREFIX}-*-of-*.tfrecord",
+                                   f"{DEAD_LETTER_PREFIX}-*-of-*.jsonl")
+        pipeline = beam.Pipeline(options=options)
+        build_pipeline(pipeline, args.input, args.output, cfg, static, args.format, args.num_shards,
+                       args.batch_size, args.max_title_length, total, args.progress_interval)
+        start = time.time()
+        result = pipeline.run()
+        result.wait_until_finish()
+        manifest = job_manifest.read_manifest(args.output)
+        print(format_summary(manifest, time.time() - start))
+        return {**manifest, "counters": job_support.read_counters(result, NAMESPACE)}
 
 
 def format_summary(manifest: Mapping[str, Any], seconds: float | None = None) -> str:
@@ -703,5 +646,10 @@ def format_summary(manifest: Mapping[str, Any], seconds: float | None = None) ->
             f"  output:            {manifest['output_dir']} (manifest.json, vocab {manifest['vocab_hash'][:12]})")
 
 
+JOB = PreprocessCorpusJob()
+run = JOB.run  # python: preprocess_corpus.run(argv)
+run_with_args = JOB.run_with_args
+
+
 if __name__ == "__main__":
-    sys.exit(job_support.main(run, "preprocess_corpus"))
+    sys.exit(JOB.main())

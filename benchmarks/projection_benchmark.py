@@ -51,6 +51,9 @@ def main() -> int:
     parser.add_argument("--questions", default="data/open_qa/qa_qed_train.jsonl.gz")
     parser.add_argument("--cache", default="runs/bench/projection_pooled.npz")
     parser.add_argument("--fit_blocks", type=int, default=4096, help="blocks sampled to fit (as init-retriever)")
+    parser.add_argument("--compare", action="append", default=[], metavar="NAME=PREDICTIONS.jsonl",
+                        help="also score the top blocks recorded by `realm-tf evaluate --predictions` (e.g. after "
+                             "fine-tuning), paired with the 384-d cosine per question")
     args = parser.parse_args()
     cfg = config_lib.load_config(args.config, [f"data.blocks_dir={args.blocks}", *args.overrides])
     blocks = block_store.BlockStore.load(os.path.join(args.blocks, "blocks-*.tfrecord*"))
@@ -97,7 +100,37 @@ def main() -> int:
         overlap = [np.mean([len(set(a[:k]) & set(b[:k])) / k for a, b in zip(top, reference)]) for k in (5, 20)]
         print(f"{name:<20}{metrics['accuracy@1']:>8.3f}{metrics['accuracy@5']:>8.3f}{metrics['accuracy@20']:>8.3f}"
               f"{overlap[0]:>11.3f}{overlap[1]:>11.3f}  {kept.get(name, '')}", flush=True)
+    for spec in args.compare:
+        name, path = spec.split("=", 1)
+        compare_predictions(name, path, dev, reference, matcher)
     return 0
+
+
+def compare_predictions(name: str, path: str, dev: list, reference: np.ndarray,
+                        matcher: retrieval_metrics.AnswerMatcher) -> None:
+    """accuracy@1/5 of the ``retrieved_block_ids`` in a predictions file, and a paired (McNemar) comparison
+    of accuracy@1 with the reference ranking on the same questions."""
+    import json  # pylint: disable=import-outside-toplevel
+    import math  # pylint: disable=import-outside-toplevel
+
+    with open(path, encoding="utf-8") as f:
+        retrieved = {row["id"]: row["retrieved_block_ids"] for row in map(json.loads, f)}
+    rows = [i for i, e in enumerate(dev) if e.id in retrieved]
+    def hit(ids, answers, k):
+        norm = retrieval_metrics.normalized_answers(answers)
+        return bool(norm) and any(matcher.has_answer(int(b), norm) for b in ids[:k])
+
+    theirs = np.array([hit(retrieved[dev[i].id], dev[i].answers, 1) for i in rows])
+    ours5 = np.array([hit(retrieved[dev[i].id], dev[i].answers, 5) for i in rows])
+    ref = np.array([hit(reference[i], dev[i].answers, 1) for i in rows])
+    only_theirs, only_ref = int(np.sum(theirs & ~ref)), int(np.sum(~theirs & ref))
+    discordant = only_theirs + only_ref
+    # Exact two-sided McNemar (binomial) p-value of the discordant pairs.
+    tail = sum(math.comb(discordant, j) for j in range(min(only_theirs, only_ref) + 1)) / 2 ** discordant \
+        if discordant else 1.0
+    print(f"{name}: {len(rows)} questions, acc@1 {theirs.mean():.3f} (full_width_cosine {ref.mean():.3f}), "
+          f"acc@5 {ours5.mean():.3f}; right only with {name}: {only_theirs}, only with full_width_cosine: "
+          f"{only_ref}; McNemar exact p = {min(1.0, 2 * tail):.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ from typing import Any, Collection, Iterator, Mapping
 
 import tensorflow as tf
 
+logger = logging.getLogger(__name__)
+
 RETRIEVER_EXPORT = "export.json"  # a retriever SavedModel (embed_query / embed_block signatures)
 INDEX = "index.json"  # a MIPS index version: embeddings.npy + searcher/
 OPEN_QA_EXPORT = "realm_qa.json"  # the serving SavedModel of the Open-QA system
@@ -69,7 +71,7 @@ def staged(final: str, marker: str, replace: bool = False) -> Iterator[Staging]:
         if tf.io.gfile.exists(final):
             if tf.io.gfile.exists(os.path.join(final, marker)) and not replace:
                 raise FileExistsError(f"{final}: already published")
-            logging.warning("%s: replacing %s", final, "an earlier version" if replace else "an incomplete version")
+            logger.warning("%s: replacing %s", final, "an earlier version" if replace else "an incomplete version")
             if is_local(final):  # kept aside until the new one is in place, and put back if the commit fails
                 aside = os.path.join(parent, f".replaced-{os.path.basename(final)}-{uuid.uuid4().hex[:12]}")
                 os.rename(local_path(final), local_path(aside))
@@ -154,7 +156,7 @@ def remove_quietly(path: str) -> None:
         if tf.io.gfile.exists(path):
             tf.io.gfile.rmtree(path)
     except Exception:  # pylint: disable=broad-except
-        logging.exception("could not remove %s", path)
+        logger.exception("could not remove %s", path)
 
 
 def complete_versions(root: str, marker: str) -> dict[int, str]:

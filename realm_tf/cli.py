@@ -7,6 +7,7 @@ Run ``realm-tf SUBCOMMAND --help`` for the options of one subcommand.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 from typing import Callable, Sequence
@@ -66,36 +67,18 @@ def _add_beam_job_args(parser: argparse.ArgumentParser, adder: str) -> None:
     job_flags.pass_unknown_through(parser)
 
 
-def _cmd_preprocess(args: argparse.Namespace) -> int:
-    """Beam job: corpus -> knowledge-corpus blocks, with progress lines and a summary (beam_jobs/preprocess_corpus)."""
+def _cmd_beam_job(args: argparse.Namespace) -> int:
+    """Runs the Beam job of ``args.command`` (``realm-tf <command>`` = ``python -m beam_jobs.<job>``) with its
+    flags and the Beam pipeline options. The jobs are imported only when one of them runs."""
+    # pylint: disable=import-outside-toplevel
+    from beam_jobs import embed_blocks
+    from beam_jobs import generate_ict_data
+    from beam_jobs import generate_pretraining_data
     from beam_jobs import preprocess_corpus
 
-    preprocess_corpus.run_with_progress(args)
-    return 0
-
-
-# The Beam jobs below are imported only when their subcommand runs.
-def _cmd_generate_pretraining_data(args: argparse.Namespace) -> int:
-    """Beam job: blocks -> salient-span-masked pre-training examples (beam_jobs/generate_pretraining_data)."""
-    from beam_jobs import generate_pretraining_data
-
-    generate_pretraining_data.run_with_args(args, args.beam_args)
-    return 0
-
-
-def _cmd_generate_ict_data(args: argparse.Namespace) -> int:
-    """Beam job: blocks -> Inverse Cloze Task examples (beam_jobs/generate_ict_data)."""
-    from beam_jobs import generate_ict_data
-
-    generate_ict_data.run_with_args(args, args.beam_args)
-    return 0
-
-
-def _cmd_embed_blocks(args: argparse.Namespace) -> int:
-    """Beam job: embed every block with a retriever export, publish a MIPS index (beam_jobs/embed_blocks)."""
-    from beam_jobs import embed_blocks
-
-    embed_blocks.run_with_args(args, args.beam_args)
+    jobs = {"preprocess": preprocess_corpus.JOB, "generate-pretraining-data": generate_pretraining_data.JOB,
+            "generate-ict-data": generate_ict_data.JOB, "embed-blocks": embed_blocks.JOB}
+    jobs[args.command].run_with_args(args, args.beam_args)
     return 0
 
 
@@ -261,12 +244,12 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                         p.add_argument("--finetune-steps", dest="finetune_steps", type=int, default=20,
                                        help="Open-QA fine-tuning steps"))),
     "preprocess": ("Beam job: corpus (JSONL/TSV/TFRecord) -> REALM blocks of <= 288 wordpieces + manifest",
-                   _cmd_preprocess, lambda p: _add_beam_job_args(p, "add_preprocess_args")),
+                   _cmd_beam_job, lambda p: _add_beam_job_args(p, "add_preprocess_args")),
     "generate-pretraining-data": ("Beam job: blocks -> salient-span-masked pre-training examples (REALM 3.4)",
-                                  _cmd_generate_pretraining_data,
+                                  _cmd_beam_job,
                                   lambda p: _add_beam_job_args(p, "add_pretraining_args")),
     "generate-ict-data": ("Beam job: blocks -> Inverse Cloze Task examples for the retriever warm start",
-                          _cmd_generate_ict_data, lambda p: _add_beam_job_args(p, "add_ict_args")),
+                          _cmd_beam_job, lambda p: _add_beam_job_args(p, "add_ict_args")),
     "train-ict": ("train the retriever with the Inverse Cloze Task (resumable), then export it", _cmd_train_ict,
                   lambda p: (_add_config_args(p), p.add_argument(
                       "--input", default=None, help="ICT TFRecord pattern (default: data.ict_dir/ict-*.tfrecord*)"))),
@@ -290,7 +273,7 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                                     p.add_argument("--step", type=int, default=0,
                                                    help="version number of the export (default: checkpoint step)"))),
     "embed-blocks": ("Beam job: embed every block with a retriever export, publish a new MIPS index (REALM 3.4)",
-                     _cmd_embed_blocks, lambda p: _add_beam_job_args(p, "add_embed_blocks_args")),
+                     _cmd_beam_job, lambda p: _add_beam_job_args(p, "add_embed_blocks_args")),
     "pretrain": ("REALM pre-training (salient spans, null doc, async index refresh); resumable", _cmd_pretrain,
                  lambda p: (_add_config_args(p),
                             p.add_argument("--input", default=None,
@@ -364,6 +347,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_library_logs() -> None:
+    """The library logs (module loggers under ``realm_tf`` and ``beam_jobs``); the command line shows their
+    INFO and above on stderr, without other libraries' INFO chatter."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    for name in ("realm_tf", "beam_jobs"):
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
+            logger.propagate = False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``realm-tf`` console script."""
     parser = build_parser()
@@ -371,6 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2
+    _show_library_logs()
     try:
         return int(args.handler(args) or 0)
     except (errors.UserError, FileNotFoundError) as e:

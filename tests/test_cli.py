@@ -1,10 +1,7 @@
 """The realm-tf command line: help text, config printing, errors without tracebacks."""
-import json
 import os
 import subprocess
 import sys
-
-import pytest
 
 from realm_tf import cli
 
@@ -31,22 +28,3 @@ def test_config_prints_overrides_and_bad_key_is_a_clean_error():
     result = _run("config", "--config", "configs/tiny.yaml", "--set", "trainer.nope=1")
     assert result.returncode == 2
     assert "unknown key 'trainer.nope'" in result.stderr and "Traceback" not in result.stderr
-
-
-@pytest.mark.slow
-def test_demo_runs_the_whole_loop_on_the_tiny_config(tmp_path):
-    work = tmp_path / "demo"
-    result = _run("demo", "--config", "configs/tiny.yaml", "--workdir", str(work), "--questions", "40",
-                  "--pretrain-steps", "2", "--finetune-steps", "4", "--reader-steps", "2", "--squad-paragraphs", "4")
-    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
-    for name in ("corpus", "preprocess", "pretraining-data", "init-retriever", "pretrain", "index", "train-reader",
-                 "finetune", "evaluate", "export", "ask"):
-        assert f"] {name}:" in result.stdout and f"=== {name} done" in result.stdout, name
-    last = result.stdout.strip().splitlines()[-1]
-    assert last.startswith("EM ") and "accuracy@5" in last
-    metrics = json.loads((work / "metrics.json").read_text())
-    assert metrics["num_questions"] > 0 and 0 <= metrics["exact_match"] <= 1
-    assert (work / "params.yaml").exists() and (work / "served" / "realm_qa.json").exists()
-    assert 'model_checkpoint_path: "ckpt-2"' in (work / "reader" / "checkpoints" / "checkpoint").read_text()
-    assert "SQuAD questions for the reader warm start" in result.stdout
-    assert "A: " in result.stdout  # the sample questions were answered

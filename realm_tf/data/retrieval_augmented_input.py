@@ -47,6 +47,8 @@ from realm_tf.layers import bert_tokenizer
 from realm_tf.networks import bert_encoder
 from realm_tf.serving import retriever_export
 
+logger = logging.getLogger(__name__)
+
 #: Retrieved batches buffered ahead of the trainer.
 PREFETCH_BATCHES = 2
 
@@ -243,7 +245,7 @@ class RetrievalAugmentedInput:
     def _embedder(self, version: int, metadata: Mapping[str, Any]) -> tuple[QueryEmbedFn, float]:
         if version not in self._embedders:
             self._embedders = {version: self._query_embedder_for(version, metadata)}  # drop older versions
-            logging.info("input pipeline: index version %d, query embedder from %s", version,
+            logger.info("input pipeline: index version %d, query embedder from %s", version,
                          metadata.get("export_path"))
         return self._embedders[version]
 

@@ -25,16 +25,11 @@ from typing import Any
 import numpy as np
 
 from realm_tf import errors
-from realm_tf.index import brute_force_index
+from realm_tf.index import index_kinds
 from realm_tf.index import index_publisher
 from realm_tf.index import mips_index
-from realm_tf.index import scann_index
 
-#: ``kind`` recorded in index.json → the MipsIndex class that loads it.
-INDEX_KINDS: dict[str, type[mips_index.MipsIndex]] = {
-    scann_index.ScannIndex.kind: scann_index.ScannIndex,
-    brute_force_index.BruteForceIndex.kind: brute_force_index.BruteForceIndex,
-}
+logger = logging.getLogger(__name__)
 
 
 class IndexMismatchError(errors.UserError, ValueError):
@@ -91,8 +86,7 @@ class IndexLoader:
 
     def __init__(self, index_dir: str, expected_dim: int, expected_vocab_hash: str, kind: str = "scann",
                  require_index: bool = True, min_refresh_interval_seconds: float = 0.0) -> None:
-        if kind not in INDEX_KINDS:
-            raise ValueError(f"unknown index kind {kind!r}; known: {sorted(INDEX_KINDS)}")
+        index_kinds.index_class(kind)  # an unknown kind fails here, before any version is read
         self.index_dir = index_dir
         self.expected_dim = int(expected_dim)
         self.expected_vocab_hash = expected_vocab_hash
@@ -159,7 +153,7 @@ class IndexLoader:
                 try:
                     self.maybe_refresh()
                 except Exception:  # pylint: disable=broad-except  # listing errors: try again next tick
-                    logging.exception("%s: index refresh failed", self.index_dir)
+                    logger.exception("%s: index refresh failed", self.index_dir)
 
         self._watcher = threading.Thread(target=watch, name="index-watcher", daemon=True)
         self._watcher.start()
@@ -210,7 +204,7 @@ class IndexLoader:
                 with self._lock:
                     self._snapshot = snap  # the swap: one reference assignment
                     self.swaps += 1
-                logging.info("%s: serving index version %d (%d blocks)", self.index_dir, version,
+                logger.info("%s: serving index version %d (%d blocks)", self.index_dir, version,
                              snap.index.num_blocks)
                 return True
             return False
@@ -230,7 +224,7 @@ class IndexLoader:
             problems.append(f"vocab_hash {meta.get('vocab_hash')!r} != expected {self.expected_vocab_hash!r}")
         if problems:
             raise IndexMismatchError(f"{path}: index does not match the model: {'; '.join(problems)}")
-        index = INDEX_KINDS[self.kind].load(os.path.join(path, meta["searcher"]))
+        index = index_kinds.index_class(self.kind).load(os.path.join(path, meta["searcher"]))
         if (index.num_blocks, index.dim) != (meta["num_blocks"], meta["dim"]):
             raise IndexMismatchError(f"{path}: searcher is [{index.num_blocks}, {index.dim}] but index.json "
                                      f"says [{meta['num_blocks']}, {meta['dim']}]")
@@ -241,7 +235,7 @@ class IndexLoader:
         self.last_error = error
         self.last_failed_directory = path
         self._failed_versions.add(version)
-        logging.error("%s: cannot load index version %d, keeping version %s in service: %s", path, version,
+        logger.error("%s: cannot load index version %d, keeping version %s in service: %s", path, version,
                       self.version, error)
 
     def _not_found(self) -> IndexNotFoundError:

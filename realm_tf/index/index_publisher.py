@@ -32,6 +32,8 @@ from realm_tf import artifacts
 from realm_tf import errors
 from realm_tf.index import mips_index
 
+logger = logging.getLogger(__name__)
+
 EMBEDDINGS_NPY = "embeddings.npy"
 SEARCHER_DIR = "searcher"
 FORMAT_VERSION = 1
@@ -115,11 +117,11 @@ def publish(index_dir: str, version: int, embeddings: np.ndarray, index: mips_in
                 "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "write_seconds": round(time.perf_counter() - start, 3)}
             if pause_before_commit > 0:
-                logging.warning("%s: staged; pausing %.1fs before the commit", staging.path, pause_before_commit)
+                logger.warning("%s: staged; pausing %.1fs before the commit", staging.path, pause_before_commit)
                 time.sleep(pause_before_commit)
     except FileExistsError as e:
         raise IndexVersionExistsError(f"{final}: index version {version} was published concurrently") from e
-    logging.info("published index version %d (%s, %d blocks) at %s", version, index.kind, index.num_blocks,
+    logger.info("published index version %d (%s, %d blocks) at %s", version, index.kind, index.num_blocks,
                  final)
     delete_old_versions(index_dir, keep_versions, protect=version)
     return final

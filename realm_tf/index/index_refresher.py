@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from typing import Sequence
@@ -24,6 +23,7 @@ from realm_tf import config as config_lib
 from realm_tf import artifacts
 from realm_tf.index import index_publisher
 
+logger = logging.getLogger(__name__)
 
 
 class IndexRefresher:
@@ -43,7 +43,7 @@ class IndexRefresher:
                  pause_before_commit: float = 0.0) -> None:
         self.config_path = config_path
         self.overrides = list(overrides)
-        cfg = config_lib.load_config(config_path, overrides)
+        self.cfg = cfg = config_lib.load_config(config_path, overrides)
         self.export_dir = export_dir or cfg.refresh.export_dir
         self.index_dir = index_dir or cfg.index.index_dir
         self.beam_args = list(cfg.refresh.beam_options if beam_args is None else beam_args)
@@ -56,7 +56,8 @@ class IndexRefresher:
 
     def pending_export(self) -> int | None:
         """The newest export step that is newer than every published index version (None if none)."""
-        exports = [s for s in artifacts.complete_versions(self.export_dir, artifacts.RETRIEVER_EXPORT) if s not in self.failed]
+        exports = [s for s in artifacts.complete_versions(self.export_dir, artifacts.RETRIEVER_EXPORT)
+                   if s not in self.failed]
         if not exports:
             return None
         published = index_publisher.complete_versions(self.index_dir)
@@ -70,24 +71,20 @@ class IndexRefresher:
             return None
         from beam_jobs import embed_blocks  # pylint: disable=import-outside-toplevel  (Beam only when needed)
 
-        argv = ["--config", self.config_path, "--export", os.path.join(self.export_dir, str(step)),
-                "--index_dir", self.index_dir, "--pause_before_commit", str(self.pause_before_commit)]
-        for override in self.overrides:
-            argv += ["--set", override]
+        export_path = os.path.join(self.export_dir, str(step))
         start = time.time()
-        print(f"refresh-index: building index version {step} from {self.export_dir}/{step}", file=sys.stderr,
-              flush=True)
+        logger.info("refresh-index: building index version %d from %s", step, export_path)
         try:
-            embed_blocks.run([*argv, *self.beam_args])  # job flags, then Beam pipeline options
+            embed_blocks.embed_and_publish(self.cfg, export_path, self.index_dir, beam_args=self.beam_args,
+                                           pause_before_commit=self.pause_before_commit)
         except index_publisher.IndexVersionExistsError:
             return None  # another builder published it meanwhile
         except Exception as e:  # pylint: disable=broad-except  # keep watching; the old index stays in service
-            logging.exception("refresh-index: export %d failed", step)
+            logger.exception("refresh-index: export %d failed", step)
             self.failed[step] = f"{type(e).__name__}: {e}"
             return None
         self.published.append(step)
-        print(f"refresh-index: published index version {step} in {time.time() - start:.1f}s", file=sys.stderr,
-              flush=True)
+        logger.info("refresh-index: published index version %d in %.1fs", step, time.time() - start)
         return step
 
     def watch(self, max_versions: int | None = None) -> None:

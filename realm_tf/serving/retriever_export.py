@@ -90,9 +90,14 @@ def export_retriever(retriever: knowledge_retriever.KnowledgeRetriever, cfg: con
             "block_seq_length": cfg.model.block_seq_length,
             "export_seconds": round(time.time() - start, 3),
         }
-    # An export stays while an index version built from it may still be served: the trainer's input pipeline
-    # embeds queries with the export of the index version it searches.
-    in_use = {int(step), *artifacts.complete_versions(cfg.index.index_dir, artifacts.INDEX)}
+    # An export stays while an index version built from it may still be served (the trainer's input pipeline
+    # embeds queries with the export of the index version it searches), and while an index builder may still
+    # be embedding it: every export newer than the newest published version. An index builder that falls
+    # behind skips to the newest export, so the older unbuilt ones are then pruned.
+    published = list(artifacts.complete_versions(cfg.index.index_dir, artifacts.INDEX))
+    pending = [s for s in artifacts.complete_versions(export_dir, artifacts.RETRIEVER_EXPORT)
+               if published and s > published[-1]]
+    in_use = {int(step), *published, *pending}
     artifacts.delete_old_versions(export_dir, artifacts.RETRIEVER_EXPORT, cfg.refresh.keep_exports, protect=in_use)
     return final
 

@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -29,13 +27,10 @@ import tensorflow as tf
 import tf_keras
 
 from realm_tf import config as config_lib
-from realm_tf import errors
 from realm_tf.data import block_store
 from realm_tf.data import example_schemas
 from realm_tf.data import retrieval_augmented_input
-from realm_tf.index import index_loader
-from realm_tf.index import index_publisher
-from realm_tf.index import index_refresher
+from realm_tf.index import refresh_supervisor
 from realm_tf.models import knowledge_augmented_encoder
 from realm_tf.models import knowledge_retriever
 from realm_tf.models import realm_pretrainer
@@ -47,7 +42,8 @@ from realm_tf.tasks import realm_loss
 from realm_tf.tasks import training_loop
 from realm_tf.tasks import warm_start
 
-REFRESH_MODES = ("process", "thread", "external")
+logger = logging.getLogger(__name__)
+
 _MODEL_INPUT_PREFIXES = ("query_", "candidates_", "reader_", "masked_positions")
 
 
@@ -84,7 +80,7 @@ class RealmPretrainingTask(base_task.Task):
         self.pattern = pretraining_pattern or os.path.join(cfg.data.pretraining_dir, "pretraining-*.tfrecord*")
         self.run_evaluation = evaluate
         self.inputs: retrieval_augmented_input.RetrievalAugmentedInput | None = None
-        self.supervisor: _RefreshSupervisor | None = None
+        self.supervisor: refresh_supervisor.RefreshSupervisor | None = None
         self.chief = True
 
     def build_model(self) -> realm_pretrainer.RealmPretrainer:
@@ -181,16 +177,17 @@ class RealmPretrainingTask(base_task.Task):
                 for key, value in warmup.items():
                     tf.summary.scalar("mlm_head_warmup/" + key, value)
         params_path = os.path.join(cfg.trainer.model_dir, "params.yaml")
-        self.supervisor = _RefreshSupervisor(cfg, params_path)
+        self.supervisor = refresh_supervisor.RefreshSupervisor(cfg, params_path)
         if self.chief:
-            self.supervisor.bootstrap(loop.step, model.retriever)
+            self.supervisor.bootstrap(
+                loop.step, lambda: retriever_export.export_retriever(model.retriever, cfg, loop.step, self.tokenizer))
         loader_args = dict(index_dir=cfg.index.index_dir, expected_dim=cfg.model.projection_size,
                            expected_vocab_hash=self.tokenizer.vocab_hash, kind=cfg.index.kind,
                            min_refresh_interval_seconds=cfg.refresh.poll_seconds)
-        loader = wait_for_index(loader_args, timeout=3600.0)
+        loader = refresh_supervisor.wait_for_index(loader_args, timeout=3600.0)
         newest = loader.version or 0
         if newest > loop.step + cfg.refresh.export_every_steps:
-            logging.warning("%s: index version %d is ahead of trainer step %d: this run's refreshes (versions = "
+            logger.warning("%s: index version %d is ahead of trainer step %d: this run's refreshes (versions = "
                             "its steps) will not replace it until then", cfg.index.index_dir, newest, loop.step)
         self.inputs = retrieval_augmented_input.RetrievalAugmentedInput(cfg, loader, blocks, self.tokenizer)
         if self.chief:
@@ -338,68 +335,6 @@ def salient_heldout_predicate(fraction: float) -> Callable[[Mapping[str, tf.Tens
     """Held-out examples whose mask is a salient span (not the random-masking fallback)."""
     heldout = heldout_predicate(fraction, heldout=True)
     return lambda r: tf.logical_and(heldout(r), tf.equal(r[example_schemas.MASKING], b"salient"))
-
-
-class _RefreshSupervisor:
-    """Starts the index builder the way ``refresh.mode`` says, and stops it at the end."""
-
-    def __init__(self, cfg: config_lib.ExperimentConfig, params_path: str):
-        if cfg.refresh.mode not in REFRESH_MODES:
-            raise config_lib.ConfigError(f"refresh.mode={cfg.refresh.mode!r}: expected one of {REFRESH_MODES}")
-        self.cfg = cfg
-        self.params_path = params_path
-        self.refresher: index_refresher.IndexRefresher | None = None
-        self.process: subprocess.Popen | None = None
-
-    def bootstrap(self, step: int, retriever: knowledge_retriever.KnowledgeRetriever) -> None:
-        """Publishes a first index from the current retriever when ``index_dir`` has none."""
-        if index_publisher.complete_versions(self.cfg.index.index_dir):
-            return
-        print(f"pretrain: no index in {self.cfg.index.index_dir}: exporting the retriever at step {step} and "
-              f"embedding the corpus for the first index version", file=sys.stderr, flush=True)
-        retriever_export.export_retriever(retriever, self.cfg, step)
-        refresher = index_refresher.IndexRefresher(self.params_path)
-        if refresher.refresh_once() is None:
-            raise errors.UserError(f"{self.cfg.index.index_dir}: could not build the first index: "
-                                   f"{refresher.failed or 'no export'}")
-
-    def start(self) -> None:
-        mode = self.cfg.refresh.mode
-        if self.cfg.refresh.export_every_steps <= 0 or mode == "external":
-            return
-        if mode == "thread":
-            self.refresher = index_refresher.IndexRefresher(self.params_path)
-            self.refresher.start_thread()
-        else:
-            log = open(os.path.join(self.cfg.trainer.model_dir, "refresh-index.log"), "ab")  # pylint: disable=consider-using-with
-            self.process = subprocess.Popen(  # pylint: disable=consider-using-with
-                [sys.executable, "-m", "realm_tf.cli", "refresh-index", "--config", self.params_path, "--watch"],
-                stdout=log, stderr=subprocess.STDOUT)
-            log.close()
-            print(f"pretrain: index builder running as process {self.process.pid} (log: "
-                  f"{self.cfg.trainer.model_dir}/refresh-index.log)", file=sys.stderr, flush=True)
-
-    def stop(self) -> None:
-        if self.refresher is not None:
-            self.refresher.stop()
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-
-
-def wait_for_index(loader_args: dict[str, Any], timeout: float) -> index_loader.IndexLoader:
-    """An IndexLoader once a first version is published (non-chief workers wait for the chief's)."""
-    deadline = time.time() + timeout
-    while True:
-        try:
-            return index_loader.IndexLoader(**loader_args)
-        except index_loader.IndexNotFoundError:
-            if time.time() > deadline:
-                raise
-            time.sleep(2.0)
 
 
 def pretrain(cfg: config_lib.ExperimentConfig, pretraining_pattern: str | None = None,

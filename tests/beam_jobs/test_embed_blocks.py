@@ -19,6 +19,7 @@ from apache_beam.testing import util as beam_testing
 from beam_jobs import embed_blocks
 from realm_tf import config
 from realm_tf.data import example_schemas
+from realm_tf.index import embedding_matrix
 from realm_tf.index import index_loader
 from realm_tf.index import index_publisher
 from realm_tf.layers import bert_tokenizer
@@ -180,21 +181,10 @@ def test_missing_and_duplicate_block_ids_refuse_the_publish(setup):
     with open(tmp / "blocks" / "manifest.json", "w") as f:
         json.dump({"blocks": 14, "vocab_hash": setup["tok"].vocab_hash}, f)
     index_dir = str(tmp / "index")
-    with pytest.raises(embed_blocks.IncompleteEmbeddingsError) as raised:
+    with pytest.raises(embedding_matrix.IncompleteEmbeddingsError) as raised:
         embed_blocks.run(["--config", "configs/tiny.yaml", "--blocks", str(tmp / "blocks" / "*.tfrecord"),
                           "--export", setup["export"], "--index_dir", index_dir, "--runner=DirectRunner"])
     message = str(raised.value)
     assert "4 of 14 block ids missing: 3, 7, 12-13" in message
     assert "1 block ids embedded more than once: 5" in message
     assert index_publisher.complete_versions(index_dir) == []
-
-
-def test_assemble_names_out_of_range_ids_and_failures_and_orders_rows():
-    vectors = np.arange(8, dtype=np.float32).reshape(4, 2)  # [4, 2]
-    matrix = embed_blocks.assemble_matrix(np.array([2, 0, 3, 1]), vectors, num_blocks=4)
-    np.testing.assert_array_equal(matrix, vectors[[1, 3, 0, 2]])
-    with pytest.raises(embed_blocks.IncompleteEmbeddingsError, match=r"outside 0..2: 3.*1 block\(s\) failed .*2: "
-                                                                       r"InvalidArgumentError: boom"):
-        embed_blocks.assemble_matrix(np.array([0, 1, 3]), vectors[:3], num_blocks=3,
-                                     failures=[{"block_id": 2, "error": "InvalidArgumentError: boom"}])
-    assert embed_blocks.format_ids(list(range(30)) + [40, 42], limit=2) == "0-29, 40, ... and 1 more ids"

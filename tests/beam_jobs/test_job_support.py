@@ -26,3 +26,31 @@ def test_parse_example_follows_the_schema():
                    es.SPAN_LABEL: b""}  # the schema's default for an absent span label
     parsed = tf.io.parse_example(tf.constant([record]), es.pretraining_feature_spec())
     assert parsed[es.QUERY_IDS][0].numpy().tolist() == row[es.QUERY_IDS]
+
+
+def test_progress_reports_counts_percentage_and_extra_at_most_every_interval(capsys):
+    progress = job_support.Progress("embed_blocks", "blocks", total=8, interval=3600.0, stage="embed")
+    progress.update(3, failed=1)
+    progress.update(1)
+    assert capsys.readouterr().err == ""  # the interval has not passed
+    progress.flush()
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("embed_blocks [embed, pid ") and "4/8 blocks (50%), ETA" in line
+    assert line.endswith(", 1 failed") and "blocks/s" in line
+    progress.flush()
+    assert capsys.readouterr().err == ""  # nothing new to report
+    silent = job_support.Progress("preprocess", "lines", total=None, interval=0.0)
+    silent.update(5)
+    silent.flush()
+    assert capsys.readouterr().err == "" and silent.done == 5
+
+
+def test_prepare_output_removes_the_manifest_and_matching_shards_only(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("manifest.json", "ict-00000-of-00002.tfrecord", "ict-00001-of-00002.tfrecord", "notes.txt"):
+        (out / name).write_text("x")
+    job_support.prepare_output(str(out), "ict-*.tfrecord")
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    job_support.prepare_output(str(tmp_path / "new" / "dir"), "ict-*.tfrecord")
+    assert (tmp_path / "new" / "dir").is_dir()

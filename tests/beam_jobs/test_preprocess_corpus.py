@@ -276,15 +276,16 @@ def test_job_end_to_end_run_and_cli_deterministic(tmp_path, tok, capsys):
               _json(title="TSV doc", text="A passage from a TSV file.")])              # duplicate of p.tsv:2
     input_lines = len(documents) + len(dead) + len(bodies) + 2
     out = tmp_path / "out"
-    result = preprocess_corpus.run(["--input", str(inputs / "*.jsonl*"), "--input", str(inputs / "*.tsv"),
-                                    "--input", str(inputs / "r.tfrecord"), "--output", str(out),
-                                    "--set", f"data.max_block_length={L}", "--num_shards=2"])
-    assert result.state == beam.runners.runner.PipelineState.DONE
+    returned = preprocess_corpus.run(["--input", str(inputs / "*.jsonl*"), "--input", str(inputs / "*.tsv"),
+                                      "--input", str(inputs / "r.tfrecord"), "--output", str(out),
+                                      "--set", f"data.max_block_length={L}", "--num_shards=2"])
     summary = capsys.readouterr().out
     assert f"{input_lines} input lines" in summary and "2 duplicates merged" in summary
 
     files, rows = _read_blocks(str(out))
     manifest = json.loads((out / "manifest.json").read_text())
+    assert {k: v for k, v in returned.items() if k != "counters"} == manifest  # the manifest it wrote, and
+    counters = returned["counters"]  # the Beam counters of the run
     assert files == manifest["block_shards"] == ["blocks-00000-of-00002.tfrecord", "blocks-00001-of-00002.tfrecord"]
     assert sorted(r["block_id"] for r in rows) == list(range(len(rows)))  # dense ids
     expected_dead = {reason: 0 for reason in corpus_reader.REASONS}  # every reason listed, 0 when none
@@ -300,7 +301,6 @@ def test_job_end_to_end_run_and_cli_deterministic(tmp_path, tok, capsys):
     assert dead_files == manifest["dead_letter_shards"] and dead_files[0].endswith("-of-00001.jsonl")
     dead_rows = [json.loads(line) for f in dead_files for line in (out / f).read_text().splitlines()]
     assert sorted((os.path.basename(d["file"]), d["line"], d["reason"]) for d in dead_rows) == sorted(dead)
-    counters = {c.key.metric.name: c.committed for c in result.metrics().query()["counters"]}
     assert counters[preprocess_corpus.BLOCKS] == len(rows) and counters[preprocess_corpus.DUPLICATES] == 2
     assert counters["dead_letters_malformed_tsv"] == 2 and counters[preprocess_corpus.INPUT_LINES] == input_lines
 

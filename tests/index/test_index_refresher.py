@@ -66,5 +66,10 @@ def test_exports_backing_index_versions_are_not_pruned(setup):
     index_refresher.IndexRefresher(params).refresh_once()
     for step in (2, 3):
         retriever_export.export_retriever(model, cfg, step)
-    # Export 1 backs index version 1, which the trainer may still search: kept; 2 is not needed.
-    assert retriever_export.list_exports(cfg.refresh.export_dir) == [1, 3]
+    # Export 1 backs index version 1, which the trainer may still search; 2 and 3 are newer than every
+    # published version, so an index builder may be embedding them: all kept.
+    assert retriever_export.list_exports(cfg.refresh.export_dir) == [1, 2, 3]
+    assert index_refresher.IndexRefresher(params).refresh_once() == 3  # the builder skips to the newest
+    retriever_export.export_retriever(model, cfg, 4)
+    # 2 is older than the newest published version: no builder will use it; 1 and 3 back index versions.
+    assert retriever_export.list_exports(cfg.refresh.export_dir) == [1, 3, 4]

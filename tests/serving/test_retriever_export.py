@@ -1,5 +1,4 @@
 """Retriever SavedModel: same embeddings in a fresh process without realm_tf, atomic versioned exports."""
-import json
 import os
 import subprocess
 import sys

@@ -1,0 +1,93 @@
+"""Who builds the next index while REALM trains (Guu et al., 2020, §3.4: "two jobs running in parallel: a
+primary trainer job ... and a secondary index builder job"): the trainer's side of the asynchronous refresh.
+
+:class:`RefreshSupervisor` publishes the first index version if there is none, starts the index builder
+(:class:`realm_tf.index.index_refresher.IndexRefresher`) as ``refresh.mode`` says, and stops it when training
+ends; :func:`wait_for_index` gives an :class:`~realm_tf.index.index_loader.IndexLoader` once a version exists
+(a non-chief worker waits for the chief's).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+from realm_tf import config as config_lib
+from realm_tf import errors
+from realm_tf.index import index_loader
+from realm_tf.index import index_publisher
+from realm_tf.index import index_refresher
+
+logger = logging.getLogger(__name__)
+
+REFRESH_MODES = ("process", "thread", "external")
+
+
+class RefreshSupervisor:
+    """Starts the index builder the way ``refresh.mode`` says, and stops it at the end.
+
+    ``process``: ``realm-tf refresh-index --watch`` as a child process (log in ``<model_dir>/refresh-index.log``);
+    ``thread``: an :class:`IndexRefresher` on a thread of the trainer; ``external``: nothing (your own job).
+    """
+
+    def __init__(self, cfg: config_lib.ExperimentConfig, params_path: str):
+        if cfg.refresh.mode not in REFRESH_MODES:
+            raise config_lib.ConfigError(f"refresh.mode={cfg.refresh.mode!r}: expected one of {REFRESH_MODES}")
+        self.cfg = cfg
+        self.params_path = params_path
+        self.refresher: index_refresher.IndexRefresher | None = None
+        self.process: subprocess.Popen | None = None
+
+    def bootstrap(self, step: int, export: Callable[[], str]) -> None:
+        """Publishes a first index when ``index_dir`` has none: ``export()`` writes the current retriever's export
+        (of ``step``), which is then embedded in this process."""
+        if index_publisher.complete_versions(self.cfg.index.index_dir):
+            return
+        logger.info("no index in %s: exporting the retriever at step %d and embedding the corpus for the first "
+                    "index version", self.cfg.index.index_dir, step)
+        export()
+        refresher = index_refresher.IndexRefresher(self.params_path)
+        if refresher.refresh_once() is None:
+            raise errors.UserError(f"{self.cfg.index.index_dir}: could not build the first index: "
+                                   f"{refresher.failed or 'no export'}")
+
+    def start(self) -> None:
+        mode = self.cfg.refresh.mode
+        if self.cfg.refresh.export_every_steps <= 0 or mode == "external":
+            return
+        if mode == "thread":
+            self.refresher = index_refresher.IndexRefresher(self.params_path)
+            self.refresher.start_thread()
+        else:
+            log = open(os.path.join(self.cfg.trainer.model_dir, "refresh-index.log"), "ab")  # pylint: disable=consider-using-with
+            self.process = subprocess.Popen(  # pylint: disable=consider-using-with
+                [sys.executable, "-m", "realm_tf.cli", "refresh-index", "--config", self.params_path, "--watch"],
+                stdout=log, stderr=subprocess.STDOUT)
+            log.close()
+            logger.info("index builder running as process %d (log: %s/refresh-index.log)", self.process.pid,
+                        self.cfg.trainer.model_dir)
+
+    def stop(self) -> None:
+        if self.refresher is not None:
+            self.refresher.stop()
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+def wait_for_index(loader_args: dict[str, Any], timeout: float) -> index_loader.IndexLoader:
+    """An IndexLoader once a first version is published (non-chief workers wait for the chief's)."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            return index_loader.IndexLoader(**loader_args)
+        except index_loader.IndexNotFoundError:
+            if time.time() > deadline:
+                raise
+            time.sleep(2.0)

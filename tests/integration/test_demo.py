@@ -1,0 +1,33 @@
+"""``realm-tf demo``: the whole loop (corpus, data jobs, pre-training, index, reader, fine-tuning, evaluation,
+export, questions) on the tiny config, in a separate process."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _run(*args):
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, "-m", "realm_tf.cli", *args], capture_output=True, text=True, env=env,
+                          timeout=900)
+
+
+@pytest.mark.slow
+def test_demo_runs_the_whole_loop_on_the_tiny_config(tmp_path):
+    work = tmp_path / "demo"
+    result = _run("demo", "--config", "configs/tiny.yaml", "--workdir", str(work), "--questions", "40",
+                  "--pretrain-steps", "2", "--finetune-steps", "4", "--reader-steps", "2", "--squad-paragraphs", "4")
+    assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
+    for name in ("corpus", "preprocess", "pretraining-data", "init-retriever", "pretrain", "index", "train-reader",
+                 "finetune", "evaluate", "export", "ask"):
+        assert f"] {name}:" in result.stdout and f"=== {name} done" in result.stdout, name
+    last = result.stdout.strip().splitlines()[-1]
+    assert last.startswith("EM ") and "accuracy@5" in last
+    metrics = json.loads((work / "metrics.json").read_text())
+    assert metrics["num_questions"] > 0 and 0 <= metrics["exact_match"] <= 1
+    assert (work / "params.yaml").exists() and (work / "served" / "realm_qa.json").exists()
+    assert 'model_checkpoint_path: "ckpt-2"' in (work / "reader" / "checkpoints" / "checkpoint").read_text()
+    assert "SQuAD questions for the reader warm start" in result.stdout
+    assert "A: " in result.stdout  # the sample questions were answered
