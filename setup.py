@@ -1,7 +1,7 @@
 """Packaging for realm_tf: REALM (Guu et al., 2020) in TensorFlow 2 / Keras.
 
-The pins below are the stack named in DEVELOPERS.md; they are known to co-install (ScaNN's TF op and
-pybind module both load against TensorFlow 2.20).
+The pins below are the project's fixed stack (README, "Stack"); they are known to co-install (ScaNN's TF op
+and pybind module both load against TensorFlow 2.20).
 """
 import setuptools
 

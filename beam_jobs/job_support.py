@@ -225,11 +225,10 @@ class BlocksDoFn(beam.DoFn):
 
     def setup(self) -> None:
         from realm_tf.data import sentence_splitter  # pylint: disable=import-outside-toplevel
-        from realm_tf.data import tokenized_text  # pylint: disable=import-outside-toplevel
         from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
 
         self._tokenizer = bert_tokenizer.BertTokenizer(self._vocab_file, lower_case=self._lower_case)
-        self._continuation = tokenized_text.TokenizedText.continuation_table(self._tokenizer.vocab)
+        self._continuation = bert_tokenizer.continuation_table(self._tokenizer.vocab)
         self._splitter = sentence_splitter.SentenceSplitter()
 
     def parse_blocks(self, batch: Sequence[bytes]) -> list[tuple[dict[str, Any], Any]]:

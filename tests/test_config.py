@@ -95,3 +95,63 @@ def test_shipped_configs_load(name):
 def test_missing_file_is_a_config_error(tmp_path):
     with pytest.raises(config.ConfigError, match="cannot read config"):
         config.load_config(str(tmp_path / "nope.yaml"))
+
+
+@pytest.mark.parametrize("key,bad", [("model.encoder.hidden_act", "swish"), ("model.pooling", "max"),
+                                     ("model.projection_init", "svd"), ("data.salient_span_annotator", "ner"),
+                                     ("index.kind", "faiss"), ("refresh.mode", "cron"), ("trainer.strategy", "gpu"),
+                                     ("finetune.strategy", "gpu")])
+def test_enumerated_setting_outside_its_choices_names_line_and_allowed_values(tmp_path, key, bad):
+    *sections, leaf = key.split(".")
+    text = "".join(f"{'  ' * i}{s}:\n" for i, s in enumerate(sections)) + f"{'  ' * len(sections)}{leaf}: {bad}\n"
+    path = _write(tmp_path, "name: x\n" + text)
+    with pytest.raises(config.ConfigError) as e:
+        config.load_config(path)
+    message = str(e.value)
+    assert f"{path}:{len(sections) + 2}" in message and f"'{key}'" in message and repr(bad) in message
+    # every allowed value is listed, and each of them loads
+    field_type = config.ExperimentConfig
+    for part in key.split("."):
+        field_type = {f.name: f for f in dataclasses.fields(field_type)}[part].type
+        field_type = getattr(config, field_type) if isinstance(field_type, str) and hasattr(config, field_type) \
+            else field_type
+    allowed = config.choices(field_type)
+    assert len(allowed) >= 2 and all(a in message for a in allowed)
+    for value in allowed:
+        loaded = config.load_config(None, [f"{key}={value}"])
+        node = loaded
+        for part in key.split("."):
+            node = getattr(node, part)
+        assert node == value
+    with pytest.raises(config.ConfigError, match="must be one of"):
+        config.load_config(None, [f"{key}={bad}"])
+
+
+def test_the_modules_acting_on_a_choice_know_exactly_its_values():
+    from realm_tf.data import span_annotators
+    from realm_tf.index import index_kinds
+    from realm_tf.tasks import distribution, projection_init
+
+    assert set(index_kinds.INDEX_KINDS) == set(config.choices(config.IndexKind))
+    assert set(distribution.STRATEGIES) == set(config.choices(config.Strategy))
+    assert set(span_annotators.ANNOTATORS) == set(config.choices(config.SpanAnnotator))
+    assert set(projection_init.KINDS) == set(config.choices(config.ProjectionInit))
+
+
+def test_block_length_cut_longer_than_the_retriever_reads_is_rejected(tmp_path):
+    path = _write(tmp_path, "model:\n  block_seq_length: 128\ndata:\n  max_block_length: 200\n")
+    with pytest.raises(config.ConfigError) as e:
+        config.load_config(path)
+    assert f"{path}:4" in str(e.value) and "data.max_block_length=200" in str(e.value)
+    assert f"{path}:2" in str(e.value)  # where the other side is set
+    assert config.load_config(path, ["data.max_block_length=128"]).data.max_block_length == 128
+
+
+@pytest.mark.parametrize("key", ["model.query_seq_length", "model.block_seq_length", "model.reader_seq_length",
+                                 "qa.question_seq_length"])
+def test_sequences_longer_than_the_position_embeddings_are_rejected(key):
+    sets = ["model.encoder.max_position_embeddings=64", "model.query_seq_length=64", "model.block_seq_length=64",
+            "model.reader_seq_length=64", "qa.question_seq_length=64", "data.max_block_length=64"]
+    assert config.load_config(None, sets).model.encoder.max_position_embeddings == 64
+    with pytest.raises(config.ConfigError, match=f"{key}=65 exceeds model.encoder.max_position_embeddings=64"):
+        config.load_config(None, sets + [f"{key}=65"])

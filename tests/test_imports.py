@@ -270,6 +270,45 @@ def test_no_import_cycles():
         f"{' -> '.join(path)}   (modules in the cycle: {', '.join(component)})" for component, path in found)
 
 
+# The parts of realm_tf, lowest first: a module may import only from its own part or from parts below it
+# (README, "Architecture"). beam_jobs sit beside the package and use it; the package reaches them only from
+# its entry points (cli) and from the index builder, which runs embed_blocks.
+PARTS = ("errors", "resources", "config", "artifacts", "layers", "data", "networks", "models", "index", "serving",
+         "tasks", "demo", "cli")
+MAY_IMPORT_BEAM_JOBS = ("realm_tf.cli", "realm_tf.index.index_refresher")
+
+
+def layer_violations(modules: Mapping[str, pathlib.Path], parts: Sequence[str] = PARTS) -> list[str]:
+    """``a -> b`` for every import from a part of realm_tf to a part above it (or to beam_jobs)."""
+    rank = {part: i for i, part in enumerate(parts)}
+    found = []
+    for module, path in modules.items():
+        if not module.startswith("realm_tf."):
+            continue
+        here = module.split(".")[1]
+        assert here in rank, f"{module}: realm_tf.{here} is not one of the parts {parts}"
+        internal, _ = file_imports(path, modules, module)
+        for target in sorted(internal):
+            if target.startswith("beam_jobs"):
+                if module not in MAY_IMPORT_BEAM_JOBS:
+                    found.append(f"{module} -> {target}")
+            elif target.count(".") and rank[target.split(".")[1]] > rank[here]:
+                found.append(f"{module} -> {target}")
+    return found
+
+
+def test_imports_run_down_the_parts_of_the_package():
+    found = layer_violations(find_modules())
+    assert not found, f"imports that run up the parts {' < '.join(PARTS)}:\n" + "\n".join(found)
+
+
+def test_layer_violations_finds_an_arrow_up(tmp_path):
+    _write(tmp_path, {"realm_tf/__init__.py": "", "realm_tf/data/__init__.py": "", "realm_tf/tasks/__init__.py": "",
+                      "realm_tf/data/a.py": "from realm_tf.tasks import b\n",
+                      "realm_tf/tasks/b.py": "from realm_tf.data import a\n"})
+    assert layer_violations(find_modules(tmp_path, ("realm_tf",))) == ["realm_tf.data.a -> realm_tf.tasks.b"]
+
+
 def test_library_deps_are_the_imports():
     problems = _problems(LIBRARY_KINDS, lambda kw: any(s.split("/")[0] in PACKAGES for s in kw["srcs"]))
     assert not problems, "BUILD deps differ from the imports:\n" + "\n".join(problems)

@@ -36,11 +36,6 @@ def span_bounds(index: Any, max_span_width: int) -> tuple[Any, Any]:
     return start, start + index % max_span_width
 
 
-def continuation_table(vocab: Sequence[str]) -> np.ndarray:
-    """``bool[vocab_size]``: True for WordPiece continuation pieces (``##...``), e.g. from ``read_vocab``."""
-    return np.array([token.startswith("##") for token in vocab], dtype=bool)
-
-
 def find_answer_spans(block_ids: Sequence[int], answers_ids: Sequence[Sequence[int]], max_span_width: int,
                       is_continuation: Sequence[bool] | None = None) -> list[tuple[int, int]]:
     """Every occurrence of a tokenized answer in a block, as sorted, unique inclusive ``(start, end)`` pairs.
@@ -92,7 +87,7 @@ def answer_span_mask(reader_word_ids: np.ndarray, reader_type_ids: np.ndarray,
         1, whose last wordpiece (the final [SEP]) is excluded, as in ``SpanReader``'s ``span_mask``.
       answers_ids: each answer's wordpiece ids.
       max_span_width: the reader's longest span, in wordpieces.
-      is_continuation_table: optional ``bool[vocab_size]`` (:func:`continuation_table`); when given, matches
+      is_continuation_table: optional ``bool[vocab_size]`` (``bert_tokenizer.continuation_table``); when given, matches
         inside a word are rejected (see :func:`find_answer_spans`).
 
     Returns:

@@ -58,7 +58,7 @@ _DATE_PATTERNS = [
     # March 1974 / May of 1968
     re.compile(rf"\b{_MONTH}\s(?:of\s)?{_YEAR}"),
     # summer of 1969 / Spring 1974
-    re.compile(rf"\b(?:[Ss]pring|[Ss]ummer|[Aa]utumn|[Ff]all|[Ww]inter)\s(?:of\s)?\d{{4}}(?!\d)"),
+    re.compile(r"\b(?:[Ss]pring|[Ss]ummer|[Aa]utumn|[Ff]all|[Ww]inter)\s(?:of\s)?\d{4}(?!\d)"),
     # ISO 1973-10-17
     re.compile(r"\b\d{4}-[01]\d-[0-3]\d\b"),
     # 1990s / 1960's / 1800s

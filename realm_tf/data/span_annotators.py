@@ -6,11 +6,12 @@ its annotator; this module maps the name to an implementation. It lives apart fr
 """
 from __future__ import annotations
 
+from realm_tf import config as config_lib
 from realm_tf.data import rule_based_span_annotator
 from realm_tf.data import salient_span_annotator
 from realm_tf.data import spacy_span_annotator
 
-ANNOTATORS = ("rules", "spacy")
+ANNOTATORS = config_lib.choices(config_lib.SpanAnnotator)
 
 
 def make_annotator(name: str = "rules", include_numbers: bool = False) -> salient_span_annotator.SalientSpanAnnotator:

@@ -47,11 +47,6 @@ class TokenizedText:
     def __len__(self) -> int:
         return len(self.ids)
 
-    @staticmethod
-    def continuation_table(vocab: Sequence[str]) -> tuple[bool, ...]:
-        """Per vocabulary id: whether the token is a ``##`` suffix piece (pass to :meth:`from_batch`)."""
-        return tuple(token.startswith("##") for token in vocab)
-
     @classmethod
     def from_batch(cls, tokenizer: bert_tokenizer.BertTokenizer, texts: Sequence[str],
                    continuation_table: Sequence[bool] | None = None) -> list["TokenizedText"]:
@@ -60,12 +55,12 @@ class TokenizedText:
         Args:
           tokenizer: a ``realm_tf.layers.bert_tokenizer.BertTokenizer``.
           texts: the texts to tokenize.
-          continuation_table: ``continuation_table(tokenizer.vocab)``, computed once by callers that
+          continuation_table: ``bert_tokenizer.continuation_table(tokenizer.vocab)``, computed once by callers that
             tokenize many batches; computed here when None.
         """
         if not texts:
             return []
-        table = continuation_table if continuation_table is not None else cls.continuation_table(
+        table = continuation_table if continuation_table is not None else bert_tokenizer.continuation_table(
             tokenizer.vocab)
         tokenize = bert_tokenizer.traced_tokenize_with_offsets(tokenizer)
         ids, starts, ends = tokenize(tf.constant(list(texts)))  # each [batch, (pieces)]
@@ -77,7 +72,7 @@ class TokenizedText:
                 ids=tuple(row_ids),
                 starts=tuple(to_char(b) for b in row_starts) if to_char else tuple(row_starts),
                 ends=tuple(to_char(b) for b in row_ends) if to_char else tuple(row_ends),
-                continuation=tuple(table[i] for i in row_ids),
+                continuation=tuple(bool(table[i]) for i in row_ids),
             ))
         return out
 

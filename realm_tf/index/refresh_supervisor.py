@@ -23,8 +23,6 @@ from realm_tf.index import index_refresher
 
 logger = logging.getLogger(__name__)
 
-REFRESH_MODES = ("process", "thread", "external")
-
 
 class RefreshSupervisor:
     """Starts the index builder the way ``refresh.mode`` says, and stops it at the end.
@@ -34,8 +32,6 @@ class RefreshSupervisor:
     """
 
     def __init__(self, cfg: config_lib.ExperimentConfig, params_path: str):
-        if cfg.refresh.mode not in REFRESH_MODES:
-            raise config_lib.ConfigError(f"refresh.mode={cfg.refresh.mode!r}: expected one of {REFRESH_MODES}")
         self.cfg = cfg
         self.params_path = params_path
         self.refresher: index_refresher.IndexRefresher | None = None

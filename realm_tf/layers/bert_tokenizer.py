@@ -11,11 +11,15 @@ import hashlib
 import weakref
 from typing import Any, Callable
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_text as tf_text
 import tf_keras
 
 from realm_tf import resources
+
+#: WordPiece's marker of a piece that continues a word (``un ##aff ##able``).
+SUFFIX_INDICATOR = "##"
 
 
 def read_vocab(vocab_file: str) -> list[str]:
@@ -29,6 +33,15 @@ def read_vocab(vocab_file: str) -> list[str]:
         if special not in vocab:
             raise ValueError(f"{path}: vocabulary has no {special} token")
     return vocab
+
+
+def continuation_table(vocab: list[str] | tuple[str, ...]) -> np.ndarray:
+    """``bool[vocab_size]``: True for the pieces that continue a word (``##...``), False for word starts.
+
+    An answer span (REALM's reader, Guu et al., 2020, §3.4) and a block cut stop only at word boundaries;
+    this is the one place that decides what a word boundary is.
+    """
+    return np.array([token.startswith(SUFFIX_INDICATOR) for token in vocab], dtype=bool)
 
 
 def vocab_hash(vocab_file: str) -> str:
@@ -62,7 +75,7 @@ class BertTokenizer(tf_keras.layers.Layer):
         self.mask_id = self._ids["[MASK]"]
         self._tokenizer = tf_text.FastBertTokenizer(
             vocab=self.vocab,
-            suffix_indicator="##",
+            suffix_indicator=SUFFIX_INDICATOR,
             max_bytes_per_word=100,
             token_out_type=tf.int32,
             unknown_token="[UNK]",

@@ -6,7 +6,7 @@
 One differentiable pass for a batch of questions x:
 
 1. Embed_input(x) with the (trainable) query tower;
-2. exact MIPS over the fixed Embed_doc matrix of :class:`~realm_tf.layers.knowledge_corpus.KnowledgeCorpus`
+2. exact MIPS over the fixed Embed_doc matrix of :class:`~realm_tf.data.knowledge_corpus.KnowledgeCorpus`
    → the top ``reader_beam_size`` blocks (REALM: 5); f(x, z) = Embed_input(x)ᵀ Embed_doc(z) is recomputed from
    the gathered rows, so the gradient reaches the query tower (document embeddings are frozen, as in ORQA and
    REALM's fine-tuning; with ``recompute_doc_embeddings`` the k blocks are re-embedded with the current
@@ -19,13 +19,13 @@ Everything runs in the graph, so the same model exports as one TF Serving signat
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import tensorflow as tf
 import tf_keras
 
 from realm_tf.layers import bert_tokenizer
-from realm_tf.layers import knowledge_corpus
+from realm_tf.data import knowledge_corpus
 from realm_tf.models import knowledge_retriever
 from realm_tf.models import span_reader
 from realm_tf.networks import bert_encoder
@@ -68,7 +68,7 @@ class OpenQaModel(tf_keras.Model):
         self.reader_seq_length = reader_seq_length
         self.block_seq_length = block_seq_length
         self.recompute_doc_embeddings = recompute_doc_embeddings
-        self._continuation = tf.constant([t.startswith("##") for t in tokenizer.vocab])  # [vocab]: "##" pieces
+        self._continuation = tf.constant(bert_tokenizer.continuation_table(tokenizer.vocab))  # [vocab]: "##" pieces
 
     def retrieve(self, question: dict[str, tf.Tensor], k: int,
                  training: bool | None = None) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
@@ -133,6 +133,35 @@ class OpenQaModel(tf_keras.Model):
             "reader_input_type_ids": reader_inputs["input_type_ids"],  # [batch, k, reader_len]
             "question_length": tf.cast(question_ids.row_lengths(), tf.int32),  # [batch]
         }
+
+    def decode(self, outputs: Mapping[str, tf.Tensor], retrieval_weight: float = 1.0) -> dict[str, tf.Tensor]:
+        """The best answer per question: ``answer`` string[batch] (cut from the block's original text),
+        ``score`` (its probability among all spans of the k blocks), ``block`` (its position in the beam).
+
+        Spans are ranked by S_read(z, s) + w·S_retr(z, x), w = ``retrieval_weight`` (ORQA/REALM: 1)."""
+        joint = retrieval_weight * outputs["retrieval_logits"][:, :, None] + outputs["span_logits"]
+        # joint: [batch, k, num_spans]
+        joint = tf.where(outputs["span_mask"], joint, span_reader.MASKED_SPAN_LOGIT)
+        shape = tf.shape(joint)
+        flat = tf.reshape(joint, [shape[0], -1])  # [batch, k * num_spans]
+        best = tf.argmax(flat, axis=-1, output_type=tf.int32)  # [batch]
+        score = tf.exp(tf.reduce_max(flat, -1) - tf.reduce_logsumexp(flat, -1))  # [batch]
+        position, span = best // shape[2], best % shape[2]  # [batch] each
+        index = tf.stack([position, span], -1)  # [batch, 2]
+        start = tf.gather_nd(outputs["span_starts"], index, batch_dims=1)  # [batch]
+        end = tf.gather_nd(outputs["span_ends"], index, batch_dims=1)  # [batch]
+        block = tf.gather(outputs["block_ids"], position, batch_dims=1)  # [batch]
+        word_ids = tf.gather(outputs["reader_input_word_ids"], position, batch_dims=1)  # [batch, len]
+        type_ids = tf.gather(outputs["reader_input_type_ids"], position, batch_dims=1)  # [batch, len]
+        question_len = tf.reduce_sum(tf.cast(tf.equal(type_ids, 0) & tf.not_equal(word_ids, self.tokenizer.pad_id),
+                                             tf.int32), -1) - 2  # [batch]: x as read (after any truncation)
+        title_start = question_len + 2  # [batch]
+        title_len = tf.cast(self.corpus.title_ids(block).row_lengths(), tf.int32)  # [batch]
+        body_start = title_start + title_len + 1  # [batch]
+        in_title = start < body_start  # [batch]
+        offset = tf.where(in_title, title_start, body_start)  # [batch]
+        answer = self.corpus.span_text(block, in_title, start - offset, end - offset)  # [batch]
+        return {"answer": answer, "score": score, "block": position, "block_id": block}
 
     def get_config(self) -> dict[str, Any]:
         return {"reader_beam_size": self.reader_beam_size, "reader_seq_length": self.reader_seq_length,

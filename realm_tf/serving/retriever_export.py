@@ -17,15 +17,20 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, Callable, Mapping
 
+import numpy as np
 import tensorflow as tf
 
 from realm_tf import artifacts
 from realm_tf import config as config_lib
+from realm_tf import errors
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_retriever
 from realm_tf.networks import bert_encoder
+
+#: ``embed(packed query dict of int32[batch, len]) -> float32[batch, dim]``
+QueryEmbedFn = Callable[[Mapping[str, tf.Tensor]], np.ndarray]
 
 
 class RetrieverExportModule(tf.Module):
@@ -110,3 +115,40 @@ def list_exports(export_dir: str) -> list[int]:
 def read_export_metadata(export_path: str) -> dict[str, Any]:
     """The ``export.json`` of one export (FileNotFoundError naming the path if it is incomplete)."""
     return artifacts.read_marker(export_path, artifacts.RETRIEVER_EXPORT, "retriever export")
+
+
+def load_query_embedder(version: int, metadata: Mapping[str, Any],
+                               export_dir: str | None = None) -> tuple[QueryEmbedFn, float]:
+    """Embed_input of the export that built index ``version`` (its ``embed_query_ids``) and its export time.
+
+    The export is looked up where ``index.json`` says (``export_path``), then as ``<export_dir>/<version>``
+    (an index version is numbered by its export's step), so a run moved or started from another directory
+    still finds it.
+    """
+    recorded = metadata.get("export_path")
+    candidates = [p for p in (recorded, os.path.join(export_dir, str(version)) if export_dir else None) if p]
+    if not candidates:
+        raise errors.UserError(f"index version {version}: index.json names no export_path")
+    path, export = None, None
+    for candidate in candidates:
+        try:
+            export = read_export_metadata(candidate)
+        except FileNotFoundError:
+            continue
+        if int(export.get("step", version)) == version:
+            path = candidate
+            break
+    if path is None:
+        raise errors.UserError(f"index version {version} was built from the export {' or '.join(candidates)}, "
+                               f"which no longer exists (raise refresh.keep_exports)")
+    module = tf.saved_model.load(path)
+    if "embed_query_ids" not in module.signatures:
+        raise errors.UserError(f"{path}: the export has no embed_query_ids signature (re-export it with this "
+                               f"version of realm_tf)")
+    signature = module.signatures["embed_query_ids"]
+
+    def embed(packed: Mapping[str, tf.Tensor]) -> np.ndarray:
+        _ = module  # keeps the SavedModel's resources alive with the function
+        return signature(**{k: packed[k] for k in bert_encoder.INPUT_KEYS})["embedding"].numpy()
+
+    return embed, float(export["exported_at"])

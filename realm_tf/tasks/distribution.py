@@ -11,7 +11,9 @@ import os
 
 import tensorflow as tf
 
-STRATEGIES = ("default", "mirrored", "multi_worker", "tpu")
+from realm_tf import config as config_lib
+
+STRATEGIES = config_lib.choices(config_lib.Strategy)
 
 
 def make_strategy(name: str) -> tf.distribute.Strategy:

@@ -30,7 +30,7 @@ from realm_tf.data import block_store as block_store_lib
 from realm_tf.data import question_split
 from realm_tf.index import index_publisher
 from realm_tf.layers import bert_tokenizer
-from realm_tf.layers import knowledge_corpus
+from realm_tf.data import knowledge_corpus
 from realm_tf.models import knowledge_retriever
 from realm_tf.models import open_qa_model
 from realm_tf.models import span_reader
@@ -152,7 +152,7 @@ class OpenQaTask(base_task.Task):
     @functools.cached_property
     def continuation(self) -> np.ndarray:
         """``bool[vocab]``: the ``##`` continuation wordpieces (numpy: a constant of whichever graph reads it)."""
-        return np.array([t.startswith("##") for t in self.tokenizer.vocab])
+        return bert_tokenizer.continuation_table(self.tokenizer.vocab)
 
     @property
     def reader_only(self) -> bool:
@@ -330,34 +330,11 @@ class OpenQaTask(base_task.Task):
 
     def decode(self, model: open_qa_model.OpenQaModel, outputs: Mapping[str, tf.Tensor],
                retrieval_weight: float | None = None) -> dict[str, tf.Tensor]:
-        """The best answer per question: ``answer`` string[batch] (cut from the block's original text),
-        ``score`` (its probability among all spans of the k blocks), ``block`` (its position in the beam).
-
-        Spans are ranked by S_read(z, s) + w·S_retr(z, x), w = ``retrieval_weight`` (default
-        ``qa.retrieval_score_weight``); ``evaluate``, the exported model and ``ask`` all decode here."""
+        """The best answer per question (:meth:`OpenQaModel.decode`), ranked by S_read(z, s) + w·S_retr(z, x)
+        with w = ``retrieval_weight`` (default ``qa.retrieval_score_weight``); ``evaluate``, the exported model
+        and ``ask`` all decode there."""
         weight = self.cfg.qa.retrieval_score_weight if retrieval_weight is None else retrieval_weight
-        joint = weight * outputs["retrieval_logits"][:, :, None] + outputs["span_logits"]  # [batch, k, num_spans]
-        joint = tf.where(outputs["span_mask"], joint, span_reader.MASKED_SPAN_LOGIT)
-        shape = tf.shape(joint)
-        flat = tf.reshape(joint, [shape[0], -1])  # [batch, k * num_spans]
-        best = tf.argmax(flat, axis=-1, output_type=tf.int32)  # [batch]
-        score = tf.exp(tf.reduce_max(flat, -1) - tf.reduce_logsumexp(flat, -1))  # [batch]
-        position, span = best // shape[2], best % shape[2]  # [batch] each
-        index = tf.stack([position, span], -1)  # [batch, 2]
-        start = tf.gather_nd(outputs["span_starts"], index, batch_dims=1)  # [batch]
-        end = tf.gather_nd(outputs["span_ends"], index, batch_dims=1)  # [batch]
-        block = tf.gather(outputs["block_ids"], position, batch_dims=1)  # [batch]
-        word_ids = tf.gather(outputs["reader_input_word_ids"], position, batch_dims=1)  # [batch, len]
-        type_ids = tf.gather(outputs["reader_input_type_ids"], position, batch_dims=1)  # [batch, len]
-        question_len = tf.reduce_sum(tf.cast(tf.equal(type_ids, 0) & tf.not_equal(word_ids, self.tokenizer.pad_id),
-                                             tf.int32), -1) - 2  # [batch]: x as read (after any truncation)
-        title_start = question_len + 2  # [batch]
-        title_len = tf.cast(model.corpus.title_ids(block).row_lengths(), tf.int32)  # [batch]
-        body_start = title_start + title_len + 1  # [batch]
-        in_title = start < body_start  # [batch]
-        offset = tf.where(in_title, title_start, body_start)  # [batch]
-        answer = model.corpus.span_text(block, in_title, start - offset, end - offset)  # [batch]
-        return {"answer": answer, "score": score, "block": position, "block_id": block}
+        return model.decode(outputs, weight)
 
 
 def is_model_input(key: str) -> bool:
@@ -571,3 +548,22 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
     metrics["retriever"] = retriever
     metrics["predictions"] = predictions_path
     return metrics
+
+
+def load_for_serving(cfg: config_lib.ExperimentConfig, model_dir: str | None = None, index_dir: str | None = None,
+                     in_graph_scann: bool = True) -> tuple[OpenQaTask, open_qa_model.OpenQaModel, dict[str, Any]]:
+    """The fine-tuned Open-QA model (``finetune.model_dir``) over the newest index version, searching with
+    ScaNN's TF op when that index is a ScaNN index (and ``in_graph_scann``)."""
+    task = OpenQaTask(cfg)
+    corpus, _, meta = load_corpus(cfg, task.tokenizer, index_dir)
+    model = task.build_model(corpus)
+    model_dir = model_dir or cfg.finetune.model_dir
+    checkpoint = load_finetuned(task, model, model_dir)
+    searcher = "exact matmul"
+    if in_graph_scann and meta.get("kind") == "scann":
+        from realm_tf.index import in_graph_scann as scann_lib  # pylint: disable=import-outside-toplevel
+
+        path = index_publisher.version_dir(index_dir or cfg.index.index_dir, meta["version"])
+        corpus.use_searcher(scann_lib.InGraphScannSearcher(os.path.join(path, meta["searcher"])))
+        searcher = "scann"
+    return task, model, {"checkpoint": checkpoint or "", "index_version": meta["version"], "searcher": searcher}

@@ -30,7 +30,7 @@ from realm_tf.data import block_store as block_store_lib
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_retriever
 
-KINDS = ("random", "pca", "pca_centered")
+KINDS = config_lib.choices(config_lib.ProjectionInit)
 
 
 def principal_projection(pooled: np.ndarray, size: int, centered: bool) -> tuple[np.ndarray, np.ndarray, float]:

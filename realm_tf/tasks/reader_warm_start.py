@@ -25,7 +25,7 @@ import tensorflow as tf
 from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.data import block_store as block_store_lib
-from realm_tf.layers import knowledge_corpus
+from realm_tf.data import knowledge_corpus
 from realm_tf.models import open_qa_model
 from realm_tf.tasks import experiment
 from realm_tf.tasks import open_qa

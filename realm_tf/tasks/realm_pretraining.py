@@ -6,7 +6,7 @@ excluded), re-embedding those k blocks with the current Embed_doc so gradients r
 and the knowledge-augmented encoder. The index goes stale as the weights move; it is refreshed
 asynchronously: every ``refresh.export_every_steps`` the trainer exports its retriever, an index builder
 (:mod:`realm_tf.index.index_refresher`, a child process, a thread or your own Beam job) re-embeds the corpus,
-and the input pipeline (:mod:`realm_tf.data.retrieval_augmented_input`) swaps to the new version.
+and the input pipeline (:mod:`realm_tf.tasks.retrieval_augmented_input`) swaps to the new version.
 
 TensorBoard (``<model_dir>/train``): ``loss``, ``mlm_accuracy`` (marginal prediction), ``retrieval_utility``
 (log p(y|x) − log p(y|∅,x), §3.4/§4.4), ``null_probability`` (mean p(∅|x)), ``query_similarity`` (mean cosine
@@ -29,7 +29,7 @@ import tf_keras
 from realm_tf import config as config_lib
 from realm_tf.data import block_store
 from realm_tf.data import example_schemas
-from realm_tf.data import retrieval_augmented_input
+from realm_tf.tasks import retrieval_augmented_input
 from realm_tf.index import refresh_supervisor
 from realm_tf.models import knowledge_augmented_encoder
 from realm_tf.models import knowledge_retriever

@@ -14,6 +14,7 @@ from beam_jobs import preprocess_corpus
 from realm_tf import cli
 from realm_tf import errors
 from realm_tf.data import corpus_reader
+from realm_tf.data import document_packing
 from realm_tf.data import example_schemas
 from realm_tf.layers import bert_tokenizer
 
@@ -125,9 +126,9 @@ def test_assign_block_ids_dense_and_ordered_by_content_hash():
              "1234" + "0" * 36: 1, "8000" + "1" * 36: 5}
 
     def packed(content_hash, n):
-        blocks = tuple(preprocess_corpus.Block(f"{content_hash[:6]}-{i}", content_hash, i, "t", "x", (1,), (2,))
+        blocks = tuple(document_packing.Block(f"{content_hash[:6]}-{i}", content_hash, i, "t", "x", (1,), (2,))
                        for i in range(n))
-        return preprocess_corpus.PackedDocument(content_hash, 1, blocks)
+        return document_packing.PackedDocument(content_hash, 1, blocks)
 
     expected, next_id = [], 0
     for content_hash in sorted(sizes):  # an independent reference: global sort, then consecutive ids
@@ -314,7 +315,7 @@ def test_job_end_to_end_run_and_cli_deterministic(tmp_path, tok, capsys):
     assert len(by_doc) == len(sources)
     for title, body in sources:
         doc_rows = next(v for v in by_doc.values() if v[0]["title"] == title and body.startswith(v[0]["text"][:20]))
-        blocks = [preprocess_corpus.Block(r["uid"], r["doc_id"], r["block_index"], r["title"], r["text"],
+        blocks = [document_packing.Block(r["uid"], r["doc_id"], r["block_index"], r["title"], r["text"],
                                           tuple(r["title_ids"]), tuple(r["body_ids"])) for r in doc_rows]
         title_ids, body_ids = _ids(tok, [title, body])
         check_document_blocks(blocks, title, body, title_ids, body_ids, L, MAX_TITLE)

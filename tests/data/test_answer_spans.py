@@ -63,7 +63,7 @@ def test_matches_brute_force_on_random_sequences():
 
 def test_rejects_matches_inside_words():
     tok = bert_tokenizer.BertTokenizer(VOCAB)
-    table = answer_spans.continuation_table(tok.vocab)
+    table = bert_tokenizer.continuation_table(tok.vocab)
     assert table[tok.token_id("##ville")] and not table[tok.token_id("russell")]
     block = tok(tf.constant(["Russell Russellville"]))[0].numpy().tolist()
     assert [tok.vocab[i] for i in block] == ["russell", "russell", "##ville"]
@@ -89,7 +89,7 @@ def test_span_index_inverts_span_bounds():
 def test_answer_span_mask_marks_reader_spans_of_every_occurrence():
     cfg = config.load_config("configs/tiny.yaml").model
     tok = bert_tokenizer.BertTokenizer(VOCAB)
-    table = answer_spans.continuation_table(tok.vocab)
+    table = bert_tokenizer.continuation_table(tok.vocab)
     seq_len, width = 64, cfg.max_span_width
     title = tok(tf.constant(["He Ain't Heavy, He's My Brother", "Bob Russell", "Russellville"]))
     body = tok(tf.constant(["The song was written by Bob Russell and Bobby Scott. Bob Russell also wrote "

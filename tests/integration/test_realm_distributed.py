@@ -23,11 +23,11 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 import tf_keras
 from realm_tf import config
 from realm_tf.data import block_store
-from realm_tf.data import retrieval_augmented_input
 from realm_tf.index import index_loader
 from realm_tf.tasks import base_task
 from realm_tf.tasks import distribution
 from realm_tf.tasks import realm_pretraining
+from realm_tf.tasks import retrieval_augmented_input
 
 sets = json.loads(sys.argv[1])
 cfg = config.load_config("configs/tiny.yaml", sets + ["trainer.strategy=mirrored", "trainer.steps=3",

@@ -15,6 +15,7 @@ from realm_tf.index import index_refresher
 from realm_tf.models import knowledge_retriever
 from realm_tf.serving import open_qa_export
 from realm_tf.serving import retriever_export
+from realm_tf.tasks import open_qa
 
 TINY = "configs/tiny.yaml"
 QUESTIONS = ["who wrote the lyrics of he ain't heavy he's my brother", "when did the oil crisis begin",
@@ -33,12 +34,19 @@ def exported(tmp_path_factory, pretraining_workspace):
     params = config.save_params(cfg, str(root))
     retriever_export.export_retriever(retriever, cfg, 0)
     assert index_refresher.IndexRefresher(params).refresh_once() == 0
-    task, model, info = open_qa_export.build_model(cfg, in_graph_scann=False)  # the Keras model, exact search
+    task, model, info = open_qa.load_for_serving(cfg, in_graph_scann=False)  # the Keras model, exact search
     assert info["searcher"] == "exact matmul" and not info["checkpoint"]
     # A fine-tuning checkpoint, so that the export (built anew) has the same weights as this Keras model.
     tf.train.Checkpoint(retriever=model.retriever, reader=model.reader).save(str(root / "model" / "checkpoints" / "ckpt"))
-    path = open_qa_export.export_open_qa(cfg, str(root / "served"))
+    path = _export(cfg, str(root / "served"))
     return cfg, path, task, model
+
+
+def _export(cfg, out):
+    """What `realm-tf export` does: the fine-tuned model loaded anew (ScaNN in the graph), then saved."""
+    _, model, info = open_qa.load_for_serving(cfg)
+    assert info["searcher"] == "scann" and info["checkpoint"]
+    return open_qa_export.export_open_qa(cfg, model, out, info)
 
 
 def _keras_answers(task, model, questions):
@@ -97,9 +105,11 @@ def test_bad_requests_are_cleaned_not_crashes(exported):
 
 
 def test_export_refuses_to_overwrite(exported):
-    cfg, path, _, _ = exported
+    cfg, path, _, model = exported
     with pytest.raises(Exception, match="already holds an export"):
-        open_qa_export.export_open_qa(cfg, path)
+        open_qa_export.export_open_qa(cfg, model, path)
+    with pytest.raises(Exception, match="already holds an export"):
+        open_qa_export.check_destination(path + "/")
 
 
 def test_ask_cli_and_python_api(exported, capsys):
@@ -122,11 +132,10 @@ def test_evaluate_and_the_export_pick_answers_with_the_same_score(exported, tmp_
     """qa.retrieval_score_weight w (answer score S_read + w·S_retr) is applied alike by `evaluate`, the exported
     model and `ask`; at another w the answers are those of a numpy argmax over the same outputs."""
     from realm_tf.serving import answerer
-    from realm_tf.tasks import open_qa
 
     cfg, _, task, model = exported
     weighted = config.apply_override(cfg, "qa.retrieval_score_weight=0.25")
-    path = open_qa_export.export_open_qa(weighted, str(tmp_path / "served-w"))
+    path = _export(weighted, str(tmp_path / "served-w"))
     served = answerer.Answerer(path)
     questions = tmp_path / "questions.jsonl"
     questions.write_text("".join(json.dumps({"id": f"q{i}", "question": q, "answers": ["unused"]}) + "\n"

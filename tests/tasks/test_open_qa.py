@@ -13,6 +13,7 @@ from realm_tf import config
 from realm_tf.data import answer_normalization
 from realm_tf.data import answer_spans
 from realm_tf.index import bm25_retriever
+from realm_tf.layers import bert_tokenizer
 from realm_tf.index import index_refresher
 from realm_tf.models import knowledge_retriever
 from realm_tf.serving import retriever_export
@@ -60,7 +61,7 @@ def test_answer_span_mask_matches_the_numpy_reference(qa):
     batch = next(iter(task.dataset(examples, len(examples))))
     outputs = model({k: v for k, v in batch.items() if k.startswith("question_")})
     mask = task.answer_span_mask(outputs, batch["answer_ids"]).numpy()  # [batch, k, num_spans]
-    table = answer_spans.continuation_table(task.tokenizer.vocab)
+    table = bert_tokenizer.continuation_table(task.tokenizer.vocab)
     valid = outputs["span_mask"].numpy()
     total = 0
     for i, e in enumerate(examples):
@@ -77,7 +78,7 @@ def test_answer_span_mask_matches_the_numpy_reference(qa):
 def test_only_whole_word_spans_outside_the_title_body_sep_are_valid(qa):
     cfg, _, task, model, blocks, examples = qa
     batch = next(iter(task.dataset(examples, len(examples))))
-    table = answer_spans.continuation_table(task.tokenizer.vocab)
+    table = bert_tokenizer.continuation_table(task.tokenizer.vocab)
     # Read blocks whose title or body opening has "##" pieces (a random retriever may not pick any).
     split = [i for i in range(len(blocks))
              if table[np.concatenate([blocks.title_ids(i), blocks.body_ids(i)[:8]])].any()]

@@ -15,7 +15,7 @@ from realm_tf import cli
 from realm_tf import config
 from realm_tf.data import answer_normalization
 from realm_tf.data import block_store
-from realm_tf.layers import knowledge_corpus
+from realm_tf.data import knowledge_corpus
 from realm_tf.tasks import open_qa
 from realm_tf.tasks import reading_sets
 

@@ -10,13 +10,13 @@ from realm_tf import config
 from realm_tf.data import block_store
 from realm_tf.data import candidate_selection
 from realm_tf.data import example_schemas
-from realm_tf.data import retrieval_augmented_input
 from realm_tf.index import brute_force_index
 from realm_tf.index import index_loader
 from realm_tf.index import index_publisher
 from realm_tf.networks import bert_encoder
 from realm_tf.tasks import base_task
 from realm_tf.tasks import realm_pretraining
+from realm_tf.tasks import retrieval_augmented_input
 
 TINY = "configs/tiny.yaml"
 
@@ -235,16 +235,16 @@ def test_query_embedder_export_is_found_after_the_run_moved(tmp_path):
     retriever = knowledge_retriever.build_knowledge_retriever(cfg.model)
     path = retriever_export.export_retriever(retriever, cfg, 7)
     moved = {"export_path": "old/place/export/7"}
-    embed, exported_at = retrieval_augmented_input.load_export_query_embedder(7, moved, export_dir=f"{tmp_path}/export")
+    embed, exported_at = retriever_export.load_query_embedder(7, moved, export_dir=f"{tmp_path}/export")
     assert exported_at == retriever_export.read_export_metadata(path)["exported_at"]
     packed = {"input_word_ids": tf.constant([[101, 2000, 102, 0]], tf.int32),
               "input_mask": tf.constant([[1, 1, 1, 0]], tf.int32), "input_type_ids": tf.zeros([1, 4], tf.int32)}
     np.testing.assert_allclose(embed(packed), retriever.embed_queries(packed, training=False).numpy(), atol=1e-5)
     with pytest.raises(Exception, match="which no longer exists"):
-        retrieval_augmented_input.load_export_query_embedder(7, moved)
+        retriever_export.load_query_embedder(7, moved)
     os.rename(path, f"{tmp_path}/export/8")  # the export of step 7 under another version's name
     with pytest.raises(Exception, match="which no longer exists"):
-        retrieval_augmented_input.load_export_query_embedder(8, moved, export_dir=f"{tmp_path}/export")
+        retriever_export.load_query_embedder(8, moved, export_dir=f"{tmp_path}/export")
 
 
 def test_query_similarity_against_numpy():

@@ -29,7 +29,6 @@ import collections
 import dataclasses
 import functools
 import logging
-import os
 import threading
 import time
 from typing import Any, Callable, Iterator, Mapping
@@ -44,7 +43,6 @@ from realm_tf.data import candidate_selection
 from realm_tf.data import example_schemas
 from realm_tf.index import index_loader as index_loader_lib
 from realm_tf.layers import bert_tokenizer
-from realm_tf.networks import bert_encoder
 from realm_tf.serving import retriever_export
 
 logger = logging.getLogger(__name__)
@@ -52,8 +50,7 @@ logger = logging.getLogger(__name__)
 #: Retrieved batches buffered ahead of the trainer.
 PREFETCH_BATCHES = 2
 
-#: ``embed(packed query dict of int32[batch, len]) -> float32[batch, dim]``
-QueryEmbedFn = Callable[[Mapping[str, tf.Tensor]], np.ndarray]
+QueryEmbedFn = retriever_export.QueryEmbedFn
 
 
 @dataclasses.dataclass
@@ -87,7 +84,7 @@ class RetrievalAugmentedInput:
         self.blocks = blocks
         self.tokenizer = tokenizer
         self.stats = PipelineStats()
-        self._query_embedder_for = query_embedder_for or functools.partial(load_export_query_embedder,
+        self._query_embedder_for = query_embedder_for or functools.partial(retriever_export.load_query_embedder,
                                                                            export_dir=cfg.refresh.export_dir)
         self._embedders: dict[int, tuple[QueryEmbedFn, float]] = {}
         self._lock = threading.Lock()
@@ -254,43 +251,6 @@ def max_predictions(cfg: config_lib.ExperimentConfig) -> int:
     """Masked positions per example under static padding: a salient span or BERT's 15% of a query."""
     return max(cfg.model.max_span_width,
                int(np.ceil(cfg.data.mask_probability * (cfg.model.query_seq_length - 2))) + 1)
-
-
-def load_export_query_embedder(version: int, metadata: Mapping[str, Any],
-                               export_dir: str | None = None) -> tuple[QueryEmbedFn, float]:
-    """Embed_input of the export that built index ``version`` (its ``embed_query_ids``) and its export time.
-
-    The export is looked up where ``index.json`` says (``export_path``), then as ``<export_dir>/<version>``
-    (an index version is numbered by its export's step), so a run moved or started from another directory
-    still finds it.
-    """
-    recorded = metadata.get("export_path")
-    candidates = [p for p in (recorded, os.path.join(export_dir, str(version)) if export_dir else None) if p]
-    if not candidates:
-        raise errors.UserError(f"index version {version}: index.json names no export_path")
-    path, export = None, None
-    for candidate in candidates:
-        try:
-            export = retriever_export.read_export_metadata(candidate)
-        except FileNotFoundError:
-            continue
-        if int(export.get("step", version)) == version:
-            path = candidate
-            break
-    if path is None:
-        raise errors.UserError(f"index version {version} was built from the export {' or '.join(candidates)}, "
-                               f"which no longer exists (raise refresh.keep_exports)")
-    module = tf.saved_model.load(path)
-    if "embed_query_ids" not in module.signatures:
-        raise errors.UserError(f"{path}: the export has no embed_query_ids signature (re-export it with this "
-                               f"version of realm_tf)")
-    signature = module.signatures["embed_query_ids"]
-
-    def embed(packed: Mapping[str, tf.Tensor]) -> np.ndarray:
-        _ = module  # keeps the SavedModel's resources alive with the function
-        return signature(**{k: packed[k] for k in bert_encoder.INPUT_KEYS})["embedding"].numpy()
-
-    return embed, float(export["exported_at"])
 
 
 def _ragged(rows: list[np.ndarray]) -> tf.RaggedTensor:
