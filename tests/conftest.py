@@ -63,3 +63,10 @@ def _read_scalars(logdir):
             for value in event.summary.value:
                 out.setdefault(value.tag, []).append((event.step, float(tf.make_ndarray(value.tensor))))
     return {k: sorted(v) for k, v in out.items()}
+
+
+def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
+    """The end-to-end runs (marked ``slow``, minutes each) first: with two xdist workers (``--dist loadfile``) the
+    long files start at once and the many short ones fill in beside them, instead of one long run finishing
+    alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -470,7 +470,7 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
         examples, given, top_given, skipped = reading.examples, reading.block_ids, reading.block_ids, reading.skipped
     weights = [None, *score_weights]
 
-    @tf.function(reduce_retracing=True)
+    @tf.function(reduce_retracing=True, autograph=False)
     def run(batch):
         outputs = model(model_inputs(batch), training=False)
         decoded = [task.decode(model, outputs, w) for w in weights]

@@ -252,7 +252,7 @@ class RealmPretrainingTask(base_task.Task):
         ``mlm_accuracy_span_retrieved`` / ``mlm_accuracy_null_only_span_retrieved`` (the two accuracies on the
         examples with the span in some retrieved block: does the reader copy it?) and ``num_examples``.
         """
-        @tf.function(reduce_retracing=True)
+        @tf.function(reduce_retracing=True, autograph=False)
         def score(features, labels):
             outputs = model(features, training=False)
             full = realm_loss.realm_marginal_loss(outputs["retrieval_logits"], outputs["mlm_logits"],
