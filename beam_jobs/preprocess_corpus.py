@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import sys
 import time
 from typing import Any, Iterable, Iterator, Mapping, Sequence
@@ -51,6 +52,8 @@ from realm_tf.data import example_schemas
 from realm_tf.data import job_manifest
 from realm_tf.data import sentence_splitter
 
+logger = logging.getLogger(__name__)
+
 NAMESPACE = "realm_tf.preprocess_corpus"
 BLOCKS_PREFIX = "blocks"
 DEAD_LETTER_PREFIX = "dead_letter"
@@ -69,7 +72,6 @@ PARSED = "parsed_documents"
 DUPLICATES = "duplicates_merged"
 BLOCKS = "blocks"
 
-_BUCKET_HEX_DIGITS = 4  # block ids are numbered per bucket of SHA1 prefixes: 65,536 buckets at most
 
 
 # ---- ReadCorpus -----------------------------------------------------------------------------------------
@@ -292,47 +294,23 @@ class PackBlocks(beam.PTransform):
 
 # ---- AssignBlockIds -------------------------------------------------------------------------------------
 
-def _bucket(content_hash: str) -> int:
-    return int(content_hash[:_BUCKET_HEX_DIGITS], 16)
-
-
-def _bucket_offsets(bucket_sizes: list[tuple[int, int]]) -> dict[int, int]:
-    """[(bucket, blocks in it)] -> {bucket: id of its first block} (prefix sums in bucket order)."""
-    offsets, total = {}, 0
-    for bucket, size in sorted(bucket_sizes):
-        offsets[bucket] = total
-        total += size
-    return offsets
-
-
-def _number_blocks(keyed: tuple[int, Iterable[document_packing.PackedDocument]],
-                   offsets: Mapping[int, int]) -> Iterator[tuple[int, document_packing.Block]]:
-    bucket, documents = keyed
-    block_id = offsets[bucket]
-    for doc in sorted(documents, key=lambda d: d.content_hash):
-        for block in doc.blocks:
-            yield block_id, block
-            block_id += 1
-
-
 class AssignBlockIds(beam.PTransform):
     """PCollection[PackedDocument] -> PCollection[(block_id, Block)], ids dense in 0..N-1.
 
-    Ids follow (document SHA1, block_index) order, so they depend only on the corpus content. Documents
-    are grouped by a 4-hex-digit SHA1 prefix; a side input of per-bucket block counts (<= 65,536 ints, not
-    one entry per document) gives each bucket its first id, and each bucket numbers its sorted documents.
+    Ids follow (document SHA1, block_index) order, so they depend only on the corpus content
+    (``job_support.AssignDenseIds``).
     """
 
     def expand(self, documents: beam.PCollection) -> beam.PCollection:
-        keyed = documents | "KeyByBucket" >> beam.Map(lambda doc: (_bucket(doc.content_hash), doc))
-        offsets = (keyed
-                   | "BlocksPerDocument" >> beam.Map(lambda kv: (kv[0], len(kv[1].blocks)))
-                   | "BlocksPerBucket" >> beam.CombinePerKey(sum)
-                   | "AllBuckets" >> beam.combiners.ToList()
-                   | "BucketOffsets" >> beam.Map(_bucket_offsets))
-        return (keyed
-                | "GroupByBucket" >> beam.GroupByKey()
-                | "NumberBlocks" >> beam.FlatMap(_number_blocks, offsets=beam.pvalue.AsSingleton(offsets)))
+        return documents | "NumberBlocks" >> job_support.AssignDenseIds(_content_hash, _blocks_of)
+
+
+def _content_hash(doc: document_packing.PackedDocument) -> str:
+    return doc.content_hash
+
+
+def _blocks_of(doc: document_packing.PackedDocument) -> tuple[document_packing.Block, ...]:
+    return doc.blocks
 
 
 # ---- writing --------------------------------------------------------------------------------------------
@@ -528,8 +506,8 @@ class PreprocessCorpusJob(job_support.BeamJob):
         if args.progress_interval > 0 and job_support.is_direct_runner(options):
             start = time.time()
             total = count_input_lines(paths, args.format)
-            print(f"preprocess: {len(paths)} input file(s), {total:,} lines (counted in {time.time() - start:.1f}s)",
-                  file=sys.stderr, flush=True)
+            logger.info("preprocess: %d input file(s), %s lines (counted in %.1fs)", len(paths), f"{total:,}",
+                        time.time() - start)
         job_support.prepare_output(args.output, f"{BLOCKS_PREFIX}-*-of-*.tfrecord",
                                    f"{DEAD_LETTER_PREFIX}-*-of-*.jsonl")
         pipeline = beam.Pipeline(options=options)
@@ -539,7 +517,7 @@ class PreprocessCorpusJob(job_support.BeamJob):
         result = pipeline.run()
         result.wait_until_finish()
         manifest = job_manifest.read_manifest(args.output)
-        print(format_summary(manifest, time.time() - start))
+        logger.info("%s", format_summary(manifest, time.time() - start))
         return {**manifest, "counters": job_support.read_counters(result, NAMESPACE)}
 
 

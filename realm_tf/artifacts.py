@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 import uuid
 from typing import Any, Collection, Iterator, Mapping
 
@@ -46,7 +47,7 @@ class Staging:
 
 
 @contextlib.contextmanager
-def staged(final: str, marker: str, replace: bool = False) -> Iterator[Staging]:
+def staged(final: str, marker: str, replace: bool = False, pause_before_commit: float = 0.0) -> Iterator[Staging]:
     """Publishes the directory ``final`` atomically, ``marker`` last.
 
     Yields a :class:`Staging` whose ``path`` (``<parent>/.staging-<name>-<random>``) the body fills and whose
@@ -55,7 +56,8 @@ def staged(final: str, marker: str, replace: bool = False) -> Iterator[Staging]:
     directory is removed and ``final`` is untouched. A directory already at ``final`` is replaced when it is
     incomplete (no marker: left by a crash) or when ``replace``; otherwise FileExistsError. Locally the
     replaced directory is moved aside and restored if the commit fails; on an object store it is deleted
-    first (no directory rename there).
+    first (no directory rename there). ``pause_before_commit`` > 0 sleeps that long with the staging directory
+    complete (marker included) but not yet committed: for tests that kill a writer at the worst moment.
     """
     final = final.rstrip("/")
     parent = os.path.dirname(final) or "."
@@ -67,6 +69,9 @@ def staged(final: str, marker: str, replace: bool = False) -> Iterator[Staging]:
         if staging.metadata is None:
             raise ValueError(f"{final}: nothing set the metadata of {marker}")
         write_marker(staging.path, marker, staging.metadata)
+        if pause_before_commit > 0:
+            logger.warning("%s: staged; pausing %.1fs before the commit", staging.path, pause_before_commit)
+            time.sleep(pause_before_commit)
         aside = None
         if tf.io.gfile.exists(final):
             if tf.io.gfile.exists(os.path.join(final, marker)) and not replace:

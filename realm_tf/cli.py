@@ -7,7 +7,6 @@ Run ``realm-tf SUBCOMMAND --help`` for the options of one subcommand.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 import time
 from typing import Callable, Sequence
@@ -15,6 +14,7 @@ from typing import Callable, Sequence
 import realm_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
 from realm_tf import config as config_lib
 from realm_tf import errors
+from realm_tf import library_logs
 
 _DESCRIPTION = """\
 REALM (Retrieval-Augmented Language Model pre-training) in TensorFlow 2.
@@ -71,13 +71,15 @@ def _cmd_beam_job(args: argparse.Namespace) -> int:
     """Runs the Beam job of ``args.command`` (``realm-tf <command>`` = ``python -m beam_jobs.<job>``) with its
     flags and the Beam pipeline options. The jobs are imported only when one of them runs."""
     # pylint: disable=import-outside-toplevel
+    from beam_jobs import build_chunk_database
     from beam_jobs import embed_blocks
     from beam_jobs import generate_ict_data
     from beam_jobs import generate_pretraining_data
     from beam_jobs import preprocess_corpus
 
     jobs = {"preprocess": preprocess_corpus.JOB, "generate-pretraining-data": generate_pretraining_data.JOB,
-            "generate-ict-data": generate_ict_data.JOB, "embed-blocks": embed_blocks.JOB}
+            "generate-ict-data": generate_ict_data.JOB, "embed-blocks": embed_blocks.JOB,
+            "build-chunk-database": build_chunk_database.JOB}
     jobs[args.command].run_with_args(args, args.beam_args)
     return 0
 
@@ -278,6 +280,8 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                                                    help="version number of the export (default: checkpoint step)"))),
     "embed-blocks": ("Beam job: embed every block with a retriever export, publish a new MIPS index (REALM 3.4)",
                      _cmd_beam_job, lambda p: _add_beam_job_args(p, "add_embed_blocks_args")),
+    "build-chunk-database": ("Beam job: RETRO's chunk database from the blocks (frozen-BERT keys) and its MIPS "
+                             "index", _cmd_beam_job, lambda p: _add_beam_job_args(p, "add_chunk_database_args")),
     "pretrain": ("REALM pre-training (salient spans, null doc, async index refresh); resumable", _cmd_pretrain,
                  lambda p: (_add_config_args(p),
                             p.add_argument("--input", default=None,
@@ -351,19 +355,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _show_library_logs() -> None:
-    """The library logs (module loggers under ``realm_tf`` and ``beam_jobs``); the command line shows their
-    INFO and above on stderr, without other libraries' INFO chatter."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    for name in ("realm_tf", "beam_jobs"):
-        logger = logging.getLogger(name)
-        if not logger.handlers:
-            logger.addHandler(handler)
-            logger.setLevel(logging.INFO)
-            logger.propagate = False
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``realm-tf`` console script."""
     parser = build_parser()
@@ -371,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2
-    _show_library_logs()
+    library_logs.show_on_stderr()
     try:
         return int(args.handler(args) or 0)
     except (errors.UserError, FileNotFoundError) as e:

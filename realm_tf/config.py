@@ -270,6 +270,37 @@ class QaConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class RetroConfig:
+    """RETRO (Borgeaud et al., 2021, §2): the chunk database and the retrieval that conditions the decoder.
+
+    The database is built from the REALM blocks (``data.blocks_dir``): each document's body wordpieces, in block
+    order, are one token stream, cut into chunks of ``chunk_length`` tokens (m). A chunk's key is the frozen
+    BERT's token states averaged over the chunk's tokens (no [CLS]/[SEP]), L2-normalised, so that the index's
+    inner product ranks neighbours as the L2 distance between normalised keys does; its value is the chunk and
+    the ``continuation_length`` tokens after it (r − m).
+
+    Attributes:
+      chunks_dir: the chunk database (``beam_jobs/build_chunk_database``): chunk records, dead letters and
+        ``manifest.json`` (written last).
+      index_dir: versions of the MIPS index over the chunk keys, published like REALM's (``index.*`` settings).
+      chunk_length: m, tokens per chunk (paper: 64).
+      continuation_length: r − m, tokens of the continuation kept in a chunk's value (paper: 64, r = 128).
+      num_neighbours: k, neighbours retrieved per chunk (paper: 2 in training).
+      embedder_checkpoint: the frozen BERT that keys the chunks ("" for ``model.init_checkpoint``); its
+        architecture is ``model.encoder``.
+      embed_batch_size: chunks per RunInference batch of the database build.
+    """
+
+    chunks_dir: str = "/tmp/realm_tf/retro/chunks"
+    index_dir: str = "/tmp/realm_tf/retro/index"
+    chunk_length: int = 64
+    continuation_length: int = 64
+    num_neighbours: int = 2
+    embedder_checkpoint: str = ""
+    embed_batch_size: int = 32
+
+
+@dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     """A whole experiment: one object, one YAML file, one ``params.yaml`` in the model directory.
 
@@ -293,6 +324,8 @@ class ExperimentConfig:
                                           warmup_steps=100)
     finetune: TrainerConfig = TrainerConfig(model_dir="/tmp/realm_tf/qa", steps=1000, learning_rate=1e-5,
                                             warmup_steps=100)
+    # RETRO (Borgeaud et al., 2021): the chunk database and its neighbours.
+    retro: RetroConfig = RetroConfig()
 
 
 def load_config(path: str | os.PathLike[str] | None = None,
@@ -410,7 +443,10 @@ def _check_lengths(cfg: ExperimentConfig, source: str, lines: Mapping[str, int])
                           f"({_where(source, lines, 'model.block_seq_length')}): the retriever would cut every "
                           "long block a second time")
     limit = model.encoder.max_position_embeddings
-    for key, length in (("model.query_seq_length", model.query_seq_length),
+    if cfg.retro.chunk_length < 1 or cfg.retro.continuation_length < 0:
+        raise ConfigError(f"{_where(source, lines, 'retro.chunk_length')}: retro.chunk_length must be >= 1 and "
+                          "retro.continuation_length >= 0")
+    for key, length in (("retro.chunk_length", cfg.retro.chunk_length),("model.query_seq_length", model.query_seq_length),
                         ("model.block_seq_length", model.block_seq_length),
                         ("model.reader_seq_length", model.reader_seq_length),
                         ("qa.question_seq_length", cfg.qa.question_seq_length)):

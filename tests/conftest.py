@@ -16,6 +16,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 os.chdir(REPO)  # configs name bundled data by repo-relative paths
 
+from realm_tf import library_logs  # noqa: E402  (after TF_USE_LEGACY_KERAS is set)
+
+library_logs.show_on_stderr()  # as the command line does: the library's messages on (captured) stderr
+
 TINY = "configs/tiny.yaml"
 
 
@@ -44,6 +48,44 @@ def pretraining_workspace(tmp_path_factory):
     assert cli.main(["generate-pretraining-data", "--config", TINY, *sets]) == 0
     assert os.listdir(shared / "pretraining")
     return shared
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_checkpoint(tmp_path_factory):
+    """A TF checkpoint prefix of a (random) tiny-config BERT: fixed weights every process can restore."""
+    from realm_tf import config
+    from realm_tf.networks import bert_encoder
+    from realm_tf.networks import bert_weight_import
+
+    import tensorflow as tf
+
+    encoder = bert_encoder.build_bert_encoder(config.load_config(TINY).model.encoder)
+    bert_weight_import.ensure_built(encoder)
+    return tf.train.Checkpoint(encoder=encoder).write(str(tmp_path_factory.mktemp("tiny_bert") / "bert"))
+
+
+@pytest.fixture(scope="session")
+def parse_records():
+    """``parse(serialized, spec) -> [ {feature: value} ]``: serialized tf.Examples as plain Python rows (lists for
+    numeric and ragged features, bytes for strings), for comparing job outputs with expectations."""
+    return _parse_records
+
+
+def _parse_records(serialized, spec):
+    import tensorflow as tf
+
+    if len(serialized) == 0:
+        return []
+    parsed = tf.io.parse_example(tf.constant(list(serialized)), dict(spec))
+    rows = []
+    for i in range(len(serialized)):
+        row = {}
+        for key, value in parsed.items():
+            v = value[i]
+            v = v.numpy() if hasattr(v, "numpy") else v  # bytes for string scalars, ndarray otherwise
+            row[key] = v.tolist() if hasattr(v, "tolist") else v
+        rows.append(row)
+    return rows
 
 
 @pytest.fixture(scope="session")

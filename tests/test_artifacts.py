@@ -1,6 +1,7 @@
 """artifacts: a staged directory appears complete (marker last) or not at all; listing and pruning."""
 import json
 import os
+import pathlib
 
 import pytest
 
@@ -87,3 +88,28 @@ def test_versions_list_only_complete_numeric_directories_and_pruning_keeps_the_p
     assert deleted == [2]
     assert list(artifacts.complete_versions(str(tmp_path), artifacts.RETRIEVER_EXPORT)) == [1, 3, 4]
     assert {"5", ".staging-6-abc", "notes"} <= set(_entries(tmp_path))  # never touched
+
+
+def test_a_paused_commit_leaves_a_complete_staging_directory_and_no_final_one(tmp_path):
+    """``pause_before_commit``: the moment a killed writer leaves behind (marker staged, nothing committed)."""
+    import threading
+    import time
+
+    final = tmp_path / "0000000007"
+
+    def write():
+        with artifacts.staged(str(final), artifacts.INDEX, pause_before_commit=1.5) as staging:
+            (pathlib.Path(staging.path) / "data.bin").write_bytes(b"x")
+            staging.metadata = {"version": 7}
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    deadline = time.time() + 10
+    staged = []
+    while not staged and time.time() < deadline:
+        staged = [p for p in tmp_path.iterdir() if p.name.startswith(artifacts.STAGING_PREFIX)
+                  and (p / artifacts.INDEX).exists()]
+        time.sleep(0.05)
+    assert staged and not final.exists()  # complete in staging, not yet published
+    writer.join()
+    assert artifacts.is_complete(str(final), artifacts.INDEX) and not staged[0].exists()

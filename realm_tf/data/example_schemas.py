@@ -10,6 +10,9 @@ REALM (Guu et al., 2020) reads three kinds of records:
 * **ICT examples** (Lee et al., 2019): a sentence as pseudo-query and its block as positive context, with the
   sentence removed from the context with probability 0.9, written by ``beam_jobs/generate_ict_data``.
 
+RETRO (Borgeaud et al., 2021) reads a fourth kind, the **chunks** of its retrieval database: m consecutive
+wordpieces of a document and the r − m that follow them, written by ``beam_jobs/build_chunk_database``.
+
 Token ids never include ``[CLS]``/``[SEP]``/padding: the trainer packs them with ``join_bert``. Positions in
 ``mask_positions`` index the query's own wordpieces (add 1 for the leading ``[CLS]``).
 """
@@ -39,6 +42,13 @@ SOURCE_UID = "source_uid"  # bytes: uid of the block the query was taken from
 SOURCE_BLOCK_ID = "source_block_id"  # int64: block_id of that block
 MASKING = "masking"  # bytes: b"salient" (one salient span) or b"random" (BERT-style fallback)
 SPAN_LABEL = "span_label"  # bytes: label of the masked salient span (b"" for random masking)
+
+# ---- RETRO chunks (Borgeaud et al., 2021, §2.3: the retrieval database) ----------------------------------
+CHUNK_ID = "chunk_id"  # int64: dense, deterministic id, 0..num_chunks-1 (row of the key matrix)
+CHUNK_INDEX = "chunk_index"  # int64: position of the chunk within its document's token stream (0, 1, ...)
+TOKENS = "tokens"  # int64[<= m]: the chunk's wordpieces (only a document's last chunk is shorter than m)
+CONTINUATION = "continuation"  # int64[<= r - m]: the wordpieces that follow it in the same document
+# and DOC_ID (bytes): the document the chunk comes from (neighbours from the same document are excluded)
 
 # ---- ICT examples -----------------------------------------------------------------------------------------
 # QUERY_IDS (unmasked sentence), TITLE_IDS, BODY_IDS (the context), UID / BLOCK_ID of the block, and:
@@ -71,6 +81,17 @@ def to_example(features: Mapping[str, object]) -> bytes:
         else:
             out[key] = _ints(value)  # a sequence of ints
     return tf.train.Example(features=tf.train.Features(feature=out)).SerializeToString(deterministic=True)
+
+
+def chunk_feature_spec() -> dict[str, tf.io.FixedLenFeature | tf.io.RaggedFeature]:
+    """Parsing spec of a RETRO chunk record."""
+    return {
+        CHUNK_ID: tf.io.FixedLenFeature([], tf.int64),
+        DOC_ID: tf.io.FixedLenFeature([], tf.string),
+        CHUNK_INDEX: tf.io.FixedLenFeature([], tf.int64),
+        TOKENS: tf.io.RaggedFeature(tf.int64),
+        CONTINUATION: tf.io.RaggedFeature(tf.int64),
+    }
 
 
 def block_feature_spec() -> dict[str, tf.io.FixedLenFeature | tf.io.RaggedFeature]:
@@ -111,20 +132,3 @@ def ict_feature_spec() -> dict[str, tf.io.FixedLenFeature | tf.io.RaggedFeature]
         BLOCK_ID: tf.io.FixedLenFeature([], tf.int64),
         QUERY_REMOVED: tf.io.FixedLenFeature([], tf.int64),
     }
-
-
-def parse_records(serialized: Sequence[bytes] | tf.Tensor,
-                  spec: Mapping[str, tf.io.FixedLenFeature | tf.io.RaggedFeature]) -> list[dict[str, object]]:
-    """Parses serialized Examples into a list of plain-Python dicts (tests, tools, small jobs)."""
-    if len(serialized) == 0:
-        return []
-    parsed = tf.io.parse_example(tf.constant(list(serialized)), dict(spec))
-    rows = []
-    for i in range(len(serialized)):
-        row = {}
-        for key, value in parsed.items():
-            v = value[i]
-            v = v.numpy() if hasattr(v, "numpy") else v  # bytes for string scalars, ndarray otherwise
-            row[key] = v.tolist() if hasattr(v, "tolist") else v
-        rows.append(row)
-    return rows

@@ -106,7 +106,7 @@ def publish(index_dir: str, version: int, embeddings: np.ndarray, index: mips_in
     if is_complete(final):
         raise IndexVersionExistsError(f"{final}: index version {version} is already published")
     try:
-        with artifacts.staged(final, artifacts.INDEX) as staging:
+        with artifacts.staged(final, artifacts.INDEX, pause_before_commit=pause_before_commit) as staging:
             with tf.io.gfile.GFile(os.path.join(staging.path, EMBEDDINGS_NPY), "wb") as f:
                 np.save(f, embeddings, allow_pickle=False)
             index.save(os.path.join(staging.path, SEARCHER_DIR))
@@ -116,9 +116,6 @@ def publish(index_dir: str, version: int, embeddings: np.ndarray, index: mips_in
                 "searcher": SEARCHER_DIR, "index": index.describe(),
                 "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "write_seconds": round(time.perf_counter() - start, 3)}
-            if pause_before_commit > 0:
-                logger.warning("%s: staged; pausing %.1fs before the commit", staging.path, pause_before_commit)
-                time.sleep(pause_before_commit)
     except FileExistsError as e:
         raise IndexVersionExistsError(f"{final}: index version {version} was published concurrently") from e
     logger.info("published index version %d (%s, %d blocks) at %s", version, index.kind, index.num_blocks,

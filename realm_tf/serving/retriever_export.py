@@ -48,14 +48,13 @@ class RetrieverExportModule(tf.Module):
         self._query_seq_length = query_seq_length
         self._block_seq_length = block_seq_length
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")], autograph=False)
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
     def embed_query(self, text: tf.Tensor) -> dict[str, tf.Tensor]:
         """Embed_input(x) for raw question / query strings ``[B]`` → ``[B, dim]``."""
         packed = self.tokenizer.pack_single(self.tokenizer(text), self._query_seq_length, pad_to_seq_length=False)
         return {"embedding": self.retriever.embed_queries(packed, training=False)}  # [B, dim]
 
-    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name=k) for k in bert_encoder.INPUT_KEYS],
-                 autograph=False)
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name=k) for k in bert_encoder.INPUT_KEYS])
     def embed_query_ids(self, input_word_ids: tf.Tensor, input_mask: tf.Tensor,
                         input_type_ids: tf.Tensor) -> dict[str, tf.Tensor]:
         """Embed_input(x) for packed queries ``int32[B, L]`` (any L up to the model's positions) → ``[B, dim]``."""
@@ -63,7 +62,7 @@ class RetrieverExportModule(tf.Module):
         return {"embedding": self.retriever.embed_queries(packed, training=False)}  # [B, dim]
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="title"),
-                                  tf.TensorSpec([None], tf.string, name="text")], autograph=False)
+                                  tf.TensorSpec([None], tf.string, name="text")])
     def embed_block(self, title: tf.Tensor, text: tf.Tensor) -> dict[str, tf.Tensor]:
         """Embed_doc(z) for blocks ``[CLS] title [SEP] text [SEP]`` given as strings ``[B]`` → ``[B, dim]``."""
         packed = self.tokenizer.join_bert(self.tokenizer(title), self.tokenizer(text), self._block_seq_length,
@@ -119,7 +118,7 @@ def read_export_metadata(export_path: str) -> dict[str, Any]:
 
 
 def load_query_embedder(version: int, metadata: Mapping[str, Any],
-                               export_dir: str | None = None) -> tuple[QueryEmbedFn, float]:
+                        export_dir: str | None = None) -> tuple[QueryEmbedFn, float]:
     """Embed_input of the export that built index ``version`` (its ``embed_query_ids``) and its export time.
 
     The export is looked up where ``index.json`` says (``export_path``), then as ``<export_dir>/<version>``

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import gzip
 import json
+import logging
 import os
 import re
 import sys
@@ -38,6 +39,8 @@ from realm_tf.tasks import base_task
 from realm_tf.tasks import open_qa_loss
 from realm_tf.tasks import training_loop
 from realm_tf.tasks import warm_start
+
+logger = logging.getLogger(__name__)
 
 _QUESTION_PREFIX = "question_"
 
@@ -320,9 +323,9 @@ class OpenQaTask(base_task.Task):
         _, _, facts = self.training_set()
         if self.retriever == "dense" and not self.cfg.qa.recompute_doc_embeddings:
             check_index_matches(self, model)  # frozen Embed_doc: the index must come from it
-        print(f"finetune: {facts['num_train']} training questions ({facts['num_dev']} in dev), {self.retriever} "
-              f"blocks, corpus {self.corpus_meta.get('num_blocks')} blocks from index version "
-              f"{self.corpus_meta.get('version')}", flush=True)
+        logger.info("finetune: %s training questions (%s in dev), %s blocks, corpus %s blocks from index version %s",
+                    facts["num_train"], facts["num_dev"], self.retriever, self.corpus_meta.get("num_blocks"),
+                    self.corpus_meta.get("version"))
 
     def finish(self, model: open_qa_model.OpenQaModel, loop: training_loop.TrainingLoop) -> dict[str, Any]:
         _, _, facts = self.training_set()
@@ -470,7 +473,7 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
         examples, given, top_given, skipped = reading.examples, reading.block_ids, reading.block_ids, reading.skipped
     weights = [None, *score_weights]
 
-    @tf.function(reduce_retracing=True, autograph=False)
+    @tf.function(reduce_retracing=True)
     def run(batch):
         outputs = model(model_inputs(batch), training=False)
         decoded = [task.decode(model, outputs, w) for w in weights]

@@ -16,6 +16,7 @@ fine-tuning from it. The dev and tune splits of every question file are never re
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Sequence
 
@@ -31,6 +32,8 @@ from realm_tf.tasks import experiment
 from realm_tf.tasks import open_qa
 from realm_tf.tasks import reading_sets
 from realm_tf.tasks import training_loop
+
+logger = logging.getLogger(__name__)
 
 def read_training_questions(cfg: config_lib.ExperimentConfig,
                             paths: Sequence[str]) -> list[open_qa.QaExample]:
@@ -83,9 +86,9 @@ class ReaderWarmStartTask(open_qa.OpenQaTask):
 
     def initialize(self, model: open_qa_model.OpenQaModel, loop: training_loop.TrainingLoop) -> None:
         _, _, facts = self.training_set()
-        print(f"train-reader: {facts['num_questions']} questions from {len(self.question_paths)} file(s), each read "
-              f"with its gold block and {self.cfg.qa.reader_negatives} negatives; skipped: {facts['skipped']}",
-              flush=True)
+        logger.info("train-reader: %d questions from %d file(s), each read with its gold block and %d negatives; "
+                    "skipped: %s", facts["num_questions"], len(self.question_paths), self.cfg.qa.reader_negatives,
+                    facts["skipped"])
 
 
 def train_reader(cfg: config_lib.ExperimentConfig, question_paths: Sequence[str] = ()) -> dict[str, Any]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import tempfile
 from typing import Any, Callable, Mapping
 
@@ -171,8 +170,8 @@ class RealmPretrainingTask(base_task.Task):
             # Every worker fits the same head (same blocks, same seed) before the first all-reduce.
             warmup = mlm_head_warmup.warm_up_mlm_head(model.encoder, blocks, self.tokenizer,
                                                       cfg.trainer.mlm_head_warmup_blocks, seed=cfg.trainer.seed)
-            print("pretrain: MLM head warm-up on the frozen reader: " + ", ".join(
-                f"{k}={v:.4g}" for k, v in warmup.items()), file=sys.stderr, flush=True)
+            logger.info("pretrain: MLM head warm-up on the frozen reader: %s",
+                        ", ".join(f"{k}={v:.4g}" for k, v in warmup.items()))
             with loop.writer.as_default(step=0):
                 for key, value in warmup.items():
                     tf.summary.scalar("mlm_head_warmup/" + key, value)
@@ -206,15 +205,15 @@ class RealmPretrainingTask(base_task.Task):
             if export_every > 0 and step % export_every == 0 and frozen_until < step < cfg.trainer.steps:
                 if self.chief:
                     path = retriever_export.export_retriever(model.retriever, cfg, step, self.tokenizer)
-                    print(f"\npretrain: step {step}: exported the retriever to {path}", file=sys.stderr, flush=True)
+                    logger.info("\npretrain: step %d: exported the retriever to %s", step, path)
                 else:  # every MultiWorkerMirrored worker takes part in saving; only the chief's copy is kept
                     with tempfile.TemporaryDirectory() as scratch:
                         retriever_export.export_retriever(model.retriever, cfg, step, self.tokenizer,
                                                           export_dir=scratch)
             if inputs.loader.version != last_version[0]:
                 last_version[0] = inputs.loader.version
-                print(f"\npretrain: step {step}: input pipeline switched to index version {inputs.loader.version}",
-                      file=sys.stderr, flush=True)
+                logger.info("\npretrain: step %d: input pipeline switched to index version %d", step,
+                            inputs.loader.version)
         return [export_hook]
 
     def close(self) -> None:
@@ -252,7 +251,7 @@ class RealmPretrainingTask(base_task.Task):
         ``mlm_accuracy_span_retrieved`` / ``mlm_accuracy_null_only_span_retrieved`` (the two accuracies on the
         examples with the span in some retrieved block: does the reader copy it?) and ``num_examples``.
         """
-        @tf.function(reduce_retracing=True, autograph=False)
+        @tf.function(reduce_retracing=True)
         def score(features, labels):
             outputs = model(features, training=False)
             full = realm_loss.realm_marginal_loss(outputs["retrieval_logits"], outputs["mlm_logits"],

@@ -9,6 +9,7 @@ Guu et al., 2020, §3.4). SIGTERM (a preemption notice) stops the loop after the
 """
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -21,6 +22,8 @@ import tqdm
 
 from realm_tf import config as config_lib
 from realm_tf.tasks import distribution
+
+logger = logging.getLogger(__name__)
 
 StepFn = Callable[[Mapping[str, tf.Tensor]], Mapping[str, tf.Tensor]]
 Hook = Callable[[int, Mapping[str, float]], None]
@@ -99,16 +102,14 @@ class TrainingLoop:
         is seen twice; ``trainer.max_minutes`` counts from the first call.
         """
         if self.restored_from and not hasattr(self, "_run_start"):
-            print(f"resumed from {self.restored_from} at step {self.step}", flush=True)
+            logger.info("resumed from %s at step %d", self.restored_from, self.step)
         if distribute_dataset and isinstance(dataset, tf.data.Dataset):
             dataset = self.strategy.experimental_distribute_dataset(dataset)
         iterator = iter(dataset)
 
         # Batches are padded to their own length (data.static_padding=false): without reduce_retracing every
-        # new length would trace (and keep) another copy of the whole forward/backward graph. The step has no
-        # tensor-dependent Python control flow (nor have the models and tf-models layers it calls), so AutoGraph
-        # is off: it would convert every layer's call for nothing (tracing takes ~30% longer with it).
-        @tf.function(reduce_retracing=True, autograph=False)
+        # new length would trace (and keep) another copy of the whole forward/backward graph.
+        @tf.function(reduce_retracing=True)
         def train_step(batch):
             logs = self.strategy.run(step_fn, args=(batch,))
             self.global_step.assign_add(1)
@@ -125,17 +126,16 @@ class TrainingLoop:
         stop = _StopOnSigterm()
         while self.step < total:
             if stop.requested:
-                print(f"\nstopping at step {self.step}: SIGTERM", flush=True)
+                logger.info("\nstopping at step %d: SIGTERM", self.step)
                 break
             if self.cfg.max_minutes > 0 and time.time() - run_start > 60.0 * self.cfg.max_minutes:
-                print(f"\nstopping at step {self.step}: trainer.max_minutes={self.cfg.max_minutes:g} reached",
-                      flush=True)
+                logger.info("\nstopping at step %d: trainer.max_minutes=%g reached", self.step, self.cfg.max_minutes)
                 break
             waited = time.perf_counter()
             try:
                 batch = next(iterator)
             except StopIteration:
-                print(f"input exhausted at step {self.step}", flush=True)
+                logger.info("input exhausted at step %d", self.step)
                 break
             window_wait += time.perf_counter() - waited  # the trainer idles while the input pipeline catches up
             logs = train_step(batch)

@@ -54,12 +54,12 @@ def write_blocks():
 
 
 @pytest.fixture(scope="session")
-def read_records():
-    """``read_records(pattern, spec)`` -> ``example_schemas.parse_records`` rows of every matching TFRecord."""
+def read_records(parse_records):
+    """``read_records(pattern, spec)`` -> ``parse_records`` rows of every matching TFRecord."""
 
     def read(pattern, spec):
         files = sorted(glob.glob(pattern))
-        return example_schemas.parse_records(
+        return parse_records(
             [r for f in files for r in tf.data.TFRecordDataset(f).as_numpy_iterator()], spec)
 
     return read

@@ -253,21 +253,21 @@ def test_every_malformed_line_kind_is_a_dead_letter_and_counts_add_up(tmp_path):
             beam_testing.equal_to([len(documents) + len(dead)]), label="InputLines")
 
 
-def _read_blocks(output_dir):
-    """Rows of every block shard: numeric/ragged features via example_schemas.parse_records, strings apart."""
+def _read_blocks(output_dir, parse_records):
+    """Rows of every block shard: numeric/ragged features via ``parse_records``, strings apart."""
     files = sorted(f for f in os.listdir(output_dir) if f.startswith("blocks-"))
     serialized = [r for f in files for r in tf.data.TFRecordDataset(os.path.join(output_dir, f)).as_numpy_iterator()]
     spec = example_schemas.block_feature_spec()
     numeric = {k: v for k, v in spec.items() if v.dtype != tf.string}
     strings = {k: v for k, v in spec.items() if v.dtype == tf.string}
-    rows = example_schemas.parse_records(serialized, numeric)
+    rows = parse_records(serialized, numeric)
     parsed = tf.io.parse_example(tf.constant(serialized), strings)
     for i, row in enumerate(rows):
         row.update({k: parsed[k][i].numpy().decode("utf-8") for k in strings})
     return files, rows
 
 
-def test_job_end_to_end_run_and_cli_deterministic(tmp_path, tok, capsys):
+def test_job_end_to_end_run_and_cli_deterministic(tmp_path, tok, capsys, parse_records):
     inputs = tmp_path / "in"
     inputs.mkdir()
     documents, dead = _malformed_corpus(str(inputs))
@@ -280,10 +280,10 @@ def test_job_end_to_end_run_and_cli_deterministic(tmp_path, tok, capsys):
     returned = preprocess_corpus.run(["--input", str(inputs / "*.jsonl*"), "--input", str(inputs / "*.tsv"),
                                       "--input", str(inputs / "r.tfrecord"), "--output", str(out),
                                       "--set", f"data.max_block_length={L}", "--num_shards=2"])
-    summary = capsys.readouterr().out
+    summary = capsys.readouterr().err  # logged, as library code does
     assert f"{input_lines} input lines" in summary and "2 duplicates merged" in summary
 
-    files, rows = _read_blocks(str(out))
+    files, rows = _read_blocks(str(out), parse_records)
     manifest = json.loads((out / "manifest.json").read_text())
     assert {k: v for k, v in returned.items() if k != "counters"} == manifest  # the manifest it wrote, and
     counters = returned["counters"]  # the Beam counters of the run
@@ -331,11 +331,11 @@ def test_job_end_to_end_run_and_cli_deterministic(tmp_path, tok, capsys):
     assert code == 0
     captured = capsys.readouterr()
     assert "preprocess [pack" in captured.err and f"/{input_lines} lines" in captured.err
-    assert "dead letters:" in captured.out and f"{len(rows)} of <= {L} wordpieces" in captured.out
+    assert "dead letters:" in captured.err and f"{len(rows)} of <= {L} wordpieces" in captured.err
     manifest2 = json.loads((out2 / "manifest.json").read_text())
     assert manifest2["beam_args"] == ["--direct_num_workers=1"] and manifest2["block_shards"] == [
         "blocks-00000-of-00001.tfrecord"]
-    _, rows2 = _read_blocks(str(out2))
+    _, rows2 = _read_blocks(str(out2), parse_records)
     assert ({r["block_id"]: (r["uid"], r["doc_id"], r["block_index"], r["body_ids"]) for r in rows2}
             == {r["block_id"]: (r["uid"], r["doc_id"], r["block_index"], r["body_ids"]) for r in rows})
 

@@ -68,7 +68,7 @@ def test_gold_block_first_then_negatives_without_the_answer(squad):
 def test_train_reader_then_its_reader_starts_finetuning(squad, capsys):
     root, path, blocks, sets = squad
     assert cli.main(["train-reader", "--config", TINY, *sets, "--questions", str(path)]) == 0
-    out = capsys.readouterr().out
+    out = capsys.readouterr().err  # the library logs its facts; the command line shows them on stderr
     checkpoint = tf.train.latest_checkpoint(str(root / "reader" / "checkpoints"))
     assert checkpoint.endswith("-3")
     # Neither the dev nor the tune split was read: the logged counts are the train split's.

