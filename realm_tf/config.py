@@ -289,6 +289,12 @@ class RetroConfig:
       embedder_checkpoint: the frozen BERT that keys the chunks ("" for ``model.init_checkpoint``); its
         architecture is ``model.encoder``.
       embed_batch_size: chunks per RunInference batch of the database build.
+      sequence_length: n, tokens of a decoder training sequence (a multiple of ``chunk_length``; paper: 2048).
+      decoder_layers / decoder_width / decoder_heads / decoder_intermediate: the decoder transformer.
+      retro_layers: 1-based decoder layers with chunked cross-attention; empty for the paper's rule, every
+        third layer from the middle of the stack (12 layers: 6, 9, 12).
+      encoder_layers: layers of the neighbour encoder (paper: 2; it cross-attends the chunk in its first).
+      dropout_rate: on attention weights and residual branches, in training.
     """
 
     chunks_dir: str = "/tmp/realm_tf/retro/chunks"
@@ -298,6 +304,14 @@ class RetroConfig:
     num_neighbours: int = 2
     embedder_checkpoint: str = ""
     embed_batch_size: int = 32
+    sequence_length: int = 512
+    decoder_layers: int = 6
+    decoder_width: int = 384
+    decoder_heads: int = 6
+    decoder_intermediate: int = 1536
+    retro_layers: tuple[int, ...] = ()
+    encoder_layers: int = 2
+    dropout_rate: float = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -446,13 +460,20 @@ def _check_lengths(cfg: ExperimentConfig, source: str, lines: Mapping[str, int])
     if cfg.retro.chunk_length < 1 or cfg.retro.continuation_length < 0:
         raise ConfigError(f"{_where(source, lines, 'retro.chunk_length')}: retro.chunk_length must be >= 1 and "
                           "retro.continuation_length >= 0")
-    for key, length in (("retro.chunk_length", cfg.retro.chunk_length),("model.query_seq_length", model.query_seq_length),
+    if cfg.retro.sequence_length % cfg.retro.chunk_length:
+        raise ConfigError(f"{_where(source, lines, 'retro.sequence_length')}: retro.sequence_length="
+                          f"{cfg.retro.sequence_length} is not a multiple of retro.chunk_length={cfg.retro.chunk_length}")
+    for key, length in (("model.query_seq_length", model.query_seq_length),
                         ("model.block_seq_length", model.block_seq_length),
                         ("model.reader_seq_length", model.reader_seq_length),
                         ("qa.question_seq_length", cfg.qa.question_seq_length)):
         if length > limit:
             raise ConfigError(f"{_where(source, lines, key)}: {key}={length} exceeds "
                               f"model.encoder.max_position_embeddings={limit}, the longest sequence BERT reads")
+    if cfg.retro.chunk_length + 2 > limit:  # the chunk-key BERT reads [CLS] chunk [SEP]
+        raise ConfigError(f"{_where(source, lines, 'retro.chunk_length')}: retro.chunk_length="
+                          f"{cfg.retro.chunk_length} + [CLS] and [SEP] exceeds model.encoder.max_position_embeddings="
+                          f"{limit}, the longest sequence the chunk-key BERT reads")
 
 
 def _where(source: str, lines: Mapping[str, int], key: str) -> str:

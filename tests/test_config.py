@@ -151,7 +151,17 @@ def test_block_length_cut_longer_than_the_retriever_reads_is_rejected(tmp_path):
                                  "qa.question_seq_length"])
 def test_sequences_longer_than_the_position_embeddings_are_rejected(key):
     sets = ["model.encoder.max_position_embeddings=64", "model.query_seq_length=64", "model.block_seq_length=64",
-            "model.reader_seq_length=64", "qa.question_seq_length=64", "data.max_block_length=64"]
+            "model.reader_seq_length=64", "qa.question_seq_length=64", "data.max_block_length=64",
+            "retro.chunk_length=32"]
     assert config.load_config(None, sets).model.encoder.max_position_embeddings == 64
     with pytest.raises(config.ConfigError, match=f"{key}=65 exceeds model.encoder.max_position_embeddings=64"):
         config.load_config(None, sets + [f"{key}=65"])
+
+
+def test_retro_chunks_must_fit_the_key_bert_and_tile_the_sequence():
+    with pytest.raises(config.ConfigError, match=r"retro.chunk_length=63 \+ \[CLS\] and \[SEP\] exceeds"):
+        config.load_config(None, ["model.encoder.max_position_embeddings=64", "model.query_seq_length=64",
+                                  "model.block_seq_length=64", "model.reader_seq_length=64", "data.max_block_length=64",
+                                  "qa.question_seq_length=64", "retro.chunk_length=63", "retro.sequence_length=126"])
+    with pytest.raises(config.ConfigError, match="not a multiple of retro.chunk_length=64"):
+        config.load_config(None, ["retro.sequence_length=100"])

@@ -43,8 +43,8 @@ class BlockStore:
         if not len(title_ids) == len(body_ids) == len(uids):
             raise ValueError(f"{source}: {len(title_ids)} titles, {len(body_ids)} bodies, {len(uids)} uids")
         self.source = source
-        self._title_values, self._title_splits = _flatten(title_ids)
-        self._body_values, self._body_splits = _flatten(body_ids)
+        self._title_values, self._title_splits = flatten_ragged(title_ids)
+        self._body_values, self._body_splits = flatten_ragged(body_ids)
         self.uids = np.asarray(list(uids), dtype=object)  # [num_blocks]
         self.titles = list(titles) if titles is not None else None
         self.texts = list(texts) if texts is not None else None
@@ -117,7 +117,7 @@ class BlockStore:
                              f"blocks): the index was built from another corpus")
 
 
-def _flatten(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+def flatten_ragged(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
     """Ragged int rows → (int32 values, int64 row splits)."""
     lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
     splits = np.zeros(len(rows) + 1, np.int64)

@@ -1,0 +1,64 @@
+"""RETRO's training and evaluation sequences, and the byte count that bits-per-byte divides by (Borgeaud et al.,
+2021, §2.1 and §4: models are compared in bits-per-byte on held-out documents, which does not depend on the
+tokenizer).
+
+A document's token stream (its chunks in order, ``data/chunk_store``) is cut into sequences of n tokens aligned
+with the chunks (n is a multiple of m), the last one padded. Whole documents are held out by id
+(``data/question_split``'s SHA1 positions): ``validation`` for choosing settings (e.g. kNN-LM's λ), ``test``
+only measured; their chunks are kept out of the database used with them where the protocol says so.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from realm_tf.data import question_split
+
+SPLITS = ("train", "validation", "test")
+
+
+def document_split(doc_id: str, validation_fraction: float, test_fraction: float) -> str:
+    """``validation`` (SHA1 position of the id below ``validation_fraction``), ``test`` (the next
+    ``test_fraction``) or ``train``: deterministic, by document."""
+    split = question_split.split_of(doc_id, validation_fraction, test_fraction)
+    return {"dev": "validation", "tune": "test"}.get(split, "train")
+
+
+def document_sequences(tokens: Sequence[int], length: int, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A token stream cut into sequences of ``length``: ``(int32 [S, length], bool mask [S, length])``, the last
+    one padded with ``pad_id`` (mask False). Sequence s starts at token ``s * length``."""
+    tokens = np.asarray(tokens, np.int32)
+    count = -(-tokens.size // length)
+    ids = np.full([count, length], pad_id, np.int32)  # [S, length]
+    mask = np.zeros([count, length], bool)  # [S, length]
+    ids.reshape(-1)[:tokens.size] = tokens
+    mask.reshape(-1)[:tokens.size] = True
+    return ids, mask
+
+
+def token_byte_lengths(vocab: Sequence[str]) -> np.ndarray:
+    """int64 ``[vocab_size]``: the UTF-8 bytes a wordpiece adds to the detokenized text. A ``##`` piece adds its
+    text, a word adds a space and its text (the first word of a text: the text only, see
+    :func:`text_bytes`), special tokens (``[CLS]``, ``[PAD]``, ...) nothing."""
+    out = np.zeros(len(vocab), np.int64)
+    for i, token in enumerate(vocab):
+        if token.startswith("[") and token.endswith("]"):
+            continue
+        out[i] = len(token[2:].encode("utf-8")) if token.startswith("##") else len(token.encode("utf-8")) + 1
+    return out
+
+
+def text_bytes(ids: Sequence[int], byte_lengths: np.ndarray, vocab: Sequence[str]) -> int:
+    """UTF-8 bytes of the text the wordpieces ``ids`` detokenize to (words joined by single spaces)."""
+    ids = [int(i) for i in ids]
+    total = int(byte_lengths[ids].sum()) if ids else 0
+    first = next((i for i in ids if byte_lengths[i] > 0), None)
+    if first is not None and not vocab[first].startswith("##"):
+        total -= 1  # no space before the first word
+    return total
+
+
+def bits_per_byte(nll_nats: float, num_bytes: int) -> float:
+    """Σ NLL / (ln 2 · UTF-8 bytes): the tokenizer-independent measure of RETRO's §4."""
+    return float(nll_nats) / (np.log(2.0) * num_bytes) if num_bytes else float("nan")

