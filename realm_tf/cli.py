@@ -97,6 +97,16 @@ def _cmd_train_ict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train_retro(args: argparse.Namespace) -> int:
+    """Trains RETRO's decoder (or its baseline, or RETRO-fits a baseline) on the chunk database's documents."""
+    from realm_tf.tasks import experiment
+    from realm_tf.tasks import retro_lm
+
+    result = experiment.run_experiment(retro_lm.RetroLmTask(_load(args), retrieval=not args.baseline))
+    print(f"step {result['step']}: " + ", ".join(f"{k}={v:.4g}" for k, v in result["train"].items()))
+    return 0
+
+
 def _cmd_export_retriever(args: argparse.Namespace) -> int:
     """Exports embed_query / embed_block from the config's init_checkpoint, or a trained model_dir."""
     import tensorflow as tf
@@ -256,6 +266,11 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                                   lambda p: _add_beam_job_args(p, "add_pretraining_args")),
     "generate-ict-data": ("Beam job: blocks -> Inverse Cloze Task examples for the retriever warm start",
                           _cmd_beam_job, lambda p: _add_beam_job_args(p, "add_ict_args")),
+    "train-retro": ("train RETRO's decoder on the chunk database's training documents, neighbours retrieved in "
+                    "the input pipeline (resumable; retro.retro_fit_from RETRO-fits a baseline)", _cmd_train_retro,
+                    lambda p: (_add_config_args(p), p.add_argument(
+                        "--baseline", action="store_true",
+                        help="the same decoder without retrieval (no RETRO layers): the baseline"))),
     "train-ict": ("train the retriever with the Inverse Cloze Task (resumable), then export it", _cmd_train_ict,
                   lambda p: (_add_config_args(p), p.add_argument(
                       "--input", default=None, help="ICT TFRecord pattern (default: data.ict_dir/ict-*.tfrecord*)"))),

@@ -295,6 +295,9 @@ class RetroConfig:
         third layer from the middle of the stack (12 layers: 6, 9, 12).
       encoder_layers: layers of the neighbour encoder (paper: 2; it cross-attends the chunk in its first).
       dropout_rate: on attention weights and residual branches, in training.
+      validation_fraction / test_fraction: whole documents (by SHA1 of the id) held out of training.
+      retro_fit_from: a trained baseline decoder's ``model_dir``: RETRO-fitting (§4.2) trains only the
+        chunked cross-attention and the neighbour encoder on top of it, frozen; "" trains everything.
     """
 
     chunks_dir: str = "/tmp/realm_tf/retro/chunks"
@@ -312,6 +315,9 @@ class RetroConfig:
     retro_layers: tuple[int, ...] = ()
     encoder_layers: int = 2
     dropout_rate: float = 0.1
+    validation_fraction: float = 0.05
+    test_fraction: float = 0.05
+    retro_fit_from: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -338,8 +344,11 @@ class ExperimentConfig:
                                           warmup_steps=100)
     finetune: TrainerConfig = TrainerConfig(model_dir="/tmp/realm_tf/qa", steps=1000, learning_rate=1e-5,
                                             warmup_steps=100)
-    # RETRO (Borgeaud et al., 2021): the chunk database and its neighbours.
+    # RETRO (Borgeaud et al., 2021): the chunk database and its neighbours, and the decoder's training
+    # (``realm-tf train-retro``; the paper: AdamW, lr 2e-4 with warm-up and cosine decay for its small models).
     retro: RetroConfig = RetroConfig()
+    retro_trainer: TrainerConfig = TrainerConfig(model_dir="/tmp/realm_tf/retro_lm", steps=2000, learning_rate=2e-4,
+                                                 warmup_steps=100)
 
 
 def load_config(path: str | os.PathLike[str] | None = None,

@@ -1,0 +1,189 @@
+"""RETRO language modelling (Borgeaud et al., 2021): the decoder trained on sequences of the training documents,
+each chunk conditioned on neighbours from the chunk database; the same task trains the baseline (no retrieval)
+and RETRO-fits a trained baseline (§4.2: only the chunked cross-attention and the neighbour encoder train).
+
+Sequences of n tokens are cut from the training documents' token streams (the chunk database's chunks of each
+document, in order; ``data/retro_sequences``); validation and test documents are held out by id. Neighbours
+come from ``tasks/retro_neighbours`` inside the input pipeline, with the sequence's own document excluded.
+The loss is the next-token cross-entropy over the real tokens; ``logits[:, t]`` predicts token t + 1.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from realm_tf import config as config_lib
+from realm_tf import errors
+from realm_tf.data import chunk_store as chunk_store_lib
+from realm_tf.data import retro_sequences
+from realm_tf.index import index_loader
+from realm_tf.models import chunk_key_embedder
+from realm_tf.models import retro_decoder
+from realm_tf.tasks import base_task
+from realm_tf.tasks import retro_neighbours
+
+logger = logging.getLogger(__name__)
+
+#: Variables RETRO-fitting trains (§4.2): the chunked cross-attention and the neighbour encoder.
+RETRO_FIT_VARIABLES = ("cca", "neighbour_encoder")
+
+
+class RetroLmTask(base_task.Task):
+    """The decoder, its input pipeline with neighbours, loss and metrics (trainer section ``retro_trainer``).
+
+    Args:
+      cfg: the experiment (``retro.*``; the chunk database in ``retro.chunks_dir`` / ``retro.index_dir``).
+      retrieval: RETRO (True) or the baseline decoder (False: no neighbours are retrieved).
+    """
+
+    trainer_section = "retro_trainer"
+
+    def __init__(self, cfg: config_lib.ExperimentConfig, retrieval: bool = True):
+        super().__init__(cfg)
+        self.retrieval = retrieval
+
+    # ---- data -------------------------------------------------------------------------------------------------
+
+    @functools.cached_property
+    def store(self) -> chunk_store_lib.ChunkStore:
+        return chunk_store_lib.ChunkStore.load(f"{self.cfg.retro.chunks_dir}/chunks-*")
+
+    @functools.cached_property
+    def retriever(self) -> retro_neighbours.RetroNeighbourRetriever:
+        """Neighbours from the newest chunk index version (keyed by the frozen BERT)."""
+        embedder = chunk_key_embedder.build_chunk_key_embedder(self.cfg)
+        loader = index_loader.IndexLoader(self.cfg.retro.index_dir, self.cfg.model.encoder.hidden_size,
+                                          self.tokenizer.vocab_hash, kind=self.cfg.index.kind)
+        if loader.current()[1].num_blocks != len(self.store):
+            raise errors.UserError(f"{self.cfg.retro.index_dir}: the chunk index covers "
+                                   f"{loader.current()[1].num_blocks} chunks, {self.cfg.retro.chunks_dir} holds "
+                                   f"{len(self.store)}: rebuild them together (realm-tf build-chunk-database)")
+        return retro_neighbours.RetroNeighbourRetriever(self.cfg, self.store, loader, embedder,
+                                                        self.tokenizer.cls_id, self.tokenizer.sep_id)
+
+    def documents(self, split: str) -> list[tuple[str, np.ndarray]]:
+        """``(doc_id, int32 token stream)`` of the documents of ``split`` (``retro_sequences.SPLITS``)."""
+        if split not in retro_sequences.SPLITS:
+            raise errors.UserError(f"unknown split {split!r}: one of {', '.join(retro_sequences.SPLITS)}")
+        store, retro = self.store, self.cfg.retro
+        streams: dict[str, list[np.ndarray]] = {}
+        for chunk_id, doc_id in enumerate(store.doc_ids):  # chunk ids run through each document in order
+            if retro_sequences.document_split(doc_id, retro.validation_fraction, retro.test_fraction) == split:
+                streams.setdefault(doc_id, []).append(store.tokens(chunk_id))
+        return [(doc_id, np.concatenate(parts)) for doc_id, parts in streams.items()]
+
+    def examples(self, split: str, exclude_own_document: bool = True,
+                 neighbours: bool | None = None) -> Iterator[dict[str, np.ndarray]]:
+        """One dict per sequence of ``split``: ``input_ids`` / ``input_mask`` ``[n]``, ``targets`` /
+        ``target_mask`` ``[n]`` (the next token) and, with neighbours, ``neighbour_ids`` / ``neighbour_mask``
+        ``[n / m, k, r]``. ``neighbours`` False gives all-masked neighbours (RETRO "with retrieval off")."""
+        retro = self.cfg.retro
+        with_neighbours = self.retrieval if neighbours is None else neighbours
+        pad = self.tokenizer.pad_id
+        for doc_id, stream in self.documents(split):
+            ids, mask = retro_sequences.document_sequences(stream, retro.sequence_length, pad)  # [S, n] each
+            for s in range(ids.shape[0]):
+                targets = np.concatenate([ids[s, 1:], [pad]]).astype(np.int32)  # [n]
+                example = {"input_ids": ids[s], "input_mask": mask[s], "targets": targets,
+                           "target_mask": np.concatenate([mask[s, 1:], [False]])}
+                if self.retrieval:
+                    if with_neighbours:
+                        found = self.retriever.neighbours(ids[s], doc_id, exclude_own_document, pad)
+                        example["neighbour_ids"], example["neighbour_mask"] = found.tokens, found.mask
+                    else:
+                        shape = [retro.sequence_length // retro.chunk_length, retro.num_neighbours,
+                                 retro.chunk_length + retro.continuation_length]
+                        example["neighbour_ids"] = np.zeros(shape, np.int32)
+                        example["neighbour_mask"] = np.zeros(shape, bool)
+                yield example
+
+    def _signature(self) -> dict[str, tf.TensorSpec]:
+        retro = self.cfg.retro
+        n = retro.sequence_length
+        spec = {"input_ids": tf.TensorSpec([n], tf.int32), "input_mask": tf.TensorSpec([n], tf.bool),
+                "targets": tf.TensorSpec([n], tf.int32), "target_mask": tf.TensorSpec([n], tf.bool)}
+        if self.retrieval:
+            shape = [n // retro.chunk_length, retro.num_neighbours, retro.chunk_length + retro.continuation_length]
+            spec["neighbour_ids"] = tf.TensorSpec(shape, tf.int32)
+            spec["neighbour_mask"] = tf.TensorSpec(shape, tf.bool)
+        return spec
+
+    def dataset(self, split: str, exclude_own_document: bool = True, neighbours: bool | None = None,
+                repeat: bool = False, shuffle: bool = False, seed: int | None = None,
+                batch_size: int | None = None) -> tf.data.Dataset:
+        """Batches of ``(features, labels)`` of ``split``."""
+        ds = tf.data.Dataset.from_generator(lambda: self.examples(split, exclude_own_document, neighbours),
+                                            output_signature=self._signature())
+        if repeat:
+            ds = ds.repeat()
+        if shuffle:
+            ds = ds.shuffle(self.cfg.data.shuffle_buffer, seed=seed)
+        ds = ds.batch(batch_size or self.global_batch_size, drop_remainder=repeat)
+        labels = ("targets", "target_mask", "input_mask")
+        return ds.map(base_task.split_features(lambda k: k not in labels)).prefetch(2)
+
+    def build_inputs(self, input_context: tf.distribute.InputContext | None = None, seed: int | None = None,
+                     **options: Any) -> tf.data.Dataset:
+        batch_size = self.global_batch_size
+        if input_context is not None:
+            batch_size = input_context.get_per_replica_batch_size(batch_size)
+        ds = self.dataset("train", repeat=True, shuffle=True, seed=seed, batch_size=batch_size)
+        if input_context is not None and input_context.num_input_pipelines > 1:
+            ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        return ds
+
+    # ---- model, loss ------------------------------------------------------------------------------------------
+
+    def build_model(self) -> retro_decoder.RetroDecoder:
+        model = retro_decoder.build_retro_decoder(self.cfg, retrieval=self.retrieval)
+        # Variables are made here, eagerly: not inside the first traced step, nor after a restore.
+        model({k: tf.zeros(v.shape, v.dtype)[None] for k, v in self._signature().items()
+               if k in ("input_ids", "neighbour_ids", "neighbour_mask")})
+        source = self.cfg.retro.retro_fit_from
+        if source:
+            if not self.retrieval:
+                raise errors.UserError("retro.retro_fit_from fits RETRO layers onto a baseline: train with retrieval")
+            checkpoint = tf.train.latest_checkpoint(f"{source}/checkpoints") or tf.train.latest_checkpoint(source)
+            if checkpoint is None:
+                raise errors.UserError(f"retro.retro_fit_from={source}: no checkpoint of a baseline decoder there")
+            status = tf.train.Checkpoint(model=model).read(checkpoint)
+            status.expect_partial()  # the checkpoint's optimizer slots and step are not wanted here
+            try:
+                status.assert_nontrivial_match()
+            except AssertionError as e:
+                raise errors.UserError(f"{checkpoint}: not a baseline decoder of this architecture: {e}") from e
+            logger.info("retro-fitting from the baseline %s", checkpoint)
+        return model
+
+    def call_model(self, model: tf_keras.Model, features: Mapping[str, tf.Tensor],
+                   training: bool) -> Mapping[str, tf.Tensor]:
+        return model(dict(features), training=training)
+
+    def build_losses(self, labels: Mapping[str, tf.Tensor],
+                     outputs: Mapping[str, tf.Tensor]) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        """Per-sequence mean next-token NLL ``[batch]``; terms ``nll_sum``, ``tokens``, ``correct`` ``[batch]``."""
+        logits = tf.cast(outputs["logits"], tf.float32)  # [batch, n, vocab]
+        mask = tf.cast(labels["target_mask"], tf.float32)  # [batch, n]
+        nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels["targets"], logits=logits)  # [b, n]
+        nll_sum = tf.reduce_sum(nll * mask, axis=1)  # [batch]
+        tokens = tf.reduce_sum(mask, axis=1)  # [batch]
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels["targets"]),
+                                        tf.float32) * mask, axis=1)  # [batch]
+        return nll_sum / tf.maximum(tokens, 1.0), {"nll_sum": nll_sum, "tokens": tokens, "correct": correct}
+
+    def build_metrics(self, labels: Mapping[str, tf.Tensor], outputs: Mapping[str, tf.Tensor],
+                      terms: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        """``token_accuracy`` and ``nll_per_token`` (nats) over the batch's real tokens."""
+        tokens = tf.maximum(tf.reduce_sum(terms["tokens"]), 1.0)
+        return {"token_accuracy": tf.reduce_sum(terms["correct"]) / tokens,
+                "nll_per_token": tf.reduce_sum(terms["nll_sum"]) / tokens}
+
+    def trainable_variables(self, model: tf_keras.Model, **options: Any) -> Sequence[tf.Variable]:
+        if self.cfg.retro.retro_fit_from:
+            return [v for v in model.trainable_variables if any(p in v.name for p in RETRO_FIT_VARIABLES)]
+        return model.trainable_variables
