@@ -325,7 +325,8 @@ class ExperimentConfig:
     """A whole experiment: one object, one YAML file, one ``params.yaml`` in the model directory.
 
     ``trainer`` drives REALM pre-training; ``ict`` the Inverse Cloze Task warm start; ``finetune`` and ``qa``
-    Open-QA fine-tuning and evaluation; ``reader`` the reader warm start before fine-tuning.
+    Open-QA fine-tuning and evaluation; ``reader`` the reader warm start before fine-tuning; ``retro`` and
+    ``retro_trainer`` RETRO's chunk database and decoder training.
     """
 
     name: str = "realm"
