@@ -80,10 +80,8 @@ NO_TOKENS = "no_tokens"
 class _ParseBlockFn(beam.DoFn):
     """A serialized block -> ``(doc_id, (block_index, body_ids))``; an unparseable one -> ``dead_letters``."""
 
-    def setup(self) -> None:
-        import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-        self._tf = tf
+    def __init__(self) -> None:
+        super().__init__()
         spec = example_schemas.block_feature_spec()
         self._spec = {k: spec[k] for k in (example_schemas.DOC_ID, example_schemas.BLOCK_INDEX,
                                            example_schemas.BODY_IDS)}
@@ -91,10 +89,10 @@ class _ParseBlockFn(beam.DoFn):
     def process(self, record: bytes) -> Iterator[Any]:
         job_support.count(NAMESPACE, BLOCKS_READ)
         try:
-            parsed = self._tf.io.parse_single_example(record, self._spec)
-            doc_id = parsed[example_schemas.DOC_ID].numpy().decode("utf-8")
-            block_index = int(parsed[example_schemas.BLOCK_INDEX])
-            body_ids = tuple(int(t) for t in parsed[example_schemas.BODY_IDS].numpy())
+            row = job_support.parse_example(record, self._spec)  # protobuf, no TF op per record
+            doc_id = row[example_schemas.DOC_ID].decode("utf-8")
+            block_index = int(row[example_schemas.BLOCK_INDEX])
+            body_ids = tuple(int(t) for t in row[example_schemas.BODY_IDS])
         except Exception as e:  # pylint: disable=broad-except  # a corrupt record is a dead letter, not a crash
             job_support.count(NAMESPACE, f"{DEAD_LETTERS}.{UNPARSEABLE}")
             yield beam.pvalue.TaggedOutput(DEAD_LETTERS, {

@@ -57,13 +57,14 @@ class RetroLmTask(base_task.Task):
     def retriever(self) -> retro_neighbours.RetroNeighbourRetriever:
         """Neighbours from the newest chunk index version (keyed by the frozen BERT)."""
         embedder = chunk_key_embedder.build_chunk_key_embedder(self.cfg)
-        loader = index_loader.IndexLoader(self.cfg.retro.index_dir, self.cfg.model.encoder.hidden_size,
-                                          self.tokenizer.vocab_hash, kind=self.cfg.index.kind)
-        if loader.current()[1].num_blocks != len(self.store):
-            raise errors.UserError(f"{self.cfg.retro.index_dir}: the chunk index covers "
-                                   f"{loader.current()[1].num_blocks} chunks, {self.cfg.retro.chunks_dir} holds "
-                                   f"{len(self.store)}: rebuild them together (realm-tf build-chunk-database)")
-        return retro_neighbours.RetroNeighbourRetriever(self.cfg, self.store, loader, embedder,
+        # The chunk index never goes stale (its BERT is frozen): the newest version, loaded once.
+        _, index, _ = index_loader.IndexLoader(self.cfg.retro.index_dir, self.cfg.model.encoder.hidden_size,
+                                               self.tokenizer.vocab_hash, kind=self.cfg.index.kind).current()
+        if index.num_blocks != len(self.store):
+            raise errors.UserError(f"{self.cfg.retro.index_dir}: the chunk index covers {index.num_blocks} chunks, "
+                                   f"{self.cfg.retro.chunks_dir} holds {len(self.store)}: rebuild them together "
+                                   "(realm-tf build-chunk-database)")
+        return retro_neighbours.RetroNeighbourRetriever(self.cfg, self.store, index, embedder,
                                                         self.tokenizer.cls_id, self.tokenizer.sep_id)
 
     def documents(self, split: str) -> list[tuple[str, np.ndarray]]:

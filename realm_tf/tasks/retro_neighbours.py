@@ -10,12 +10,12 @@ decoder's chunked cross-attention applies the causal shift (tokens of chunk c + 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import numpy as np
 
 from realm_tf import config as config_lib
 from realm_tf.data import chunk_store as chunk_store_lib
+from realm_tf.index import mips_index
 from realm_tf.models import chunk_key_embedder
 
 
@@ -35,14 +35,14 @@ class RetroNeighbourRetriever:
     Args:
       cfg: ``retro.chunk_length`` (m), ``retro.continuation_length`` (r − m), ``retro.num_neighbours`` (k).
       store: the chunk database (its row i is row i of the index).
-      index: a MIPS index over the database keys (``index_loader.IndexLoader`` or a ``MipsIndex``: anything with
-        ``search_batched(queries, k)`` returning rows first).
+      index: the MIPS index over the database keys (a built or loaded ``MipsIndex``).
       embedder: the frozen chunk-key BERT (the one that keyed the database).
       cls_id / sep_id: the vocabulary's [CLS] and [SEP].
       candidates: neighbours asked of the index per chunk before same-document exclusion (default 4k).
     """
 
-    def __init__(self, cfg: config_lib.ExperimentConfig, store: chunk_store_lib.ChunkStore, index: Any,
+    def __init__(self, cfg: config_lib.ExperimentConfig, store: chunk_store_lib.ChunkStore,
+                 index: mips_index.MipsIndex,
                  embedder: chunk_key_embedder.ChunkKeyEmbedder, cls_id: int, sep_id: int,
                  candidates: int | None = None) -> None:
         self.chunk_length = cfg.retro.chunk_length
@@ -67,8 +67,7 @@ class RetroNeighbourRetriever:
             values, mask = self.store.values(empty, self.value_length, pad_id)
             return Neighbours(empty, values, mask)
         keys = self.embedder(chunk_key_embedder.pack_chunks(chunks.tolist(), self.cls_id, self.sep_id)).numpy()
-        found = self.index.search_batched(keys, min(self.candidates, len(self.store)))  # [C, K'] rows first
-        rows = found.rows if hasattr(found, "rows") else found[0]
+        rows, _ = self.index.search_batched(keys, min(self.candidates, len(self.store)))  # [C, K'] best first
         own = self.store.document_of(doc_id) if (doc_id is not None and exclude_own_document) else -1
         chosen = chunk_store_lib.select_neighbours(rows, self.store.doc_index, own, self.k)  # [C, k]
         values, mask = self.store.values(chosen, self.value_length, pad_id)  # [C, k, r] each
