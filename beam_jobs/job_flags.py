@@ -102,6 +102,15 @@ def add_chunk_database_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num_shards", type=int, default=0, help="output shards (0: let the runner decide)")
 
 
+def add_knn_datastore_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``beam_jobs.build_knn_datastore`` (kNN-LM's datastore)."""
+    add_config_args(parser)
+    parser.add_argument("--model_dir", default=None, metavar="DIR",
+                        help="the trained decoder whose hidden states are the keys (default: retro_trainer.model_dir; "
+                             "kNN-LM uses the baseline: train-retro --baseline)")
+    parser.add_argument("--batch_size", type=int, default=8, help="sequences per decoder call")
+
+
 def pass_unknown_through(parser: argparse.ArgumentParser) -> None:
     """Makes a ``realm-tf`` sub-parser keep unknown flags in ``args.beam_args`` instead of failing.
 

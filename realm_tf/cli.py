@@ -72,6 +72,7 @@ def _cmd_beam_job(args: argparse.Namespace) -> int:
     flags and the Beam pipeline options. The jobs are imported only when one of them runs."""
     # pylint: disable=import-outside-toplevel
     from beam_jobs import build_chunk_database
+    from beam_jobs import build_knn_datastore
     from beam_jobs import embed_blocks
     from beam_jobs import generate_ict_data
     from beam_jobs import generate_pretraining_data
@@ -79,7 +80,7 @@ def _cmd_beam_job(args: argparse.Namespace) -> int:
 
     jobs = {"preprocess": preprocess_corpus.JOB, "generate-pretraining-data": generate_pretraining_data.JOB,
             "generate-ict-data": generate_ict_data.JOB, "embed-blocks": embed_blocks.JOB,
-            "build-chunk-database": build_chunk_database.JOB}
+            "build-chunk-database": build_chunk_database.JOB, "build-knn-datastore": build_knn_datastore.JOB}
     jobs[args.command].run_with_args(args, args.beam_args)
     return 0
 
@@ -104,6 +105,41 @@ def _cmd_train_retro(args: argparse.Namespace) -> int:
 
     result = experiment.run_experiment(retro_lm.RetroLmTask(_load(args), retrieval=not args.baseline))
     print(f"step {result['step']}: " + ", ".join(f"{k}={v:.4g}" for k, v in result["train"].items()))
+    return 0
+
+
+def _cmd_evaluate_lm(args: argparse.Namespace) -> int:
+    """Bits-per-byte of a trained decoder on held-out documents; the last line printed is one JSON object."""
+    import json
+
+    from realm_tf.tasks import lm_evaluation
+
+    cfg = _load(args)
+    result = lm_evaluation.evaluate(cfg, args.model or cfg.retro_trainer.model_dir, retrieval=not args.baseline,
+                                    split=args.split, database=args.database, neighbours=not args.retrieval_off,
+                                    knn=args.knn)
+    for alpha, bpb in result["bpb"].items():
+        knn = f", with kNN-LM {result['knn_bpb'][alpha]:.4f}" if args.knn else ""
+        print(f"alpha <= {alpha}: bpb {bpb:.4f} over {result['chunks'][alpha]} chunks{knn}")
+    print(json.dumps(result, sort_keys=True))
+    return 0
+
+
+def _cmd_generate(args: argparse.Namespace) -> int:
+    """Continues prompts with a trained RETRO (retrieving after each completed chunk) or baseline decoder."""
+    from realm_tf.tasks import lm_evaluation
+    from realm_tf.tasks import retro_generation
+    from realm_tf.tasks import retro_lm
+
+    cfg = _load(args)
+    task = retro_lm.RetroLmTask(cfg, retrieval=not args.baseline)
+    model = lm_evaluation.restore_decoder(task, args.model or cfg.retro_trainer.model_dir)
+    generator = retro_generation.RetroGenerator(task, model, database=args.database)
+    for i, prompt in enumerate(args.prompt):
+        result = generator.generate(prompt, max_tokens=args.max_tokens, temperature=args.temperature,
+                                    top_k=args.top_k, seed=args.seed + i)
+        print(retro_generation.format_generation(result))
+        print()
     return 0
 
 
@@ -297,6 +333,41 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                      _cmd_beam_job, lambda p: _add_beam_job_args(p, "add_embed_blocks_args")),
     "build-chunk-database": ("Beam job: RETRO's chunk database from the blocks (frozen-BERT keys) and its MIPS "
                              "index", _cmd_beam_job, lambda p: _add_beam_job_args(p, "add_chunk_database_args")),
+    "build-knn-datastore": ("Beam job: kNN-LM's datastore (a trained decoder's final-FFW inputs over the training "
+                            "tokens -> next token) and its MIPS index", _cmd_beam_job,
+                            lambda p: _add_beam_job_args(p, "add_knn_datastore_args")),
+    "evaluate-lm": ("bits-per-byte of a trained RETRO / baseline decoder on held-out documents, at each leakage "
+                    "threshold alpha (RETRO 2.6), optionally with kNN-LM", _cmd_evaluate_lm,
+                    lambda p: (_add_config_args(p),
+                               p.add_argument("--model", default=None, metavar="DIR",
+                                              help="the train-retro run (default: retro_trainer.model_dir)"),
+                               p.add_argument("--baseline", action="store_true", help="the run is a baseline decoder"),
+                               p.add_argument("--split", choices=("validation", "test"), default="test"),
+                               p.add_argument("--database", choices=("train_only", "all_but_own"),
+                                              default="train_only",
+                                              help="train_only: training documents' chunks only (no leakage); "
+                                                   "all_but_own: every chunk but the evaluated document's own"),
+                               p.add_argument("--retrieval-off", dest="retrieval_off", action="store_true",
+                                              help="RETRO with empty neighbours"),
+                               p.add_argument("--knn", action="store_true",
+                                              help="also kNN-LM with retro.knn_dir's datastore (lambda, T tuned "
+                                                   "on the validation split)"))),
+    "generate": ("continue prompts with a trained RETRO decoder, retrieving after each completed chunk and printing "
+                 "the neighbours that conditioned each chunk", _cmd_generate,
+                 lambda p: (_add_config_args(p),
+                            p.add_argument("--prompt", action="append", required=True, help="a prompt (repeatable)"),
+                            p.add_argument("--model", default=None, metavar="DIR",
+                                           help="the train-retro run (default: retro_trainer.model_dir)"),
+                            p.add_argument("--baseline", action="store_true", help="the run is a baseline decoder"),
+                            p.add_argument("--max-tokens", dest="max_tokens", type=int, default=64,
+                                           help="wordpieces to add (at most up to retro.sequence_length)"),
+                            p.add_argument("--temperature", type=float, default=0.0,
+                                           help="0: greedy; otherwise sample from softmax(logits / T)"),
+                            p.add_argument("--top-k", dest="top_k", type=int, default=0,
+                                           help="sample among the k most likely tokens (0: all)"),
+                            p.add_argument("--seed", type=int, default=0),
+                            p.add_argument("--database", choices=("all", "train_only"), default="all",
+                                           help="search every chunk, or the training documents' only"))),
     "pretrain": ("REALM pre-training (salient spans, null doc, async index refresh); resumable", _cmd_pretrain,
                  lambda p: (_add_config_args(p),
                             p.add_argument("--input", default=None,

@@ -298,6 +298,8 @@ class RetroConfig:
       validation_fraction / test_fraction: whole documents (by SHA1 of the id) held out of training.
       retro_fit_from: a trained baseline decoder's ``model_dir``: RETRO-fitting (§4.2) trains only the
         chunked cross-attention and the neighbour encoder on top of it, frozen; "" trains everything.
+      knn_dir: versions of kNN-LM's datastore (Khandelwal et al., 2020; ``beam_jobs/build_knn_datastore``).
+      knn_neighbours: K, datastore entries retrieved per token (kNN-LM: 1024; fewer here, the datastore is small).
     """
 
     chunks_dir: str = "/tmp/realm_tf/retro/chunks"
@@ -318,6 +320,8 @@ class RetroConfig:
     validation_fraction: float = 0.05
     test_fraction: float = 0.05
     retro_fit_from: str = ""
+    knn_dir: str = "/tmp/realm_tf/retro/knn"
+    knn_neighbours: int = 64
 
 
 @dataclasses.dataclass(frozen=True)

@@ -110,14 +110,15 @@ class ChunkStore:
 
 
 def select_neighbours(candidates: np.ndarray, doc_index: np.ndarray, own_document: np.ndarray | int,
-                      k: int) -> np.ndarray:
+                      k: int, allowed: np.ndarray | None = None) -> np.ndarray:
     """The first ``k`` candidates of each query chunk that do not come from the query's own document.
 
     RETRO filters out, in training, neighbours that come from the training sequence's own document (else the
     model would learn to copy the continuation it is asked to predict). Args: ``candidates`` int64 ``[C, K']``
     chunk ids, best first (-1 for none); ``doc_index`` the database's document ordinal per chunk
     (``ChunkStore.doc_index``); ``own_document`` the ordinal per query chunk ``[C]`` (or one for all; -1 excludes
-    nothing). Returns int64
+    nothing); ``allowed`` bool ``[num_chunks]``, the chunks the database may return (None: all; RETRO's
+    evaluation keeps the held-out documents out of the database). Returns int64
     ``[C, k]``, -1 where fewer than ``k`` candidates remain.
     """
     candidates = np.asarray(candidates, np.int64)  # [C, K']
@@ -125,6 +126,8 @@ def select_neighbours(candidates: np.ndarray, doc_index: np.ndarray, own_documen
     valid = candidates >= 0  # [C, K']
     docs = np.where(valid, np.asarray(doc_index)[np.where(valid, candidates, 0)], -2)  # [C, K']
     keep = valid & ((own[:, None] < 0) | (docs != own[:, None]))  # [C, K']
+    if allowed is not None:
+        keep &= np.asarray(allowed, bool)[np.where(valid, candidates, 0)]  # [C, K']
     out = np.full([candidates.shape[0], k], -1, np.int64)  # [C, k]
     for row in range(candidates.shape[0]):
         chosen = candidates[row][keep[row]][:k]

@@ -73,8 +73,16 @@ def read_index_json(path: str) -> dict[str, Any]:
     return artifacts.read_marker(path, artifacts.INDEX, "index version")
 
 
+def read_embeddings(path: str) -> np.ndarray:
+    """float32 ``[num_blocks, dim]``: the embeddings a published version (its directory ``path``) was built on."""
+    meta = read_index_json(path)
+    with tf.io.gfile.GFile(os.path.join(path, meta.get("embeddings", EMBEDDINGS_NPY)), "rb") as f:
+        return np.load(f, allow_pickle=False)
+
+
 def publish(index_dir: str, version: int, embeddings: np.ndarray, index: mips_index.MipsIndex,
-            metadata: Mapping[str, Any], keep_versions: int, pause_before_commit: float = 0.0) -> str:
+            metadata: Mapping[str, Any], keep_versions: int, pause_before_commit: float = 0.0,
+            arrays: Mapping[str, np.ndarray] | None = None) -> str:
     """Publishes ``index`` (built over ``embeddings``) as ``<index_dir>/<version>`` and returns that path.
 
     Args:
@@ -87,6 +95,8 @@ def publish(index_dir: str, version: int, embeddings: np.ndarray, index: mips_in
         snapshot); anything else JSON-serialisable is kept too (e.g. ``embed_seconds``).
       keep_versions: complete versions to keep (>= 1); older ones are deleted after publishing. The
         version just published is never deleted, even if higher versions exist.
+      arrays: more arrays published with the version, ``{file name: array}`` (e.g. a kNN-LM datastore's
+        ``values.npy``), saved without pickles and listed in ``index.json`` under ``arrays``.
 
     Raises:
       IndexVersionExistsError: ``version`` is already published (complete).
@@ -110,10 +120,13 @@ def publish(index_dir: str, version: int, embeddings: np.ndarray, index: mips_in
             with tf.io.gfile.GFile(os.path.join(staging.path, EMBEDDINGS_NPY), "wb") as f:
                 np.save(f, embeddings, allow_pickle=False)
             index.save(os.path.join(staging.path, SEARCHER_DIR))
+            for name, array in (arrays or {}).items():
+                with tf.io.gfile.GFile(os.path.join(staging.path, name), "wb") as f:
+                    np.save(f, np.asarray(array), allow_pickle=False)
             staging.metadata = {
                 **dict(metadata), "format": FORMAT_VERSION, "version": version, "kind": index.kind,
                 "num_blocks": index.num_blocks, "dim": index.dim, "embeddings": EMBEDDINGS_NPY,
-                "searcher": SEARCHER_DIR, "index": index.describe(),
+                "searcher": SEARCHER_DIR, "index": index.describe(), "arrays": sorted(arrays or {}),
                 "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "write_seconds": round(time.perf_counter() - start, 3)}
     except FileExistsError as e:

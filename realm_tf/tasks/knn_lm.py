@@ -55,6 +55,24 @@ def knn_distribution(distances: tf.Tensor, neighbour_tokens: tf.Tensor, vocab_si
     return tf.reshape(flat, [num_queries, vocab_size])  # [q, V]
 
 
+def knn_target_probs(distances: tf.Tensor, neighbour_tokens: tf.Tensor, targets: tf.Tensor,
+                     temperature: float = 1.0) -> tf.Tensor:
+    """p_kNN(target) (kNN-LM eq. 2) for one target per query: :func:`knn_distribution` read at ``targets``
+    without building the ``[q, V]`` distribution.
+
+    Args: ``distances`` ``float[q, K]`` (+inf: no neighbour), ``neighbour_tokens`` ``int[q, K]``, ``targets``
+    ``int[q]``, ``temperature`` T > 0. Returns ``float[q]``.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be positive")
+    distances = tf.convert_to_tensor(distances)
+    if not distances.dtype.is_floating:
+        distances = tf.cast(distances, tf.float32)
+    weights = tf.nn.softmax(-distances / tf.cast(temperature, distances.dtype), axis=-1)  # [q, K]
+    hit = tf.equal(tf.cast(neighbour_tokens, tf.int64), tf.cast(targets, tf.int64)[:, None])  # [q, K]
+    return tf.reduce_sum(tf.where(hit, weights, tf.zeros_like(weights)), axis=-1)  # [q]
+
+
 def interpolate_log_probs(lm_log_probs: tf.Tensor, knn_probs: tf.Tensor, lam: float | tf.Tensor) -> tf.Tensor:
     """log(λ p_kNN + (1 − λ) p_LM) (kNN-LM eq. 3), stably in log space.
 

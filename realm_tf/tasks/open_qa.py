@@ -120,8 +120,7 @@ def load_corpus(cfg: config_lib.ExperimentConfig, tokenizer: bert_tokenizer.Bert
     meta = index_publisher.read_index_json(path)
     if meta.get("vocab_hash") != tokenizer.vocab_hash:
         raise errors.UserError(f"{path}: index built with another vocabulary than model.vocab_file")
-    with tf.io.gfile.GFile(os.path.join(path, meta["embeddings"]), "rb") as f:
-        embeddings = np.load(f, allow_pickle=False)  # [num_blocks, dim]
+    embeddings = index_publisher.read_embeddings(path)  # [num_blocks, dim]
     blocks = block_store_lib.BlockStore.load(os.path.join(cfg.data.blocks_dir, "blocks-*.tfrecord*"))
     if len(blocks) != embeddings.shape[0]:
         raise errors.UserError(f"{path}: {embeddings.shape[0]} embeddings but {len(blocks)} blocks in "

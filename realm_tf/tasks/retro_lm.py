@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -22,12 +23,18 @@ from realm_tf import errors
 from realm_tf.data import chunk_store as chunk_store_lib
 from realm_tf.data import retro_sequences
 from realm_tf.index import index_loader
+from realm_tf.index import index_publisher
 from realm_tf.models import chunk_key_embedder
 from realm_tf.models import retro_decoder
 from realm_tf.tasks import base_task
 from realm_tf.tasks import retro_neighbours
 
 logger = logging.getLogger(__name__)
+
+#: Databases searched for neighbours (RETRO §4): ``train_only``, the training documents' chunks (used in training,
+#: and the "no leakage" evaluation); ``all_but_own``, every chunk but those of the query's own document (held-out
+#: documents' other paragraphs are then retrievable, as in the paper's Wikipedia setting).
+DATABASES = ("train_only", "all_but_own")
 
 #: Variables RETRO-fitting trains (§4.2): the chunked cross-attention and the neighbour encoder.
 RETRO_FIT_VARIABLES = ("cca", "neighbour_encoder")
@@ -46,6 +53,7 @@ class RetroLmTask(base_task.Task):
     def __init__(self, cfg: config_lib.ExperimentConfig, retrieval: bool = True):
         super().__init__(cfg)
         self.retrieval = retrieval
+        self._neighbour_tables: dict[tuple[str, str, bool, int], np.ndarray] = {}
 
     # ---- data -------------------------------------------------------------------------------------------------
 
@@ -55,59 +63,104 @@ class RetroLmTask(base_task.Task):
 
     @functools.cached_property
     def retriever(self) -> retro_neighbours.RetroNeighbourRetriever:
-        """Neighbours from the newest chunk index version (keyed by the frozen BERT)."""
+        """Neighbours from the newest chunk index version (keyed by the frozen BERT), with its key matrix."""
         embedder = chunk_key_embedder.build_chunk_key_embedder(self.cfg)
         # The chunk index never goes stale (its BERT is frozen): the newest version, loaded once.
-        _, index, _ = index_loader.IndexLoader(self.cfg.retro.index_dir, self.cfg.model.encoder.hidden_size,
-                                               self.tokenizer.vocab_hash, kind=self.cfg.index.kind).current()
+        version, index, _ = index_loader.IndexLoader(self.cfg.retro.index_dir, self.cfg.model.encoder.hidden_size,
+                                                  self.tokenizer.vocab_hash, kind=self.cfg.index.kind).current()
         if index.num_blocks != len(self.store):
             raise errors.UserError(f"{self.cfg.retro.index_dir}: the chunk index covers {index.num_blocks} chunks, "
                                    f"{self.cfg.retro.chunks_dir} holds {len(self.store)}: rebuild them together "
                                    "(realm-tf build-chunk-database)")
+        keys = index_publisher.read_embeddings(
+            index_publisher.version_dir(self.cfg.retro.index_dir, version))  # [num_chunks, hidden]
         return retro_neighbours.RetroNeighbourRetriever(self.cfg, self.store, index, embedder,
-                                                        self.tokenizer.cls_id, self.tokenizer.sep_id)
+                                                        self.tokenizer.cls_id, self.tokenizer.sep_id, keys=keys)
+
+    @functools.cached_property
+    def chunk_splits(self) -> np.ndarray:
+        """str ``[num_chunks]``: the split (``retro_sequences.SPLITS``) of each database chunk's document."""
+        retro = self.cfg.retro
+        by_doc = {d: retro_sequences.document_split(d, retro.validation_fraction, retro.test_fraction)
+                  for d in set(self.store.doc_ids)}
+        return np.array([by_doc[d] for d in self.store.doc_ids])
+
+    def allowed_chunks(self, database: str) -> np.ndarray | None:
+        """The database chunks a search may return (``DATABASES``): ``train_only`` the training documents'
+        chunks (bool ``[num_chunks]``), ``all_but_own`` all (None; the own document is excluded per query)."""
+        if database not in DATABASES:
+            raise errors.UserError(f"unknown database {database!r}: one of {', '.join(DATABASES)}")
+        return self.chunk_splits == "train" if database == "train_only" else None
+
+    def document_chunks(self, split: str) -> list[tuple[str, np.ndarray]]:
+        """``(doc_id, int64 chunk ids in order)`` of the documents of ``split`` (``retro_sequences.SPLITS``)."""
+        if split not in retro_sequences.SPLITS:
+            raise errors.UserError(f"unknown split {split!r}: one of {', '.join(retro_sequences.SPLITS)}")
+        chunks: dict[str, list[int]] = {}
+        for chunk_id in np.flatnonzero(self.chunk_splits == split).tolist():  # ids run through a document in order
+            chunks.setdefault(self.store.doc_ids[chunk_id], []).append(chunk_id)
+        return [(doc_id, np.asarray(ids, np.int64)) for doc_id, ids in chunks.items()]
 
     def documents(self, split: str) -> list[tuple[str, np.ndarray]]:
         """``(doc_id, int32 token stream)`` of the documents of ``split`` (``retro_sequences.SPLITS``)."""
-        if split not in retro_sequences.SPLITS:
-            raise errors.UserError(f"unknown split {split!r}: one of {', '.join(retro_sequences.SPLITS)}")
-        store, retro = self.store, self.cfg.retro
-        streams: dict[str, list[np.ndarray]] = {}
-        for chunk_id, doc_id in enumerate(store.doc_ids):  # chunk ids run through each document in order
-            if retro_sequences.document_split(doc_id, retro.validation_fraction, retro.test_fraction) == split:
-                streams.setdefault(doc_id, []).append(store.tokens(chunk_id))
-        return [(doc_id, np.concatenate(parts)) for doc_id, parts in streams.items()]
+        return [(doc_id, np.concatenate([self.store.tokens(c) for c in ids]))
+                for doc_id, ids in self.document_chunks(split)]
 
-    def examples(self, split: str, exclude_own_document: bool = True,
-                 neighbours: bool | None = None) -> Iterator[dict[str, np.ndarray]]:
+    def neighbour_table(self, split: str, database: str = "train_only", exclude_own_document: bool = True,
+                        count: int | None = None) -> np.ndarray:
+        """int64 ``[num_chunks, count]`` (default k): the neighbours of every chunk of ``split``'s documents
+        (-1 elsewhere), searched once with the stored keys in ``database`` and kept for the run."""
+        key = (split, database, exclude_own_document, count or self.cfg.retro.num_neighbours)
+        if key not in self._neighbour_tables:
+            started = time.perf_counter()
+            chunk_ids = np.flatnonzero(self.chunk_splits == split)  # [C]
+            table = np.full([len(self.store), key[3]], -1, np.int64)  # [num_chunks, count]
+            for start in range(0, chunk_ids.size, 4096):
+                rows = chunk_ids[start:start + 4096]
+                table[rows] = self.retriever.neighbours_of_chunks(
+                    rows, exclude_own_document, allowed=self.allowed_chunks(database), count=key[3]).chunk_ids
+            self._neighbour_tables[key] = table
+            logger.info("neighbours of the %d %s chunks (database %s): %.1fs", chunk_ids.size, split, database,
+                        time.perf_counter() - started)
+        return self._neighbour_tables[key]
+
+    def examples(self, split: str, exclude_own_document: bool = True, neighbours: bool | None = None,
+                 database: str = "train_only") -> Iterator[dict[str, np.ndarray]]:
         """One dict per sequence of ``split``: ``input_ids`` / ``input_mask`` ``[n]``, ``targets`` /
-        ``target_mask`` ``[n]`` (the next token) and, with neighbours, ``neighbour_ids`` / ``neighbour_mask``
-        ``[n / m, k, r]``. ``neighbours`` False gives all-masked neighbours (RETRO "with retrieval off")."""
+        ``target_mask`` ``[n]`` (the next token), ``chunk_ids`` ``[n / m]`` (database chunk of each sequence
+        chunk; -1: padding) and, for RETRO, ``neighbour_ids`` / ``neighbour_mask`` ``[n / m, k, r]`` from
+        ``database``. ``neighbours`` False gives all-masked neighbours (RETRO "with retrieval off")."""
         retro = self.cfg.retro
         with_neighbours = self.retrieval if neighbours is None else neighbours
         pad = self.tokenizer.pad_id
-        for doc_id, stream in self.documents(split):
+        per_sequence = retro.sequence_length // retro.chunk_length
+        table = self.neighbour_table(split, database, exclude_own_document) if self.retrieval and with_neighbours \
+            else None
+        for doc_id, chunk_ids in self.document_chunks(split):
+            stream = np.concatenate([self.store.tokens(c) for c in chunk_ids])
             ids, mask = retro_sequences.document_sequences(stream, retro.sequence_length, pad)  # [S, n] each
+            padded = np.full([ids.shape[0] * per_sequence], -1, np.int64)
+            padded[:chunk_ids.size] = chunk_ids
             for s in range(ids.shape[0]):
+                sequence_chunks = padded[s * per_sequence:(s + 1) * per_sequence]  # [n / m]
                 targets = np.concatenate([ids[s, 1:], [pad]]).astype(np.int32)  # [n]
                 example = {"input_ids": ids[s], "input_mask": mask[s], "targets": targets,
-                           "target_mask": np.concatenate([mask[s, 1:], [False]])}
+                           "target_mask": np.concatenate([mask[s, 1:], [False]]), "chunk_ids": sequence_chunks}
                 if self.retrieval:
-                    if with_neighbours:
-                        found = self.retriever.neighbours(ids[s], doc_id, exclude_own_document, pad)
-                        example["neighbour_ids"], example["neighbour_mask"] = found.tokens, found.mask
-                    else:
-                        shape = [retro.sequence_length // retro.chunk_length, retro.num_neighbours,
-                                 retro.chunk_length + retro.continuation_length]
-                        example["neighbour_ids"] = np.zeros(shape, np.int32)
-                        example["neighbour_mask"] = np.zeros(shape, bool)
+                    chosen = np.where(sequence_chunks[:, None] >= 0, table[np.maximum(sequence_chunks, 0)], -1) \
+                        if table is not None else np.full([per_sequence, retro.num_neighbours], -1, np.int64)
+                    found = self.retriever.read(chosen, pad) if table is not None else None
+                    example["neighbour_ids"], example["neighbour_mask"] = (
+                        (found.tokens, found.mask) if found is not None else
+                        self.store.values(chosen, retro.chunk_length + retro.continuation_length, pad))
                 yield example
 
     def _signature(self) -> dict[str, tf.TensorSpec]:
         retro = self.cfg.retro
         n = retro.sequence_length
         spec = {"input_ids": tf.TensorSpec([n], tf.int32), "input_mask": tf.TensorSpec([n], tf.bool),
-                "targets": tf.TensorSpec([n], tf.int32), "target_mask": tf.TensorSpec([n], tf.bool)}
+                "targets": tf.TensorSpec([n], tf.int32), "target_mask": tf.TensorSpec([n], tf.bool),
+                "chunk_ids": tf.TensorSpec([n // retro.chunk_length], tf.int64)}
         if self.retrieval:
             shape = [n // retro.chunk_length, retro.num_neighbours, retro.chunk_length + retro.continuation_length]
             spec["neighbour_ids"] = tf.TensorSpec(shape, tf.int32)
@@ -116,16 +169,20 @@ class RetroLmTask(base_task.Task):
 
     def dataset(self, split: str, exclude_own_document: bool = True, neighbours: bool | None = None,
                 repeat: bool = False, shuffle: bool = False, seed: int | None = None,
-                batch_size: int | None = None) -> tf.data.Dataset:
-        """Batches of ``(features, labels)`` of ``split``."""
-        ds = tf.data.Dataset.from_generator(lambda: self.examples(split, exclude_own_document, neighbours),
-                                            output_signature=self._signature())
+                batch_size: int | None = None, database: str = "train_only") -> tf.data.Dataset:
+        """Batches of ``(features, labels)`` of ``split``; labels are ``targets``, ``target_mask``,
+        ``input_mask`` and ``chunk_ids``."""
+        if self.retrieval and neighbours is not False:
+            self.neighbour_table(split, database, exclude_own_document)  # searched here, not in the first step
+        ds = tf.data.Dataset.from_generator(
+            lambda: self.examples(split, exclude_own_document, neighbours, database),
+            output_signature=self._signature())
         if repeat:
             ds = ds.repeat()
         if shuffle:
             ds = ds.shuffle(self.cfg.data.shuffle_buffer, seed=seed)
         ds = ds.batch(batch_size or self.global_batch_size, drop_remainder=repeat)
-        labels = ("targets", "target_mask", "input_mask")
+        labels = ("targets", "target_mask", "input_mask", "chunk_ids")
         return ds.map(base_task.split_features(lambda k: k not in labels)).prefetch(2)
 
     def build_inputs(self, input_context: tf.distribute.InputContext | None = None, seed: int | None = None,

@@ -56,3 +56,12 @@ def test_load_reads_the_job_records_and_refuses_gaps(tmp_path):
         writer.write(retro_chunks.chunk_to_example((1, chunks[1])))
     with pytest.raises(chunk_store.ChunkStoreError, match="missing"):
         chunk_store.ChunkStore.load(str(tmp_path / "gap" / "chunks-*"))
+
+
+def test_select_neighbours_keeps_only_allowed_chunks():
+    candidates = np.array([[0, 1, 2, 3, 4, -1]])
+    doc_index = np.array([0, 1, 1, 2, 3])
+    allowed = np.array([True, False, True, True, True])
+    np.testing.assert_array_equal(chunk_store.select_neighbours(candidates, doc_index, 2, 3, allowed), [[0, 2, 4]])
+    np.testing.assert_array_equal(chunk_store.select_neighbours(candidates, doc_index, -1, 6, allowed),
+                                  [[0, 2, 3, 4, -1, -1]])

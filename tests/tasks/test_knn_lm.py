@@ -147,3 +147,14 @@ def test_chunk_overlap_ratio():
         assert knn_lm.chunk_overlap_ratio(c, ns, m=4) == max(_brute_force_lcs(c, n) for n in ns) / 4
     with pytest.raises(ValueError, match="m="):
         knn_lm.chunk_overlap_ratio(chunk, neighbours, m=0)
+
+
+@pytest.mark.parametrize("temperature", [0.5, 7.0])
+def test_knn_target_probs_is_the_distribution_at_the_target(temperature):
+    distances, tokens = _case(3)
+    distances[1, 2] = np.inf  # a missing neighbour weighs nothing
+    targets = np.array([4, tokens[1, 0], VOCAB - 1, tokens[3, 4], tokens[4, 1], 0])
+    expected = _numpy_knn(np.where(np.isinf(distances), 1e9, distances), tokens, VOCAB, temperature)
+    got = knn_lm.knn_target_probs(distances, tokens, targets, temperature).numpy()
+    np.testing.assert_allclose(got, expected[np.arange(len(targets)), targets], rtol=1e-6, atol=1e-12)
+    assert got[0] == pytest.approx(1.0) and got[2] == 0.0

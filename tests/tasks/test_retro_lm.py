@@ -1,5 +1,7 @@
 """RETRO language modelling on the tiny workspace: the chunk database, sequences with neighbours from other
 documents only, the next-token loss against numpy, training the baseline, RETRO and a RETRO-fit."""
+import hashlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -48,6 +50,14 @@ def test_training_sequences_come_from_training_documents_with_neighbours_from_ot
         chunk_ids = task.retriever.neighbours(example["input_ids"], doc_id).chunk_ids
         assert (task.store.doc_index[chunk_ids[chunk_ids >= 0]] != task.store.document_of(doc_id)).all()
     assert own >= 0
+    # training neighbours come from the training documents only (held-out text is never retrieved in training)
+    table = task.neighbour_table("train")
+    train_rows = np.flatnonzero(task.chunk_splits == "train")
+    chosen = table[train_rows]
+    assert (chosen >= 0).any() and (task.chunk_splits[chosen[chosen >= 0]] == "train").all()
+    assert (task.store.doc_index[np.where(chosen >= 0, chosen, 0)] != task.store.doc_index[train_rows][:, None])[
+        chosen >= 0].all()
+    assert (table[task.chunk_splits != "train"] == -1).all()
 
 
 def test_loss_is_the_mean_next_token_nll_over_real_tokens():
@@ -63,16 +73,22 @@ def test_loss_is_the_mean_next_token_nll_over_real_tokens():
     np.testing.assert_allclose(terms["tokens"].numpy(), [3, 5])
 
 
-def test_baseline_then_retro_fit_trains_only_the_retro_layers(retro_sets, read_scalars):
+@pytest.fixture(scope="module")
+def trained(retro_sets):
+    """A baseline decoder trained 3 steps, then RETRO-fitted 3 steps (``<root>/baseline``, ``<root>/fit``)."""
     root, sets = retro_sets
     base = sets + [f"retro_trainer.model_dir={root}/baseline"]
     assert cli.main(["train-retro", "--config", TINY, "--baseline", *sum((["--set", s] for s in base), [])]) == 0
+    fit = sets + [f"retro_trainer.model_dir={root}/fit", f"retro.retro_fit_from={root}/baseline"]
+    assert cli.main(["train-retro", "--config", TINY, *sum((["--set", s] for s in fit), [])]) == 0
+    return root, sets
+
+
+def test_baseline_then_retro_fit_trains_only_the_retro_layers(trained, read_scalars):
+    root, sets = trained
     assert tf.train.latest_checkpoint(str(root / "baseline" / "checkpoints")).endswith("-3")
     losses = [v for _, v in read_scalars(root / "baseline" / "train")["loss"]]
     assert len(losses) == 3 and all(np.isfinite(losses))
-
-    fit = sets + [f"retro_trainer.model_dir={root}/fit", f"retro.retro_fit_from={root}/baseline"]
-    assert cli.main(["train-retro", "--config", TINY, *sum((["--set", s] for s in fit), [])]) == 0
     baseline_values = dict(tf.train.list_variables(tf.train.latest_checkpoint(str(root / "baseline" / "checkpoints"))))
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(root / "fit" / "checkpoints")))
     before = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(root / "baseline" / "checkpoints")))
@@ -84,3 +100,95 @@ def test_baseline_then_retro_fit_trains_only_the_retro_layers(retro_sets, read_s
     fitted = [n for n, _ in tf.train.list_variables(tf.train.latest_checkpoint(str(root / "fit" / "checkpoints")))
               if "cca" in n and "OPTIMIZER_SLOT" not in n]
     assert fitted  # the RETRO layers exist and were trained
+
+
+def _numpy_bits_per_byte(task, model, split, neighbours):
+    """Σ NLL / (ln 2 · bytes) over the real targets of ``split``, from the model's logits and numpy only."""
+    vocab = task.tokenizer.vocab
+    lengths = np.array([0 if (t.startswith("[") and t.endswith("]")) else
+                        len(t[2:].encode()) if t.startswith("##") else len(t.encode()) + 1 for t in vocab])
+    nll = num_bytes = 0.0
+    for example in task.examples(split, neighbours=neighbours):
+        features = {k: example[k][None] for k in ("input_ids", "neighbour_ids", "neighbour_mask") if k in example}
+        logits = model(features, training=False)["logits"].numpy()[0].astype(np.float64)  # [n, V]
+        log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+            - logits.max(-1, keepdims=True)
+        real = example["target_mask"]
+        nll -= log_probs[np.arange(len(real)), example["targets"]][real].sum()
+        num_bytes += lengths[example["targets"][real]].sum()
+    return nll / (np.log(2) * num_bytes)
+
+
+def test_evaluate_lm_and_knn_datastore_match_numpy(trained, capsys):
+    from realm_tf.index import knn_datastore
+    from realm_tf.tasks import lm_evaluation
+
+    root, sets = trained
+    fit = sets + [f"retro_trainer.model_dir={root}/fit", f"retro.knn_dir={root}/knn", "retro.knn_neighbours=8"]
+    cfg = config.load_config(TINY, fit)
+    task = retro_lm.RetroLmTask(cfg)
+    model = lm_evaluation.restore_decoder(task, str(root / "fit"))
+    for neighbours in (True, False):  # RETRO with retrieval on, and off (all neighbours masked)
+        result = lm_evaluation.evaluate(cfg, str(root / "fit"), retrieval=True, split="validation",
+                                        neighbours=neighbours)
+        np.testing.assert_allclose(result["bpb"]["1.0"], _numpy_bits_per_byte(task, model, "validation", neighbours),
+                                   rtol=1e-4)
+        assert result["chunks"]["0.0"] <= result["chunks"]["0.5"] <= result["chunks"]["1.0"]
+
+    # kNN-LM's datastore: one entry per real target of the training sequences, in sequence-key order
+    assert cli.main(["build-knn-datastore", "--config", TINY, "--model_dir", str(root / "baseline"),
+                     *sum((["--set", s] for s in fit), [])]) == 0
+    store = knn_datastore.KnnDatastore.load(str(root / "knn"), "brute_force")
+    base_task = retro_lm.RetroLmTask(cfg, retrieval=False)
+    baseline = lm_evaluation.restore_decoder(base_task, str(root / "baseline"))
+    expected_keys, expected_values = [], []
+    for doc_id, stream in sorted(base_task.documents("train"), key=lambda d: hashlib.sha1(d[0].encode()).hexdigest()):
+        ids, mask = retro_sequences.document_sequences(stream, 32, task.tokenizer.pad_id)
+        keys = baseline({"input_ids": ids}, training=False)["knn_keys"].numpy()  # [S, n, width]
+        for s in range(ids.shape[0]):
+            real = mask[s, 1:]
+            expected_keys.append(keys[s, :-1][real])
+            expected_values.append(ids[s, 1:][real])
+    np.testing.assert_array_equal(store.values, np.concatenate(expected_values))
+    np.testing.assert_allclose(store.keys[:, :-1], np.concatenate(expected_keys), atol=1e-5)
+
+    result = lm_evaluation.evaluate(cfg, str(root / "baseline"), retrieval=False,
+                                    split="test", knn=True)
+    grid = result["knn_validation_grid"]
+    assert grid[f"lambda={result['knn_lambda']:g},T={result['knn_temperature']:g}"] == min(grid.values())
+    assert np.isfinite(result["knn_bpb"]["1.0"]) and np.isfinite(result["bpb"]["1.0"])
+
+
+
+def test_generate_retrieves_after_each_chunk_and_is_consistent_with_scoring(trained, capsys):
+    from realm_tf.tasks import lm_evaluation
+    from realm_tf.tasks import retro_generation
+
+    root, sets = trained
+    task = retro_lm.RetroLmTask(config.load_config(TINY, sets))
+    model = lm_evaluation.restore_decoder(task, str(root / "fit"))
+    generator = retro_generation.RetroGenerator(task, model)
+    result = generator.generate("the quick brown fox jumps", max_tokens=14)
+    ids, m = result["ids"], 8
+    prompt_length = len(ids) - 14
+    assert len(result["chunks"]) == -(-len(ids) // m)
+    for c, chunk in enumerate(result["chunks"]):
+        complete = (c + 1) * m <= len(ids)
+        assert bool(chunk.neighbours) == complete  # every completed chunk was searched, the open one not yet
+        assert len(chunk.neighbours) in ((2,) if complete else (0,))
+    # greedy tokens are the argmax of one scoring pass over the whole text with every chunk's neighbours:
+    # neighbours retrieved later never change earlier predictions (the causal shift)
+    neighbour_ids = np.zeros([4, 2, 16], np.int32)
+    neighbour_mask = np.zeros([4, 2, 16], bool)
+    for c, chunk in enumerate(result["chunks"]):
+        for j, (chunk_id, _, _) in enumerate(chunk.neighbours):
+            value, mask = task.store.values(np.array([chunk_id]), 16, task.tokenizer.pad_id)
+            neighbour_ids[c, j], neighbour_mask[c, j] = value[0], mask[0]
+    padded = np.array([ids + [0] * (32 - len(ids))], np.int32)
+    logits = model({"input_ids": padded, "neighbour_ids": neighbour_ids[None], "neighbour_mask": neighbour_mask[None]},
+                   training=False)["logits"].numpy()[0]
+    np.testing.assert_array_equal(logits[prompt_length - 1:len(ids) - 1].argmax(-1), ids[prompt_length:])
+    assert cli.main(["generate", "--config", TINY, "--model", str(root / "fit"), "--prompt", "the fox",
+                     "--max-tokens", "9", *sum((["--set", s] for s in sets), [])]) == 0
+    out = capsys.readouterr().out
+    assert "chunk 0 (prompt)" in out and "-> conditions chunk 1" in out

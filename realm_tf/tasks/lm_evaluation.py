@@ -1,0 +1,222 @@
+"""Bits-per-byte of a trained decoder on held-out documents, chunk by chunk, with RETRO's leakage filter
+(Borgeaud et al., 2021, §2.6 and §4) and kNN-LM's interpolation (Khandelwal et al., 2020, §2).
+
+The evaluation documents (``validation`` or ``test``, held out of training by id) are cut into sequences of n
+tokens at chunk boundaries, exactly as in training; token t + 1 of a sequence is predicted from tokens <= t
+(and, for RETRO, from the neighbours of the chunks completed by then), so each sequence's first token is not
+scored. Every scored token is assigned to its database chunk, and a chunk's score is the sum of its tokens'
+NLL (nats) and the UTF-8 bytes they add to the detokenised text (``retro_sequences.token_byte_lengths``).
+
+    bpb(S) = Σ_{C ∈ S} NLL(C) / (ln 2 · Σ_{C ∈ S} bytes(C))
+
+over the chunks S whose overlap with their 10 nearest database neighbours, r(C) = max_N |LCS(C, N)| / m, is at
+most α (§2.6: α = 1 keeps every chunk; small α keeps only chunks that were not copied from the database).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Sequence
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from realm_tf import config as config_lib
+from realm_tf import errors
+from realm_tf.data import retro_sequences
+from realm_tf.index import knn_datastore
+from realm_tf.tasks import knn_lm
+from realm_tf.tasks import retro_lm
+
+logger = logging.getLogger(__name__)
+
+#: RETRO §2.6's thresholds on the chunk overlap r(C).
+ALPHAS = (0.0, 0.125, 0.25, 0.5, 1.0)
+#: Neighbours whose overlap with an evaluation chunk is measured (§2.6: 10).
+OVERLAP_NEIGHBOURS = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenScores:
+    """Every scored token of a split: ``chunk_ids`` int64 ``[T]`` (its database chunk), ``targets`` int32
+    ``[T]``, ``log_probs`` float64 ``[T]`` (log p_LM of the target, nats), ``bytes`` int64 ``[T]`` and, if
+    asked for, ``knn_keys`` float32 ``[T, width]`` (the kNN-LM key of the context that predicts it)."""
+
+    chunk_ids: np.ndarray
+    targets: np.ndarray
+    log_probs: np.ndarray
+    bytes: np.ndarray
+    knn_keys: np.ndarray | None = None
+
+    def with_log_probs(self, log_probs: np.ndarray) -> "TokenScores":
+        return dataclasses.replace(self, log_probs=np.asarray(log_probs, np.float64))
+
+
+def restore_decoder(task: retro_lm.RetroLmTask, model_dir: str) -> tf_keras.Model:
+    """The task's decoder with the newest checkpoint of ``model_dir`` (a ``train-retro`` run)."""
+    checkpoint = tf.train.latest_checkpoint(f"{model_dir}/checkpoints") or tf.train.latest_checkpoint(model_dir)
+    if checkpoint is None:
+        raise errors.UserError(f"{model_dir}: no checkpoint of a trained decoder (run `realm-tf train-retro`)")
+    cfg = task.cfg
+    if cfg.retro.retro_fit_from:  # the fitted model is restored whole from its own run, not from the baseline
+        task = retro_lm.RetroLmTask(dataclasses.replace(cfg, retro=dataclasses.replace(cfg.retro, retro_fit_from="")),
+                                    retrieval=task.retrieval)
+    model = task.build_model()
+    status = tf.train.Checkpoint(model=model).read(checkpoint)
+    status.expect_partial()
+    try:
+        status.assert_existing_objects_matched()
+    except AssertionError as e:
+        raise errors.UserError(f"{checkpoint}: not a decoder of this architecture "
+                               f"({'RETRO' if task.retrieval else 'baseline'}): {e}") from e
+    logger.info("restored %s", checkpoint)
+    return model
+
+
+def score_tokens(task: retro_lm.RetroLmTask, model: tf_keras.Model, split: str, neighbours: bool = True,
+                 database: str = "train_only", with_knn_keys: bool = False, batch_size: int = 8,
+                 limit_sequences: int = 0) -> TokenScores:
+    """log p(target) of every scored token of ``split``'s documents under ``model`` (RETRO with ``neighbours``
+    from ``database``, or all neighbours masked; the baseline ignores both)."""
+    byte_lengths = retro_sequences.token_byte_lengths(task.tokenizer.vocab)
+    m = task.cfg.retro.chunk_length
+
+    @tf.function(reduce_retracing=True)
+    def forward(features):
+        outputs = model(features, training=False)
+        log_probs = tf.nn.log_softmax(tf.cast(outputs["logits"], tf.float32), axis=-1)  # [b, n, V]
+        return log_probs, outputs["knn_keys"]
+
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("chunk_ids", "targets", "log_probs", "bytes", "keys")}
+    seen = 0
+    for features, labels in task.dataset(split, exclude_own_document=True, neighbours=neighbours,
+                                         batch_size=batch_size, database=database):
+        log_probs, keys = forward(features)
+        targets = labels["targets"].numpy()  # [b, n]
+        mask = labels["target_mask"].numpy()  # [b, n]
+        # target t + 1 lies in chunk (t + 1) // m; the last position's target is never real (mask False), so its
+        # chunk index wraps to 0 harmlessly
+        chunk_of = labels["chunk_ids"].numpy()[:, (np.arange(targets.shape[1]) + 1) // m % (targets.shape[1] // m)]
+        picked = np.take_along_axis(log_probs.numpy(), targets[..., None], axis=-1)[..., 0]  # [b, n]
+        parts["chunk_ids"].append(chunk_of[mask])
+        parts["targets"].append(targets[mask])
+        parts["log_probs"].append(picked[mask].astype(np.float64))
+        parts["bytes"].append(byte_lengths[targets[mask]])
+        if with_knn_keys:
+            parts["keys"].append(keys.numpy()[mask])
+        seen += targets.shape[0]
+        if limit_sequences and seen >= limit_sequences:
+            break
+    if not parts["targets"]:
+        raise errors.UserError(f"split {split!r} has no documents (retro.validation_fraction / test_fraction)")
+    cat = {k: np.concatenate(v) for k, v in parts.items() if v}
+    return TokenScores(cat["chunk_ids"], cat["targets"], cat["log_probs"], cat["bytes"], cat.get("keys"))
+
+
+def chunk_overlaps(task: retro_lm.RetroLmTask, chunk_ids: np.ndarray, database: str = "train_only",
+                   count: int = OVERLAP_NEIGHBOURS) -> np.ndarray:
+    """float64 ``[C]``: r(C) of each database chunk in ``chunk_ids`` against its ``count`` nearest neighbours in
+    ``database`` (its own document excluded), their values being the chunk and its continuation (RETRO §2.6)."""
+    chunk_ids = np.asarray(chunk_ids, np.int64)
+    out = np.zeros(chunk_ids.size, np.float64)
+    m = task.cfg.retro.chunk_length
+    for start in range(0, chunk_ids.size, 1024):
+        rows = chunk_ids[start:start + 1024]
+        found = task.retriever.neighbours_of_chunks(rows, allowed=task.allowed_chunks(database), count=count)
+        for i, chunk_id in enumerate(rows.tolist()):
+            values = [found.tokens[i, j][found.mask[i, j]] for j in range(count) if found.chunk_ids[i, j] >= 0]
+            out[start + i] = knn_lm.chunk_overlap_ratio(task.store.tokens(chunk_id), values, m)
+    return out
+
+
+def bits_per_byte_by_alpha(scores: TokenScores, overlaps: dict[int, float],
+                           alphas: Sequence[float] = ALPHAS) -> dict[float, tuple[float, int]]:
+    """``{α: (bpb over the chunks with r(C) <= α, number of those chunks)}``; ``overlaps`` maps chunk id to r(C).
+    bpb is NaN where no chunk qualifies."""
+    chunks, inverse = np.unique(scores.chunk_ids, return_inverse=True)
+    nll = np.bincount(inverse, weights=-scores.log_probs, minlength=chunks.size)  # [C]
+    num_bytes = np.bincount(inverse, weights=scores.bytes, minlength=chunks.size)  # [C]
+    r = np.array([overlaps[int(c)] for c in chunks.tolist()])  # [C]
+    out = {}
+    for alpha in alphas:
+        keep = r <= alpha + 1e-9
+        out[alpha] = (retro_sequences.bits_per_byte(nll[keep].sum(), int(num_bytes[keep].sum())), int(keep.sum()))
+    return out
+
+
+#: kNN-LM's λ and distance temperature, chosen on the validation split (kNN-LM §3: λ tuned on validation).
+KNN_LAMBDAS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6)
+KNN_TEMPERATURES = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+
+
+def knn_log_probs(scores: TokenScores, datastore: knn_datastore.KnnDatastore, k: int, lam: float,
+                  temperature: float, found: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """float64 ``[T]``: log(λ p_kNN + (1 − λ) p_LM) of each scored token's target (kNN-LM eq. 3), the K nearest
+    datastore entries to its context's key voting (``found``: a previous :meth:`KnnDatastore.search`)."""
+    distances, tokens = found if found is not None else search_datastore(scores, datastore, k)
+    p_knn = knn_lm.knn_target_probs(distances, tokens, scores.targets, temperature).numpy()  # [T]
+    return knn_lm.interpolate_log_probs(scores.log_probs, p_knn.astype(np.float64), lam).numpy()
+
+
+def search_datastore(scores: TokenScores, datastore: knn_datastore.KnnDatastore,
+                     k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The K nearest datastore entries of every scored token's key: ``(distances [T, K], tokens [T, K])``."""
+    if scores.knn_keys is None:
+        raise ValueError("kNN-LM needs the tokens' keys: score_tokens(..., with_knn_keys=True)")
+    parts = [datastore.search(scores.knn_keys[i:i + 4096], k) for i in range(0, len(scores.targets), 4096)]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def tune_knn(scores: TokenScores, datastore: knn_datastore.KnnDatastore, k: int,
+             lambdas: Sequence[float] = KNN_LAMBDAS,
+             temperatures: Sequence[float] = KNN_TEMPERATURES) -> tuple[float, float, dict[str, float]]:
+    """``(λ, T, {"λ=..,T=..": bpb})``: the pair with the lowest bits-per-byte on ``scores`` (a validation split)."""
+    found = search_datastore(scores, datastore, k)
+    total_bytes = int(scores.bytes.sum())
+    grid = {}
+    for temperature in temperatures:
+        for lam in lambdas:
+            nll = -knn_log_probs(scores, datastore, k, lam, temperature, found).sum()
+            grid[f"lambda={lam:g},T={temperature:g}"] = (retro_sequences.bits_per_byte(nll, total_bytes), lam,
+                                                         temperature)
+    best = min(grid.values())
+    return best[1], best[2], {name: v[0] for name, v in grid.items()}
+
+
+def evaluate(cfg: config_lib.ExperimentConfig, model_dir: str, retrieval: bool, split: str = "test",
+             database: str = "train_only", neighbours: bool = True, knn: bool = False,
+             alphas: Sequence[float] = ALPHAS, batch_size: int = 8) -> dict[str, Any]:
+    """Bits-per-byte of the decoder of ``model_dir`` on ``split``'s documents, at every α.
+
+    Args:
+      retrieval: a RETRO model (True) or a baseline decoder.
+      database: where neighbours (RETRO) and the leakage overlaps r(C) are searched (``retro_lm.DATABASES``).
+      neighbours: False masks RETRO's neighbours ("retrieval off").
+      knn: also kNN-LM (``retro.knn_dir``'s datastore; λ and T tuned on the validation split).
+
+    Returns ``{"bpb": {α: bpb}, "chunks": {α: count}, "tokens", "bytes", ...}`` (and ``knn_*`` with ``knn``).
+    """
+    task = retro_lm.RetroLmTask(cfg, retrieval=retrieval)
+    model = restore_decoder(task, model_dir)
+    scores = score_tokens(task, model, split, neighbours=neighbours, database=database, with_knn_keys=knn,
+                          batch_size=batch_size)
+    chunks = np.unique(scores.chunk_ids)
+    overlaps = dict(zip(chunks.tolist(), chunk_overlaps(task, chunks, database).tolist()))
+    by_alpha = bits_per_byte_by_alpha(scores, overlaps, alphas)
+    result: dict[str, Any] = {
+        "model_dir": model_dir, "split": split, "database": database, "retrieval": retrieval,
+        "neighbours": neighbours, "tokens": int(scores.targets.size), "bytes": int(scores.bytes.sum()),
+        "bpb": {str(a): v[0] for a, v in by_alpha.items()}, "chunks": {str(a): v[1] for a, v in by_alpha.items()}}
+    if knn:
+        datastore = knn_datastore.KnnDatastore.load(cfg.retro.knn_dir, cfg.index.kind)
+        validation = score_tokens(task, model, "validation", neighbours=neighbours, database=database,
+                                  with_knn_keys=True, batch_size=batch_size)
+        lam, temperature, grid = tune_knn(validation, datastore, cfg.retro.knn_neighbours)
+        interpolated = scores.with_log_probs(knn_log_probs(scores, datastore, cfg.retro.knn_neighbours, lam,
+                                                           temperature))
+        result.update({"knn_lambda": lam, "knn_temperature": temperature, "knn_validation_grid": grid,
+                       "knn_entries": len(datastore),
+                       "knn_bpb": {str(a): v[0] for a, v in
+                                   bits_per_byte_by_alpha(interpolated, overlaps, alphas).items()}})
+    return result

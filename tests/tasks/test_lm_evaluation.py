@@ -1,0 +1,19 @@
+"""Bits-per-byte by leakage threshold (RETRO §2.6) against a direct numpy computation."""
+import numpy as np
+
+from realm_tf.tasks import lm_evaluation
+
+
+def test_bits_per_byte_keeps_the_chunks_at_or_below_each_alpha():
+    rng = np.random.default_rng(0)
+    chunk_ids = rng.integers(0, 6, size=200)
+    log_probs = -rng.gamma(2.0, 1.0, size=200)
+    num_bytes = rng.integers(1, 9, size=200)
+    scores = lm_evaluation.TokenScores(chunk_ids, np.zeros(200, np.int32), log_probs, num_bytes)
+    overlaps = {0: 0.0, 1: 0.1, 2: 0.125, 3: 0.3, 4: 0.9, 5: 1.0}
+    got = lm_evaluation.bits_per_byte_by_alpha(scores, overlaps, (0.0, 0.125, 0.5, 1.0))
+    for alpha, (bpb, count) in got.items():
+        keep = np.array([overlaps[c] <= alpha for c in chunk_ids])
+        assert count == len({c for c in chunk_ids if overlaps[c] <= alpha})
+        np.testing.assert_allclose(bpb, -log_probs[keep].sum() / (np.log(2) * num_bytes[keep].sum()))
+    assert np.isnan(lm_evaluation.bits_per_byte_by_alpha(scores, {c: 0.5 for c in range(6)}, (0.0,))[0.0][0])
