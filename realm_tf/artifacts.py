@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 RETRIEVER_EXPORT = "export.json"  # a retriever SavedModel (embed_query / embed_block signatures)
 INDEX = "index.json"  # a MIPS index version: embeddings.npy + searcher/
 OPEN_QA_EXPORT = "realm_qa.json"  # the serving SavedModel of the Open-QA system
+RETRO_EXPORT = "retro_lm.json"  # the SavedModel of a RETRO / baseline decoder (scoring and generation)
 JOB_MANIFEST = "manifest.json"  # a Beam job's output directory (counts, shards, config)
 STAGING_PREFIX = ".staging-"
 

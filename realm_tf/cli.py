@@ -143,6 +143,29 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export_retro(args: argparse.Namespace) -> int:
+    """Exports a trained RETRO / baseline decoder as a SavedModel (scoring and generation, retrieval in-graph)."""
+    import tensorflow as tf
+
+    from realm_tf.serving import retro_export
+    from realm_tf.tasks import lm_evaluation
+    from realm_tf.tasks import retro_lm
+
+    cfg = _load(args)
+    model_dir = args.model or cfg.retro_trainer.model_dir
+    task = retro_lm.RetroLmTask(cfg, retrieval=not args.baseline)
+    model = lm_evaluation.restore_decoder(task, model_dir)
+    checkpoint = tf.train.latest_checkpoint(f"{model_dir}/checkpoints") or tf.train.latest_checkpoint(model_dir)
+    out = retro_export.check_destination(args.out)
+    module = retro_export.RetroExportModule(
+        cfg, model, task.tokenizer, **({"store": task.store, "embedder": task.retriever.embedder,
+                                        "keys": task.retriever.keys, "scann_dir": task.chunk_searcher_dir()}
+                                       if task.retrieval else {}))
+    out = retro_export.export_retro(module, cfg, out, {"checkpoint": checkpoint})
+    print(f"exported {checkpoint} to {out}")
+    return 0
+
+
 def _cmd_export_retriever(args: argparse.Namespace) -> int:
     """Exports embed_query / embed_block from the config's init_checkpoint, or a trained model_dir."""
     import tensorflow as tf
@@ -368,6 +391,15 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                             p.add_argument("--seed", type=int, default=0),
                             p.add_argument("--database", choices=("all", "train_only"), default="all",
                                            help="search every chunk, or the training documents' only"))),
+    "export-retro": ("export a trained RETRO / baseline decoder as a SavedModel: score, score_text (bits-per-byte), "
+                     "retrieve and generate signatures, the chunk database and its search inside", _cmd_export_retro,
+                     lambda p: (_add_config_args(p),
+                                p.add_argument("--model", default=None, metavar="DIR",
+                                               help="the train-retro run (default: retro_trainer.model_dir)"),
+                                p.add_argument("--baseline", action="store_true",
+                                               help="the run is a baseline decoder"),
+                                p.add_argument("--out", required=True,
+                                               help="the export directory (written atomically)"))),
     "pretrain": ("REALM pre-training (salient spans, null doc, async index refresh); resumable", _cmd_pretrain,
                  lambda p: (_add_config_args(p),
                             p.add_argument("--input", default=None,

@@ -16,7 +16,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 os.chdir(REPO)  # configs name bundled data by repo-relative paths
 
-from realm_tf import library_logs  # noqa: E402  (after TF_USE_LEGACY_KERAS is set)
+from realm_tf import cli  # noqa: E402  (after TF_USE_LEGACY_KERAS is set)
+from realm_tf import library_logs  # noqa: E402
 
 library_logs.show_on_stderr()  # as the command line does: the library's messages on (captured) stderr
 
@@ -112,3 +113,31 @@ def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argu
     long files start at once and the many short ones fill in beside them, instead of one long run finishing
     alone at the end."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture(scope="session")
+def retro_sets(tmp_path_factory, pretraining_workspace, tiny_bert_checkpoint):
+    """A tiny RETRO chunk database (m = 8, n = 32): ``(root, --set overrides)``."""
+    root = tmp_path_factory.mktemp("retro")
+    sets = [f"data.blocks_dir={pretraining_workspace}/blocks", f"retro.chunks_dir={root}/chunks",
+            f"retro.index_dir={root}/index", "index.kind=brute_force",
+            f"retro.embedder_checkpoint={tiny_bert_checkpoint}", "retro.chunk_length=8", "retro.continuation_length=8",
+            "retro.sequence_length=32", "retro.num_neighbours=2", "retro.decoder_layers=2", "retro.decoder_width=16",
+            "retro.decoder_heads=2", "retro.decoder_intermediate=32",
+            "retro.dropout_rate=0.0", "retro.validation_fraction=0.2", "retro.test_fraction=0.1", "data.batch_size=2",
+            "data.shuffle_buffer=8", "retro_trainer.steps=3", "retro_trainer.warmup_steps=0",
+            "retro_trainer.summary_every_steps=1", "retro_trainer.checkpoint_every_steps=3"]
+    assert cli.main(["build-chunk-database", "--config", TINY, *sum((["--set", s] for s in sets), [])]) == 0
+    return root, sets
+
+
+@pytest.fixture(scope="session")
+def trained(retro_sets):
+    """A baseline decoder trained 3 steps, then RETRO-fitted 3 steps (``<root>/baseline``, ``<root>/fit``)."""
+    root, sets = retro_sets
+    base = sets + [f"retro_trainer.model_dir={root}/baseline"]
+    assert cli.main(["train-retro", "--config", TINY, "--baseline",
+                     *sum((["--set", s] for s in base), [])]) == 0
+    fit = sets + [f"retro_trainer.model_dir={root}/fit", f"retro.retro_fit_from={root}/baseline"]
+    assert cli.main(["train-retro", "--config", TINY, *sum((["--set", s] for s in fit), [])]) == 0
+    return root, sets

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
+import os
 import time
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -24,6 +26,7 @@ from realm_tf.data import chunk_store as chunk_store_lib
 from realm_tf.data import retro_sequences
 from realm_tf.index import index_loader
 from realm_tf.index import index_publisher
+from realm_tf.index import mips_index
 from realm_tf.models import chunk_key_embedder
 from realm_tf.models import retro_decoder
 from realm_tf.tasks import base_task
@@ -54,6 +57,8 @@ class RetroLmTask(base_task.Task):
         super().__init__(cfg)
         self.retrieval = retrieval
         self._neighbour_tables: dict[tuple[str, str, bool, int], np.ndarray] = {}
+        # [vocab]: UTF-8 bytes each wordpiece adds to the detokenised text (for bits-per-byte).
+        self._byte_lengths = tf.constant(retro_sequences.token_byte_lengths(self.tokenizer.vocab), tf.float32)
 
     # ---- data -------------------------------------------------------------------------------------------------
 
@@ -62,12 +67,24 @@ class RetroLmTask(base_task.Task):
         return chunk_store_lib.ChunkStore.load(f"{self.cfg.retro.chunks_dir}/chunks-*")
 
     @functools.cached_property
+    def chunk_index(self) -> tuple[int, mips_index.MipsIndex, dict[str, Any]]:
+        """``(version, index, index.json metadata)``: the newest chunk index version, loaded once (it never goes
+        stale: its BERT is frozen)."""
+        return index_loader.IndexLoader(self.cfg.retro.index_dir, self.cfg.model.encoder.hidden_size,
+                                        self.tokenizer.vocab_hash, kind=self.cfg.index.kind).current()
+
+    def chunk_searcher_dir(self) -> str | None:
+        """The newest chunk index version's ScaNN searcher directory (for ScaNN's TF op), None if not ScaNN."""
+        version, _, meta = self.chunk_index
+        if meta.get("kind") != "scann":
+            return None
+        return os.path.join(index_publisher.version_dir(self.cfg.retro.index_dir, version), meta["searcher"])
+
+    @functools.cached_property
     def retriever(self) -> retro_neighbours.RetroNeighbourRetriever:
         """Neighbours from the newest chunk index version (keyed by the frozen BERT), with its key matrix."""
         embedder = chunk_key_embedder.build_chunk_key_embedder(self.cfg)
-        # The chunk index never goes stale (its BERT is frozen): the newest version, loaded once.
-        version, index, _ = index_loader.IndexLoader(self.cfg.retro.index_dir, self.cfg.model.encoder.hidden_size,
-                                                  self.tokenizer.vocab_hash, kind=self.cfg.index.kind).current()
+        version, index, _ = self.chunk_index
         if index.num_blocks != len(self.store):
             raise errors.UserError(f"{self.cfg.retro.index_dir}: the chunk index covers {index.num_blocks} chunks, "
                                    f"{self.cfg.retro.chunks_dir} holds {len(self.store)}: rebuild them together "
@@ -224,22 +241,30 @@ class RetroLmTask(base_task.Task):
 
     def build_losses(self, labels: Mapping[str, tf.Tensor],
                      outputs: Mapping[str, tf.Tensor]) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
-        """Per-sequence mean next-token NLL ``[batch]``; terms ``nll_sum``, ``tokens``, ``correct`` ``[batch]``."""
+        """Per-sequence mean next-token NLL ``[batch]``; terms ``nll_sum``, ``tokens``, ``bytes`` (UTF-8 bytes
+        the targets add to the detokenised text), ``correct`` ``[batch]``."""
         logits = tf.cast(outputs["logits"], tf.float32)  # [batch, n, vocab]
         mask = tf.cast(labels["target_mask"], tf.float32)  # [batch, n]
         nll = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels["targets"], logits=logits)  # [b, n]
         nll_sum = tf.reduce_sum(nll * mask, axis=1)  # [batch]
         tokens = tf.reduce_sum(mask, axis=1)  # [batch]
+        target_bytes = tf.gather(self._byte_lengths, labels["targets"])  # [batch, n]
+        num_bytes = tf.reduce_sum(target_bytes * mask, axis=1)  # [batch]
         correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, -1, output_type=tf.int32), labels["targets"]),
                                         tf.float32) * mask, axis=1)  # [batch]
-        return nll_sum / tf.maximum(tokens, 1.0), {"nll_sum": nll_sum, "tokens": tokens, "correct": correct}
+        return nll_sum / tf.maximum(tokens, 1.0), {"nll_sum": nll_sum, "tokens": tokens, "bytes": num_bytes,
+                                                   "correct": correct}
 
     def build_metrics(self, labels: Mapping[str, tf.Tensor], outputs: Mapping[str, tf.Tensor],
                       terms: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        """``token_accuracy`` and ``nll_per_token`` (nats) over the batch's real tokens."""
+        """``token_accuracy``, ``nll_per_token`` (nats) and ``bits_per_byte`` (RETRO §4: Σ NLL / (ln 2 · bytes))
+        over the batch's real tokens, and ``tokens`` (their count; the loop turns it into ``tokens_per_second``)."""
         tokens = tf.maximum(tf.reduce_sum(terms["tokens"]), 1.0)
+        num_bytes = tf.maximum(tf.reduce_sum(terms["bytes"]), 1.0)
         return {"token_accuracy": tf.reduce_sum(terms["correct"]) / tokens,
-                "nll_per_token": tf.reduce_sum(terms["nll_sum"]) / tokens}
+                "nll_per_token": tf.reduce_sum(terms["nll_sum"]) / tokens,
+                "bits_per_byte": tf.reduce_sum(terms["nll_sum"]) / (math.log(2.0) * num_bytes),
+                "tokens": tf.reduce_sum(terms["tokens"])}
 
     def trainable_variables(self, model: tf_keras.Model, **options: Any) -> Sequence[tf.Variable]:
         if self.cfg.retro.retro_fit_from:

@@ -62,7 +62,8 @@ class TrainingLoop:
       global_batch_size: examples per step over all replicas (for examples/s).
     """
 
-    progress_keys = ("loss", "accuracy", "mlm_accuracy", "retrieval_utility", "index_version")
+    progress_keys = ("loss", "accuracy", "mlm_accuracy", "retrieval_utility", "index_version", "bits_per_byte",
+                     "tokens_per_second")
 
     def __init__(self, cfg: config_lib.TrainerConfig, strategy: tf.distribute.Strategy,
                  checkpoint_items: Mapping[str, tf.Module | tf.Variable], global_batch_size: int):
@@ -152,6 +153,9 @@ class TrainingLoop:
                 last["examples_per_second"] = window_steps * self.global_batch_size / elapsed
                 last["steps_per_second"] = window_steps / elapsed
                 last["input_wait_fraction"] = min(window_wait / elapsed, 1.0)
+                if "tokens" in window_sums:  # a task's per-replica token count (a mean over replicas) -> throughput
+                    last["tokens_per_second"] = (window_sums["tokens"] * self.strategy.num_replicas_in_sync
+                                                 / elapsed)
                 self._write_summaries(step, last)
                 bar.set_postfix({k: f"{v:.4g}" for k, v in last.items() if k in self.progress_keys})
                 window_start, window_steps, window_wait, window_sums = time.time(), 0, 0.0, {}

@@ -14,21 +14,6 @@ from realm_tf.tasks import retro_lm
 TINY = "configs/tiny.yaml"
 
 
-@pytest.fixture(scope="module")
-def retro_sets(tmp_path_factory, pretraining_workspace, tiny_bert_checkpoint):
-    root = tmp_path_factory.mktemp("retro")
-    sets = [f"data.blocks_dir={pretraining_workspace}/blocks", f"retro.chunks_dir={root}/chunks",
-            f"retro.index_dir={root}/index", "index.kind=brute_force",
-            f"retro.embedder_checkpoint={tiny_bert_checkpoint}", "retro.chunk_length=8", "retro.continuation_length=8",
-            "retro.sequence_length=32", "retro.num_neighbours=2", "retro.decoder_layers=2", "retro.decoder_width=16",
-            "retro.decoder_heads=2", "retro.decoder_intermediate=32",
-            "retro.dropout_rate=0.0", "retro.validation_fraction=0.2", "retro.test_fraction=0.1", "data.batch_size=2",
-            "data.shuffle_buffer=8", "retro_trainer.steps=3", "retro_trainer.warmup_steps=0",
-            "retro_trainer.summary_every_steps=1", "retro_trainer.checkpoint_every_steps=3"]
-    assert cli.main(["build-chunk-database", "--config", TINY, *sum((["--set", s] for s in sets), [])]) == 0
-    return root, sets
-
-
 def test_training_sequences_come_from_training_documents_with_neighbours_from_others(retro_sets):
     _, sets = retro_sets
     task = retro_lm.RetroLmTask(config.load_config(TINY, sets))
@@ -71,17 +56,19 @@ def test_loss_is_the_mean_next_token_nll_over_real_tokens():
     nll = -np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]  # [2, 5]
     np.testing.assert_allclose(per_example.numpy(), (nll * mask).sum(1) / mask.sum(1), rtol=1e-5)
     np.testing.assert_allclose(terms["tokens"].numpy(), [3, 5])
-
-
-@pytest.fixture(scope="module")
-def trained(retro_sets):
-    """A baseline decoder trained 3 steps, then RETRO-fitted 3 steps (``<root>/baseline``, ``<root>/fit``)."""
-    root, sets = retro_sets
-    base = sets + [f"retro_trainer.model_dir={root}/baseline"]
-    assert cli.main(["train-retro", "--config", TINY, "--baseline", *sum((["--set", s] for s in base), [])]) == 0
-    fit = sets + [f"retro_trainer.model_dir={root}/fit", f"retro.retro_fit_from={root}/baseline"]
-    assert cli.main(["train-retro", "--config", TINY, *sum((["--set", s] for s in fit), [])]) == 0
-    return root, sets
+    # bits-per-byte over real wordpieces (whole words and ## pieces; the first 7 ids are special tokens).
+    vocab = task.tokenizer.vocab
+    lengths = np.array([0 if (t.startswith("[") and t.endswith("]")) else
+                        len(t[2:].encode()) if t.startswith("##") else len(t.encode()) + 1 for t in vocab])
+    logits = rng.normal(size=[2, 5, len(vocab)]).astype(np.float32)
+    targets = rng.integers(1000, len(vocab), size=[2, 5]).astype(np.int32)
+    _, terms = task.build_losses({"targets": targets, "target_mask": mask}, {"logits": logits})
+    log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    nll = -np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]  # [2, 5]
+    metrics = task.build_metrics({"targets": targets, "target_mask": mask}, {"logits": logits}, terms)
+    expected_bpb = (nll * mask).sum() / (np.log(2) * (lengths[targets] * mask).sum())
+    np.testing.assert_allclose(metrics["bits_per_byte"].numpy(), expected_bpb, rtol=1e-5)
+    np.testing.assert_allclose(metrics["tokens"].numpy(), 8)
 
 
 def test_baseline_then_retro_fit_trains_only_the_retro_layers(trained, read_scalars):
@@ -89,6 +76,8 @@ def test_baseline_then_retro_fit_trains_only_the_retro_layers(trained, read_scal
     assert tf.train.latest_checkpoint(str(root / "baseline" / "checkpoints")).endswith("-3")
     losses = [v for _, v in read_scalars(root / "baseline" / "train")["loss"]]
     assert len(losses) == 3 and all(np.isfinite(losses))
+    scalars = read_scalars(root / "baseline" / "train")
+    assert all(v > 0 for _, v in scalars["tokens_per_second"]) and all(v > 0 for _, v in scalars["bits_per_byte"])
     baseline_values = dict(tf.train.list_variables(tf.train.latest_checkpoint(str(root / "baseline" / "checkpoints"))))
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(root / "fit" / "checkpoints")))
     before = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(root / "baseline" / "checkpoints")))
