@@ -3,7 +3,6 @@ documents only, the next-token loss against numpy, training the baseline, RETRO 
 import hashlib
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 from realm_tf import cli
