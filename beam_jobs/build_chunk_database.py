@@ -340,19 +340,13 @@ def build_chunk_database(cfg: config_lib.ExperimentConfig, blocks: str | None = 
                                             where=f" (chunk keys kept in {keys_dir})")  # [num_chunks, hidden]
     del ids, vectors
     index = index_kinds.build_index(cfg.index.kind, cfg.index, keys)
-    versions = index_publisher.complete_versions(index_dir)
-    version = versions[-1] + 1 if versions else 0
-    path = index_publisher.publish(index_dir, version, keys, index, {
-        "vocab_hash": vocab_hash, "export_step": version, "chunks_dir": chunks_dir,
+    version, path = index_publisher.publish_next(index_dir, keys, index, {
+        "vocab_hash": vocab_hash, "chunks_dir": chunks_dir,
         "embedder_checkpoint": cfg.retro.embedder_checkpoint or cfg.model.init_checkpoint,
         "chunk_length": cfg.retro.chunk_length, "continuation_length": cfg.retro.continuation_length,
         "keys": "unit-norm mean of the chunk tokens' BERT states; inner product ranks as L2 between keys",
     }, cfg.index.keep_versions)
-    job_support.delete_matching([filesystems.FileSystems.join(keys_dir, "*")])
-    try:
-        filesystems.FileSystems.delete([keys_dir])
-    except Exception:  # pylint: disable=broad-except  # object stores have no directories to delete
-        pass
+    job_support.remove_scratch_directory(keys_dir)
     index_seconds = time.time() - start
 
     manifest = {

@@ -261,20 +261,14 @@ def build_knn_datastore(cfg: config_lib.ExperimentConfig, model_dir: str | None 
     augmented = knn_datastore.augment_keys(keys)  # [N, width + 1]
     del keys
     index = index_kinds.build_index(cfg.index.kind, cfg.index, augmented)
-    versions = index_publisher.complete_versions(knn_dir)
-    version = versions[-1] + 1 if versions else 0
     from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
 
-    path = index_publisher.publish(knn_dir, version, augmented, index, {
-        "vocab_hash": bert_tokenizer.vocab_hash(cfg.model.vocab_file), "export_step": version,
+    version, path = index_publisher.publish_next(knn_dir, augmented, index, {
+        "vocab_hash": bert_tokenizer.vocab_hash(cfg.model.vocab_file),
         "model_dir": model_dir, "chunks_dir": cfg.retro.chunks_dir,
         "keys": "[k, -|k|^2/2] of the decoder's final FFW input (after LayerNorm); queries [q, 1]",
     }, cfg.index.keep_versions, arrays={knn_datastore.VALUES_NPY: values})
-    job_support.delete_matching([filesystems.FileSystems.join(entries_dir, "*")])
-    try:
-        filesystems.FileSystems.delete([entries_dir])
-    except Exception:  # pylint: disable=broad-except  # object stores have no directories to delete
-        pass
+    job_support.remove_scratch_directory(entries_dir)
     manifest = {
         "job": JOB.name, "model_dir": model_dir, "chunks_dir": cfg.retro.chunks_dir, "num_entries": len(values),
         "width": cfg.retro.decoder_width, "counts": counts, "index_version": version, "index_path": path,

@@ -179,6 +179,15 @@ def delete_matching(patterns: Sequence[str]) -> None:
         filesystems.FileSystems.delete(paths)
 
 
+def remove_scratch_directory(directory: str) -> None:
+    """Deletes a job's scratch directory (its files, then itself; object stores have no directory to delete)."""
+    delete_matching([filesystems.FileSystems.join(directory, "*")])
+    try:
+        filesystems.FileSystems.delete([directory])
+    except Exception:  # pylint: disable=broad-except  # object stores have no directories to delete
+        pass
+
+
 class Progress:
     """``<job> [<stage>, pid P] N/T <unit> (P%), R <unit>/s, ETA Ss, <extra>`` on stderr, at most every
     ``interval`` seconds (0: never). One per DoFn instance (built in ``setup``), flushed at bundle ends."""

@@ -27,7 +27,7 @@ import os
 import subprocess
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -36,18 +36,14 @@ import numpy as np  # noqa: E402
 
 from realm_tf import config as config_lib  # noqa: E402
 from realm_tf.index import index_publisher  # noqa: E402
+
+import stages  # noqa: E402  (benchmarks/)
 from realm_tf.serving import answerer  # noqa: E402
 from realm_tf.tasks import open_qa  # noqa: E402
 
 ROWS = ("exact_match", "f1", "regex_match", "reader_oracle", "accuracy@1", "accuracy@5", "accuracy@20",
         "accuracy@100")
 WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0)
-
-
-def cli(args: list[str]) -> None:
-    """Runs one ``realm-tf`` command in a child process (its own TensorFlow runtime, like a user would)."""
-    print("$ realm-tf " + " ".join(args), flush=True)
-    subprocess.run([sys.executable, "-m", "realm_tf.cli", *args], check=True)
 
 
 def evaluate(args: list[str], metrics_path: str) -> dict[str, Any]:
@@ -125,40 +121,29 @@ def main() -> int:
     cfg = config_lib.load_config(args.config, overrides)
     sets = ["--config", args.config, *sum((["--set", o] for o in overrides), [])]
     os.makedirs(out, exist_ok=True)
-    state_path = os.path.join(out, "stages.json")
-    state: dict[str, Any] = json.load(open(state_path, encoding="utf-8")) if os.path.exists(state_path) else {}
     print(f"config: projection_init {cfg.model.projection_init}, reader {cfg.reader.steps} steps / "
           f"{cfg.reader.max_minutes} min at batch 8, finetune {cfg.finetune.steps} steps / "
           f"{cfg.finetune.max_minutes} min at batch {cfg.data.batch_size}, beam {cfg.model.reader_beam_size}, "
           f"lengths question/reader {cfg.qa.question_seq_length}/{cfg.model.reader_seq_length}, length buckets "
           f"{cfg.model.reader_length_buckets}, os.cpu_count {os.cpu_count()}", flush=True)
 
-    def stage(name: str, fn: Callable[[], Any]) -> Any:
-        if name in state:
-            print(f"== {name}: done before ({state[name]['minutes']:.1f} min), skipped", flush=True)
-            return state[name].get("result")
-        print(f"== {name}", flush=True)
-        start = time.time()
-        result = fn()
-        state[name] = {"minutes": (time.time() - start) / 60, "result": result}
-        config_lib.atomic_write_text(state_path, json.dumps(state, indent=2) + "\n")
-        return result
+    stage = stages.Stages(out)
 
     def index() -> None:  # each step skipped when its output is there (e.g. built by hand with these commands)
         if not os.path.exists(f"{out}/retriever_init/projection.json"):
-            cli(["init-retriever", *sets, "--out", f"{out}/retriever_init"])
+            stages.cli(["init-retriever", *sets, "--out", f"{out}/retriever_init"])
         if not index_publisher.complete_versions(cfg.index.index_dir):
-            cli(["export-retriever", *sets, "--model_dir", f"{out}/retriever_init", "--step", "0"])
-            cli(["embed-blocks", *sets])
+            stages.cli(["export-retriever", *sets, "--model_dir", f"{out}/retriever_init", "--step", "0"])
+            stages.cli(["embed-blocks", *sets])
 
     if not os.path.exists(os.path.join(args.blocks, "manifest.json")):  # a new machine: the corpus first
-        cli(["preprocess", "--config", args.config, "--input", cfg.data.corpus_pattern, "--output", args.blocks])
+        stages.cli(["preprocess", "--config", args.config, "--input", cfg.data.corpus_pattern, "--output", args.blocks])
     # The warm start starts from the import (not from its own output) and reads batches of 8 questions.
     reader_overrides = [o for o in overrides if not o.startswith(("data.batch_size=", "qa.reader_checkpoint="))]
     reader_sets = ["--config", args.config, *sum((["--set", o] for o in reader_overrides), [])]
-    stage("reader", lambda: cli(["train-reader", *reader_sets, "--set", "data.batch_size=8"]))
+    stage("reader", lambda: stages.cli(["train-reader", *reader_sets, "--set", "data.batch_size=8"]))
     stage("index", index)
-    stage("finetune", lambda: cli(["finetune", *sets, "--train", args.questions]))
+    stage("finetune", lambda: stages.cli(["finetune", *sets, "--train", args.questions]))
 
     def tune() -> dict[str, Any]:
         metrics = evaluate([*sets, "--questions", args.questions, "--split", "tune", "--score-weights",
@@ -187,14 +172,15 @@ def main() -> int:
     results = dict(stage("dev", dev))
     # BM25 + the same reader last: the dense figures do not wait for its fine-tuning.
     bm25_sets = [*sets, "--set", f"finetune.model_dir={out}/finetune_bm25"]
-    stage("finetune_bm25", lambda: cli(["finetune", *bm25_sets, "--train", args.questions, "--retriever", "bm25"]))
+    stage("finetune_bm25", lambda: stages.cli(["finetune", *bm25_sets, "--train", args.questions,
+                                               "--retriever", "bm25"]))
     results["bm25"] = stage("dev_bm25", lambda: evaluate(
         [*bm25_sets, "--questions", args.questions, "--split", "dev", "--retriever", "bm25", "--predictions",
          f"{out}/predictions-dev-bm25.jsonl"], f"{out}/metrics-dev-bm25.json"))
 
     def serve() -> dict[str, Any]:
         export = os.path.join(out, "serving", str(int(time.time())))
-        cli(["export", *sets, *weight, "--out", export])
+        stages.cli(["export", *sets, *weight, "--out", export])
         dev_questions = open_qa.select_split(open_qa.read_questions(args.questions), "dev", cfg.data)
         latencies = measure_latency(export, [e.question for e in dev_questions], args.latency_questions)
         return {"export": export, "latency": format_latency(latencies)}
@@ -213,7 +199,7 @@ def main() -> int:
     for name, path in (("dense", f"{out}/predictions-dev.jsonl"), ("bm25", f"{out}/predictions-dev-bm25.jsonl")):
         print(f"first 50 dev errors ({name}): {error_categories(path)}")
     print(served["latency"])
-    print("stage minutes: " + ", ".join(f"{k} {v['minutes']:.1f}" for k, v in state.items()))
+    print("stage minutes: " + stage.minutes())
     return 0
 
 

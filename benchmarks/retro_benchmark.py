@@ -26,10 +26,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -40,19 +39,12 @@ from realm_tf import config as config_lib  # noqa: E402
 from realm_tf.index import index_publisher  # noqa: E402
 
 import scalar_windows  # noqa: E402  (benchmarks/)
+import stages  # noqa: E402  (benchmarks/)
 
 ALPHAS = ("0", "0.125", "0.25", "0.5", "1")
 PROMPTS = ("The Eiffel Tower is a wrought-iron lattice tower in Paris. It was designed by",
            "The 2008 Summer Olympics were held in Beijing, China. The games",
            "Photosynthesis is the process by which plants")
-
-
-def cli(args: list[str], capture: bool = False) -> str:
-    """Runs one ``realm-tf`` command in a child process (its own TensorFlow runtime, like a user would)."""
-    print("$ realm-tf " + " ".join(args), flush=True)
-    done = subprocess.run([sys.executable, "-m", "realm_tf.cli", *args], check=True, text=True,
-                          stdout=subprocess.PIPE if capture else None)
-    return done.stdout if capture else ""
 
 
 def disk_bytes(path: str) -> int:
@@ -126,8 +118,6 @@ def main() -> int:
                  *args.overrides]
     cfg = config_lib.load_config(args.config, overrides)
     sets = ["--config", args.config, *sum((["--set", o] for o in overrides), [])]
-    state_path = os.path.join(out, "stages.json")
-    state: dict[str, Any] = json.load(open(state_path, encoding="utf-8")) if os.path.exists(state_path) else {}
     retro = cfg.retro
     tokens_per_step = cfg.data.batch_size * retro.sequence_length
     print(f"config: decoder {retro.decoder_layers} layers x {retro.decoder_width} ({retro.decoder_heads} heads, "
@@ -136,23 +126,14 @@ def main() -> int:
           f"{args.steps} steps (fit {args.fit_steps}), lr {cfg.retro_trainer.learning_rate}, os.cpu_count "
           f"{os.cpu_count()}", flush=True)
 
-    def stage(name: str, fn: Callable[[], Any]) -> Any:
-        if name in state:
-            print(f"== {name}: done before ({state[name]['minutes']:.1f} min), skipped", flush=True)
-            return state[name].get("result")
-        print(f"== {name}", flush=True)
-        start = time.time()
-        result = fn()
-        state[name] = {"minutes": (time.time() - start) / 60, "result": result}
-        config_lib.atomic_write_text(state_path, json.dumps(state, indent=2) + "\n")
-        return result
+    stage = stages.Stages(out)
 
     def database() -> dict[str, Any]:
         manifest_path = os.path.join(retro.chunks_dir, "manifest.json")
         if not os.path.exists(manifest_path):
             if not os.path.exists(os.path.join(cfg.data.blocks_dir, "manifest.json")):
-                cli(["preprocess", *sets, "--input", cfg.data.corpus_pattern, "--output", cfg.data.blocks_dir])
-            cli(["build-chunk-database", *sets])
+                stages.cli(["preprocess", *sets, "--input", cfg.data.corpus_pattern, "--output", cfg.data.blocks_dir])
+            stages.cli(["build-chunk-database", *sets])
         manifest = json.load(open(manifest_path, encoding="utf-8"))
         index_path = index_publisher.version_dir(retro.index_dir, manifest["index_version"])
         return {"chunks": manifest["num_chunks"], "documents": manifest["counts"].get("documents"),
@@ -164,7 +145,7 @@ def main() -> int:
     def train(name: str, extra: list[str]) -> dict[str, Any]:
         model_dir = f"{out}/{name}"
         started = time.time()
-        cli(["train-retro", *sets, "--set", f"retro_trainer.model_dir={model_dir}", *extra])
+        stages.cli(["train-retro", *sets, "--set", f"retro_trainer.model_dir={model_dir}", *extra])
         return {"model_dir": model_dir, "wall_seconds": time.time() - started, **training_scalars(model_dir)}
 
     runs = {"baseline": stage("baseline", lambda: train("baseline", ["--baseline"])),
@@ -172,10 +153,10 @@ def main() -> int:
             "retro_fit": stage("retro_fit", lambda: train("retro_fit", [
                 "--set", f"retro.retro_fit_from={out}/baseline", "--set", f"retro_trainer.steps={args.fit_steps}",
                 "--set", f"retro_trainer.warmup_steps={max(args.fit_steps // 10, 1)}"]))}
-    stage("knn_datastore", lambda: cli(["build-knn-datastore", *sets, "--model_dir", f"{out}/baseline"]))
+    stage("knn_datastore", lambda: stages.cli(["build-knn-datastore", *sets, "--model_dir", f"{out}/baseline"]))
 
     def evaluate(name: str, model: str, database_name: str, extra: list[str]) -> dict[str, Any]:
-        output = cli(["evaluate-lm", *sets, "--model", f"{out}/{model}", "--split", "test", "--database",
+        output = stages.cli(["evaluate-lm", *sets, "--model", f"{out}/{model}", "--split", "test", "--database",
                       database_name, *extra], capture=True)
         print(output, flush=True)
         result = json.loads(output.strip().splitlines()[-1])
@@ -199,19 +180,19 @@ def main() -> int:
             f"eval_retro_fit{suffix}", lambda d=database_name: evaluate(f"retro_fit-{d}", "retro_fit", d, []))["bpb"]
 
     latency = stage("latency", lambda: measure_latency(cfg, args.latency_chunks))
-    generated = stage("generate", lambda: cli(
+    generated = stage("generate", lambda: stages.cli(
         ["generate", *sets, "--model", f"{out}/retro", "--max-tokens", "64", "--database", "all",
          *sum((["--prompt", p] for p in PROMPTS), [])], capture=True))
 
-    chunks_of = state["eval_retro"]["result"]["chunks"]
+    chunks_of = stage.result("eval_retro")["chunks"]
     print(f"\n== RETRO / kNN-LM benchmark: bits-per-byte on the {chunks_of['1']} test chunks of held-out "
-          f"documents ({state['eval_retro']['result']['bytes']:,} bytes), by leakage α (chunks with overlap "
+          f"documents ({stage.result('eval_retro')['bytes']:,} bytes), by leakage α (chunks with overlap "
           f"r(C) <= α; counts under each database) ==")
     print(f"{'model (database)':<58}" + "".join(f"{'α<=' + a:>10}" for a in ALPHAS))
     for name, bpb in rows.items():
         print(f"{name:<58}" + "".join(f"{bpb[a]:>10.4f}" for a in ALPHAS))
     for d, key in (("train_only", "eval_retro"), ("all_but_own", "eval_retro_all_but_own")):
-        print(f"{'chunks at α (' + d + ')':<58}" + "".join(f"{state[key]['result']['chunks'][a]:>10}" for a in ALPHAS))
+        print(f"{'chunks at α (' + d + ')':<58}" + "".join(f"{stage.result(key)['chunks'][a]:>10}" for a in ALPHAS))
     for name, run in runs.items():
         print(f"training {name}: {run['tokens_per_second']:.0f} real tokens/s, {run['steps_per_second']:.3f} "
               f"steps/s (TensorBoard means), {run['wall_seconds'] / 60:.1f} min wall; training bpb (last windows) "
@@ -221,10 +202,10 @@ def main() -> int:
           f"index {db['build_seconds']['index']:.0f} s); on disk: chunks {db['chunks_bytes'] / 2**20:.1f} MiB, "
           f"index version {db['index_bytes'] / 2**20:.1f} MiB")
     print("retrieval latency: " + ", ".join(f"{k} {v:.3g}" for k, v in latency.items()))
-    print("kNN-LM datastore: " + f"{state['eval_baseline']['result']['knn_entries']:,} entries, built in "
-          f"{state['knn_datastore']['minutes']:.1f} min")
+    print("kNN-LM datastore: " + f"{stage.result('eval_baseline')['knn_entries']:,} entries, built in "
+          f"{stage.state['knn_datastore']['minutes']:.1f} min")
     print("\n" + generated.strip())
-    print("stage minutes: " + ", ".join(f"{k} {v['minutes']:.1f}" for k, v in state.items()))
+    print("stage minutes: " + stage.minutes())
     return 0
 
 

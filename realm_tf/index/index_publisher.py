@@ -80,6 +80,16 @@ def read_embeddings(path: str) -> np.ndarray:
         return np.load(f, allow_pickle=False)
 
 
+def publish_next(index_dir: str, embeddings: np.ndarray, index: mips_index.MipsIndex, metadata: Mapping[str, Any],
+                 keep_versions: int, arrays: Mapping[str, np.ndarray] | None = None) -> tuple[int, str]:
+    """:func:`publish` as the version after the highest complete one (0 for the first): ``(version, path)``.
+    For indexes with one writer (a database build), whose versions are not trainer steps."""
+    versions = complete_versions(index_dir)
+    version = versions[-1] + 1 if versions else 0
+    return version, publish(index_dir, version, embeddings, index, {"export_step": version, **metadata},
+                            keep_versions, arrays=arrays)
+
+
 def publish(index_dir: str, version: int, embeddings: np.ndarray, index: mips_index.MipsIndex,
             metadata: Mapping[str, Any], keep_versions: int, pause_before_commit: float = 0.0,
             arrays: Mapping[str, np.ndarray] | None = None) -> str:
