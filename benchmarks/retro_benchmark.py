@@ -52,6 +52,16 @@ def disk_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
+def database_facts(manifest_path: str, index_dir: str) -> dict[str, Any]:
+    """Counts, build time (from the chunk database's manifest) and bytes on disk of the database and its index."""
+    with open(manifest_path, encoding="utf-8") as f:
+        manifest = json.load(f)
+    index_path = index_publisher.version_dir(index_dir, manifest["index_version"])
+    return {"chunks": manifest["num_chunks"], "documents": manifest["counts"]["documents_chunked"],
+            "tokens": manifest["counts"]["tokens_chunked"], "build_seconds": manifest["seconds"],
+            "chunks_bytes": disk_bytes(os.path.dirname(manifest_path)), "index_bytes": disk_bytes(index_path)}
+
+
 def training_scalars(model_dir: str) -> dict[str, float]:
     """Means over a finished run of its TensorBoard throughput (past the first window, which includes tracing),
     and its last windows' training bits-per-byte."""
@@ -128,19 +138,17 @@ def main() -> int:
 
     stage = stages.Stages(out)
 
+    manifest_path = os.path.join(retro.chunks_dir, "manifest.json")
+
     def database() -> dict[str, Any]:
-        manifest_path = os.path.join(retro.chunks_dir, "manifest.json")
         if not os.path.exists(manifest_path):
             if not os.path.exists(os.path.join(cfg.data.blocks_dir, "manifest.json")):
                 stages.cli(["preprocess", *sets, "--input", cfg.data.corpus_pattern, "--output", cfg.data.blocks_dir])
             stages.cli(["build-chunk-database", *sets])
-        manifest = json.load(open(manifest_path, encoding="utf-8"))
-        index_path = index_publisher.version_dir(retro.index_dir, manifest["index_version"])
-        return {"chunks": manifest["num_chunks"], "documents": manifest["counts"].get("documents"),
-                "tokens": manifest["counts"].get("tokens"), "build_seconds": manifest["seconds"],
-                "chunks_bytes": disk_bytes(retro.chunks_dir), "index_bytes": disk_bytes(index_path)}
+        return database_facts(manifest_path, retro.index_dir)
 
-    db = stage("database", database)
+    stage("database", database)
+    db = database_facts(manifest_path, retro.index_dir)  # read again: the database may have been built by hand
 
     def train(name: str, extra: list[str]) -> dict[str, Any]:
         model_dir = f"{out}/{name}"
