@@ -41,7 +41,7 @@ from realm_tf.index import index_publisher  # noqa: E402
 import scalar_windows  # noqa: E402  (benchmarks/)
 import stages  # noqa: E402  (benchmarks/)
 
-ALPHAS = ("0", "0.125", "0.25", "0.5", "1")
+ALPHAS = ("0.0", "0.125", "0.25", "0.5", "1.0")  # the keys of evaluate-lm's JSON (α <= these)
 PROMPTS = ("The Eiffel Tower is a wrought-iron lattice tower in Paris. It was designed by",
            "The 2008 Summer Olympics were held in Beijing, China. The games",
            "Photosynthesis is the process by which plants")
@@ -193,12 +193,12 @@ def main() -> int:
          *sum((["--prompt", p] for p in PROMPTS), [])], capture=True))
 
     chunks_of = stage.result("eval_retro")["chunks"]
-    print(f"\n== RETRO / kNN-LM benchmark: bits-per-byte on the {chunks_of['1']} test chunks of held-out "
+    print(f"\n== RETRO / kNN-LM benchmark: bits-per-byte on the {chunks_of['1.0']} test chunks of held-out "
           f"documents ({stage.result('eval_retro')['bytes']:,} bytes), by leakage α (chunks with overlap "
           f"r(C) <= α; counts under each database) ==")
     print(f"{'model (database)':<58}" + "".join(f"{'α<=' + a:>10}" for a in ALPHAS))
     for name, bpb in rows.items():
-        print(f"{name:<58}" + "".join(f"{bpb[a]:>10.4f}" for a in ALPHAS))
+        print(f"{name:<58}" + "".join(f"{bpb[a]:>10.4f}" if bpb[a] == bpb[a] else f"{'-':>10}" for a in ALPHAS))
     for d, key in (("train_only", "eval_retro"), ("all_but_own", "eval_retro_all_but_own")):
         print(f"{'chunks at α (' + d + ')':<58}" + "".join(f"{stage.result(key)['chunks'][a]:>10}" for a in ALPHAS))
     for name, run in runs.items():
