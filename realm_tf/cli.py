@@ -145,18 +145,16 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
 def _cmd_export_retro(args: argparse.Namespace) -> int:
     """Exports a trained RETRO / baseline decoder as a SavedModel (scoring and generation, retrieval in-graph)."""
-    import tensorflow as tf
-
     from realm_tf.serving import retro_export
     from realm_tf.tasks import lm_evaluation
     from realm_tf.tasks import retro_lm
 
     cfg = _load(args)
+    out = retro_export.check_destination(args.out)  # before the model and database are read
     model_dir = args.model or cfg.retro_trainer.model_dir
     task = retro_lm.RetroLmTask(cfg, retrieval=not args.baseline)
     model = lm_evaluation.restore_decoder(task, model_dir)
-    checkpoint = tf.train.latest_checkpoint(f"{model_dir}/checkpoints") or tf.train.latest_checkpoint(model_dir)
-    out = retro_export.check_destination(args.out)
+    checkpoint = retro_lm.latest_checkpoint(model_dir)
     module = retro_export.RetroExportModule(
         cfg, model, task.tokenizer, **({"store": task.store, "embedder": task.retriever.embedder,
                                         "keys": task.retriever.keys, "scann_dir": task.chunk_searcher_dir()}

@@ -55,7 +55,7 @@ class TokenScores:
 
 def restore_decoder(task: retro_lm.RetroLmTask, model_dir: str) -> tf_keras.Model:
     """The task's decoder with the newest checkpoint of ``model_dir`` (a ``train-retro`` run)."""
-    checkpoint = tf.train.latest_checkpoint(f"{model_dir}/checkpoints") or tf.train.latest_checkpoint(model_dir)
+    checkpoint = retro_lm.latest_checkpoint(model_dir)
     if checkpoint is None:
         raise errors.UserError(f"{model_dir}: no checkpoint of a trained decoder (run `realm-tf train-retro`)")
     cfg = task.cfg

@@ -43,6 +43,11 @@ DATABASES = ("train_only", "all_but_own")
 RETRO_FIT_VARIABLES = ("cca", "neighbour_encoder")
 
 
+def latest_checkpoint(model_dir: str) -> str | None:
+    """The newest checkpoint of a ``train-retro`` run (``<model_dir>/checkpoints``), or of ``model_dir`` itself."""
+    return tf.train.latest_checkpoint(f"{model_dir}/checkpoints") or tf.train.latest_checkpoint(model_dir)
+
+
 class RetroLmTask(base_task.Task):
     """The decoder, its input pipeline with neighbours, loss and metrics (trainer section ``retro_trainer``).
 
@@ -120,8 +125,11 @@ class RetroLmTask(base_task.Task):
 
     def documents(self, split: str) -> list[tuple[str, np.ndarray]]:
         """``(doc_id, int32 token stream)`` of the documents of ``split`` (``retro_sequences.SPLITS``)."""
-        return [(doc_id, np.concatenate([self.store.tokens(c) for c in ids]))
-                for doc_id, ids in self.document_chunks(split)]
+        return [(doc_id, self._stream(ids)) for doc_id, ids in self.document_chunks(split)]
+
+    def _stream(self, chunk_ids: np.ndarray) -> np.ndarray:
+        """int32 ``[T]``: the tokens of ``chunk_ids`` (a document's chunks, in order), one after the other."""
+        return np.concatenate([self.store.tokens(c) for c in chunk_ids])
 
     def neighbour_table(self, split: str, database: str = "train_only", exclude_own_document: bool = True,
                         count: int | None = None) -> np.ndarray:
@@ -154,7 +162,7 @@ class RetroLmTask(base_task.Task):
         table = self.neighbour_table(split, database, exclude_own_document) if self.retrieval and with_neighbours \
             else None
         for doc_id, chunk_ids in self.document_chunks(split):
-            stream = np.concatenate([self.store.tokens(c) for c in chunk_ids])
+            stream = self._stream(chunk_ids)
             ids, mask = retro_sequences.document_sequences(stream, retro.sequence_length, pad)  # [S, n] each
             padded = np.full([ids.shape[0] * per_sequence], -1, np.int64)
             padded[:chunk_ids.size] = chunk_ids
@@ -223,7 +231,7 @@ class RetroLmTask(base_task.Task):
         if source:
             if not self.retrieval:
                 raise errors.UserError("retro.retro_fit_from fits RETRO layers onto a baseline: train with retrieval")
-            checkpoint = tf.train.latest_checkpoint(f"{source}/checkpoints") or tf.train.latest_checkpoint(source)
+            checkpoint = latest_checkpoint(source)
             if checkpoint is None:
                 raise errors.UserError(f"retro.retro_fit_from={source}: no checkpoint of a baseline decoder there")
             status = tf.train.Checkpoint(model=model).read(checkpoint)
