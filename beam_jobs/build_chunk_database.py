@@ -228,37 +228,49 @@ def _outcome(key: np.ndarray) -> tuple[np.ndarray | None, str | None]:
     return key, None
 
 
-def _split_keys(keyed: tuple[int, tuple[np.ndarray | None, str | None]]) -> Iterator[Any]:
-    chunk_id, (key, error) = keyed
-    if error is not None:
-        job_support.count(NAMESPACE, KEY_FAILURES)
-        yield beam.pvalue.TaggedOutput("failures", {"block_id": chunk_id, "error": error})
-        return
-    job_support.count(NAMESPACE, KEYS)
-    yield chunk_id, key
+class _SplitKeysFn(job_support.ReportingDoFn):
+    """``(chunk_id, (key, error))`` -> ``(chunk_id, key)`` | ``failures``; counters and progress lines."""
+
+    def __init__(self, progress_interval: float) -> None:
+        super().__init__("build_chunk_database", "chunks embedded", None, progress_interval)
+
+    def process(self, keyed: tuple[int, tuple[np.ndarray | None, str | None]]) -> Iterator[Any]:
+        chunk_id, (key, error) = keyed
+        assert self.progress is not None
+        if error is not None:
+            job_support.count(NAMESPACE, KEY_FAILURES)
+            self.progress.update(1, failed=1)
+            yield beam.pvalue.TaggedOutput("failures", {"block_id": chunk_id, "error": error})
+            return
+        job_support.count(NAMESPACE, KEYS)
+        self.progress.update(1)
+        yield chunk_id, key
 
 
 class EmbedChunks(beam.PTransform):
     """PCollection[(chunk_id, Chunk)] -> ``{"keys": PCollection[(chunk_id, float32[hidden])], "failures"}``."""
 
-    def __init__(self, cfg: config_lib.ExperimentConfig) -> None:
+    def __init__(self, cfg: config_lib.ExperimentConfig, progress_interval: float = 0.0) -> None:
         super().__init__()
         self._cfg = cfg
+        self._progress_interval = progress_interval
 
     def expand(self, chunks: beam.PCollection) -> dict[str, beam.PCollection]:
         handler = inference_base.KeyedModelHandler(ChunkKeyModelHandler(self._cfg))
         outcomes = (chunks
                     | "Tokens" >> beam.MapTuple(lambda chunk_id, chunk: (chunk_id, chunk.tokens))
                     | "RunInference" >> inference_base.RunInference(handler)
-                    | "SplitFailures" >> beam.FlatMap(_split_keys).with_outputs("failures", main="keys"))
+                    | "SplitFailures" >> beam.ParDo(_SplitKeysFn(self._progress_interval)).with_outputs(
+                        "failures", main="keys"))
         return {"keys": outcomes["keys"], "failures": outcomes["failures"]}
 
 
 # ---- the job ----------------------------------------------------------------------------------------------
 
 def build_pipeline(pipeline: beam.Pipeline, cfg: config_lib.ExperimentConfig, blocks: str, keys_dir: str,
-                   num_shards: int = 0) -> None:
-    """Adds the whole job but the index to ``pipeline``: chunks, dead letters and key shards."""
+                   num_shards: int = 0, progress_interval: float = 0.0) -> None:
+    """Adds the whole job but the index to ``pipeline``: chunks, dead letters and key shards (progress lines
+    on stderr every ``progress_interval`` seconds while chunks are embedded; 0: none)."""
     chunks_dir = cfg.retro.chunks_dir
     chunked = (pipeline
                | "ReadBlocks" >> beam.io.ReadFromTFRecord(blocks)
@@ -267,7 +279,7 @@ def build_pipeline(pipeline: beam.Pipeline, cfg: config_lib.ExperimentConfig, bl
          | "SerializeChunks" >> beam.Map(retro_chunks.chunk_to_example)
          | "WriteChunks" >> beam.io.WriteToTFRecord(filesystems.FileSystems.join(chunks_dir, CHUNKS_PREFIX),
                                                     file_name_suffix=".tfrecord", num_shards=num_shards))
-    keys = chunked["chunks"] | "EmbedChunks" >> EmbedChunks(cfg)
+    keys = chunked["chunks"] | "EmbedChunks" >> EmbedChunks(cfg, progress_interval)
     _ = (keys["keys"]
          | "SerializeKeys" >> beam.Map(embedding_matrix.to_embedding_record)
          | "WriteKeys" >> beam.io.WriteToTFRecord(filesystems.FileSystems.join(keys_dir, KEYS_PREFIX),
@@ -300,13 +312,15 @@ def check_counts(counts: dict[str, int]) -> None:
 
 
 def build_chunk_database(cfg: config_lib.ExperimentConfig, blocks: str | None = None,
-                         beam_args: Sequence[str] = (), num_shards: int = 0) -> dict[str, Any]:
+                         beam_args: Sequence[str] = (), num_shards: int = 0,
+                         progress_interval: float | None = None) -> dict[str, Any]:
     """Builds ``retro.chunks_dir`` and publishes a new version of ``retro.index_dir``; returns the manifest.
 
     Args:
       cfg: the experiment (``retro.*``, ``model.encoder`` and ``model.vocab_file`` of the frozen BERT, ``index.*``).
       blocks: block TFRecords (default ``<data.blocks_dir>/blocks-*.tfrecord*``).
       beam_args: standard Beam pipeline options (``--runner``, ...).
+      progress_interval: seconds between progress lines (default: 10 on the DirectRunner, none elsewhere).
     """
     from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
 
@@ -322,8 +336,10 @@ def build_chunk_database(cfg: config_lib.ExperimentConfig, blocks: str | None = 
     keys_dir = filesystems.FileSystems.join(chunks_dir, f".{KEYS_PREFIX}-{uuid.uuid4().hex[:8]}")
     logger.info("build_chunk_database: %s -> chunks of %d tokens (+%d continuation) in %s, index in %s", blocks,
                 cfg.retro.chunk_length, cfg.retro.continuation_length, chunks_dir, index_dir)
-    pipeline = beam.Pipeline(options=job_support.pipeline_options_for(beam_args))
-    build_pipeline(pipeline, cfg, blocks, keys_dir, num_shards)
+    options = job_support.pipeline_options_for(beam_args)
+    pipeline = beam.Pipeline(options=options)
+    build_pipeline(pipeline, cfg, blocks, keys_dir, num_shards,
+                   job_support.progress_interval_for(progress_interval, options))
     result = pipeline.run()
     result.wait_until_finish()
     counts = job_support.read_counters(result, NAMESPACE)
@@ -395,7 +411,7 @@ class BuildChunkDatabaseJob(job_support.BeamJob):
         cfg = config_lib.load_config(args.config, args.overrides)
         if cfg.retro.embed_batch_size < 1:
             raise errors.UserError(f"retro.embed_batch_size={cfg.retro.embed_batch_size}: must be >= 1")
-        return build_chunk_database(cfg, args.blocks, beam_args, args.num_shards)
+        return build_chunk_database(cfg, args.blocks, beam_args, args.num_shards, args.progress_interval)
 
 
 JOB = BuildChunkDatabaseJob()

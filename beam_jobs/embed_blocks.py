@@ -191,32 +191,23 @@ class _ParseBlockFn(beam.DoFn):
                                    min(length, self._block_seq_length))
 
 
-class _SplitOutcomesFn(beam.DoFn):
+class _SplitOutcomesFn(job_support.ReportingDoFn):
     """``(block_id, BlockEmbedding)`` -> ``(block_id, float32[dim])`` | ``failures``; counters + progress."""
 
     def __init__(self, progress_total: int | None, progress_interval: float) -> None:
-        super().__init__()
-        self._progress_args = (progress_total, progress_interval)
-        self._progress: job_support.Progress | None = None
-
-    def setup(self) -> None:
-        self._progress = job_support.Progress("embed_blocks", "blocks", *self._progress_args)
+        super().__init__("embed_blocks", "blocks", progress_total, progress_interval)
 
     def process(self, keyed: tuple[int, BlockEmbedding]) -> Iterator[Any]:
         block_id, outcome = keyed
-        assert self._progress is not None
+        assert self.progress is not None
         if outcome.error is not None:
             job_support.count(NAMESPACE, BLOCKS_FAILED)
-            self._progress.update(1, failed=1)
+            self.progress.update(1, failed=1)
             yield beam.pvalue.TaggedOutput(_FAILURES, {"block_id": block_id, "error": outcome.error})
             return
         job_support.count(NAMESPACE, BLOCKS_EMBEDDED)
-        self._progress.update(1)
+        self.progress.update(1)
         yield block_id, outcome.embedding
-
-    def finish_bundle(self) -> None:
-        if self._progress is not None:
-            self._progress.flush()
 
 
 def _wordpieces(keyed: tuple[int, BlockInput]) -> int:
@@ -328,8 +319,7 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
     job_support.delete_matching([embeddings_pattern, failures_pattern])  # a rerun into the same embeddings_dir
 
     options = job_support.pipeline_options_for(beam_args)
-    interval = progress_interval if progress_interval is not None else (
-        10.0 if job_support.is_direct_runner(options) else 0.0)
+    interval = job_support.progress_interval_for(progress_interval, options)
     logger.info("embed_blocks: export %s (step %d, dim %d) over %s%s -> %s", export_path, version,
                 export["embedding_dim"], blocks,
                 f" ({expected_blocks:,} blocks)" if expected_blocks is not None else "", index_dir)

@@ -88,8 +88,7 @@ def add_embed_blocks_args(parser: argparse.ArgumentParser) -> None:
                         help="length: batch blocks of similar wordpiece length (less padding); "
                              "arrival: RunInference's own BatchElements in input order")
     parser.add_argument("--num_shards", type=int, default=0, help="embedding shards (0: let the runner decide)")
-    parser.add_argument("--progress_interval", type=float, default=None, metavar="SECONDS",
-                        help="progress lines every SECONDS (default: 10 on the DirectRunner, off elsewhere)")
+    add_progress_interval_arg(parser)
     parser.add_argument("--pause_before_commit", type=float, default=0.0, metavar="SECONDS",
                         help="fault-injection tests: sleep with the new index version staged, before committing it")
 
@@ -100,6 +99,7 @@ def add_chunk_database_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--blocks", default=None, metavar="PATTERN",
                         help="block TFRecords (default: <data.blocks_dir>/blocks-*.tfrecord*)")
     parser.add_argument("--num_shards", type=int, default=0, help="output shards (0: let the runner decide)")
+    add_progress_interval_arg(parser)
 
 
 def add_knn_datastore_args(parser: argparse.ArgumentParser) -> None:
@@ -109,6 +109,13 @@ def add_knn_datastore_args(parser: argparse.ArgumentParser) -> None:
                         help="the trained decoder whose hidden states are the keys (default: retro_trainer.model_dir; "
                              "kNN-LM uses the baseline: train-retro --baseline)")
     parser.add_argument("--batch_size", type=int, default=8, help="sequences per decoder call")
+    add_progress_interval_arg(parser)
+
+
+def add_progress_interval_arg(parser: argparse.ArgumentParser) -> None:
+    """``--progress_interval`` of the jobs whose progress lines are on by default only on the DirectRunner."""
+    parser.add_argument("--progress_interval", type=float, default=None, metavar="SECONDS",
+                        help="progress lines every SECONDS (default: 10 on the DirectRunner, off elsewhere)")
 
 
 def pass_unknown_through(parser: argparse.ArgumentParser) -> None:

@@ -188,6 +188,14 @@ def remove_scratch_directory(directory: str) -> None:
         pass
 
 
+def progress_interval_for(interval: float | None, options: Any) -> float:
+    """Seconds between progress lines: ``interval`` if given, else 10 on the DirectRunner (a terminal is
+    watching) and 0 (none) on distributed runners, whose workers' stderr nobody reads."""
+    if interval is not None:
+        return interval
+    return 10.0 if is_direct_runner(options) else 0.0
+
+
 class Progress:
     """``<job> [<stage>, pid P] N/T <unit> (P%), R <unit>/s, ETA Ss, <extra>`` on stderr, at most every
     ``interval`` seconds (0: never). One per DoFn instance (built in ``setup``), flushed at bundle ends."""
@@ -370,3 +378,21 @@ def _number(keyed: tuple[int, Iterable[Any]], key: Callable[[Any], str], items: 
         for item in items(group):
             yield next_id, item
             next_id += 1
+
+
+class ReportingDoFn(beam.DoFn):
+    """Base of the DoFns that report progress: a :class:`Progress` per DoFn instance, built in ``setup`` and
+    flushed at every bundle's end; subclasses call ``self.progress.update``."""
+
+    def __init__(self, job: str, unit: str, total: int | None, interval: float, stage: str = "") -> None:
+        super().__init__()
+        self._progress_args = (job, unit, total, interval)
+        self._stage = stage
+        self.progress: Progress | None = None
+
+    def setup(self) -> None:
+        self.progress = Progress(*self._progress_args, stage=self._stage)
+
+    def finish_bundle(self) -> None:
+        if self.progress is not None:
+            self.progress.flush()

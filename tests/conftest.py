@@ -95,6 +95,29 @@ def read_scalars():
     return _read_scalars
 
 
+@pytest.fixture(scope="session")
+def progress_totals():
+    """``totals(stderr, job) -> {unit: count}``: what a Beam job's progress lines (``job_support.Progress``)
+    last reported, summed over the DoFn instances (pids); the main unit under "done"."""
+    return _progress_totals
+
+
+def _progress_totals(stderr, job):
+    import re
+
+    last = {}
+    for line in stderr.splitlines():
+        found = re.match(rf"{job} \[(?:[^\]]*, )?pid (\d+)\] ([\d,]+)[ /].*?/s(.*)$", line)
+        if found:
+            extra = dict((m[1], int(m[0].replace(",", ""))) for m in re.findall(r", ([\d,]+) (\w+)", found[3]))
+            last[found[1]] = {"done": int(found[2].replace(",", "")), **extra}
+    totals = {}
+    for counts in last.values():
+        for key, value in counts.items():
+            totals[key] = totals.get(key, 0) + value
+    return totals
+
+
 def _read_scalars(logdir):
     import glob
 

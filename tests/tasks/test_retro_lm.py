@@ -1,6 +1,7 @@
 """RETRO language modelling on the tiny workspace: the chunk database, sequences with neighbours from other
 documents only, the next-token loss against numpy, training the baseline, RETRO and a RETRO-fit."""
 import hashlib
+import json
 
 import numpy as np
 import tensorflow as tf
@@ -107,7 +108,7 @@ def _numpy_bits_per_byte(task, model, split, neighbours):
     return nll / (np.log(2) * num_bytes)
 
 
-def test_evaluate_lm_and_knn_datastore_match_numpy(trained, capsys):
+def test_evaluate_lm_and_knn_datastore_match_numpy(trained, capsys, progress_totals):
     from realm_tf.index import knn_datastore
     from realm_tf.tasks import lm_evaluation
 
@@ -124,9 +125,13 @@ def test_evaluate_lm_and_knn_datastore_match_numpy(trained, capsys):
         assert result["chunks"]["0.0"] <= result["chunks"]["0.5"] <= result["chunks"]["1.0"]
 
     # kNN-LM's datastore: one entry per real target of the training sequences, in sequence-key order
+    capsys.readouterr()
     assert cli.main(["build-knn-datastore", "--config", TINY, "--model_dir", str(root / "baseline"),
-                     *sum((["--set", s] for s in fit), [])]) == 0
+                     "--progress_interval", "1e-9", *sum((["--set", s] for s in fit), [])]) == 0
     store = knn_datastore.KnnDatastore.load(str(root / "knn"), "brute_force")
+    manifest = json.loads((root / "knn" / "manifest.json").read_text())
+    assert progress_totals(capsys.readouterr().err, "build_knn_datastore") == {
+        "done": manifest["counts"]["sequences"], "entries": len(store.values)}  # progress lines add up
     base_task = retro_lm.RetroLmTask(cfg, retrieval=False)
     baseline = lm_evaluation.restore_decoder(base_task, str(root / "baseline"))
     expected_keys, expected_values = [], []
