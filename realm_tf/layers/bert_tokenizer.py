@@ -8,6 +8,7 @@ serving needs TensorFlow and tensorflow_text only.
 from __future__ import annotations
 
 import hashlib
+import types
 import weakref
 from typing import Any, Callable
 
@@ -53,6 +54,30 @@ def _hash(vocab: list[str]) -> str:
     return hashlib.sha1("\n".join(vocab).encode("utf-8")).hexdigest()
 
 
+# Building the FastWordpiece and normaliser models costs about a second of CPU; the tokenizer is a stateless
+# tf.Module over two constant buffers, so every layer over the same vocabulary shares one.
+_FAST_TOKENIZERS: dict[tuple[str, bool], tf_text.FastBertTokenizer] = {}
+
+
+def _fast_bert_tokenizer(vocab: list[str], vocab_sha1: str, lower_case: bool) -> tf_text.FastBertTokenizer:
+    """tensorflow_text's FastBertTokenizer over ``vocab`` (built once per process for each vocabulary)."""
+    key = (vocab_sha1, bool(lower_case))
+    tokenizer = _FAST_TOKENIZERS.get(key)
+    if tokenizer is None:
+        with tf.init_scope():  # eager buffers, even when the first layer is built inside a traced function
+            tokenizer = _FAST_TOKENIZERS[key] = tf_text.FastBertTokenizer(
+                vocab=vocab,
+                suffix_indicator=SUFFIX_INDICATOR,
+                max_bytes_per_word=100,
+                token_out_type=tf.int32,
+                unknown_token="[UNK]",
+                no_pretokenization=False,
+                support_detokenization=True,
+                lower_case_nfd_strip_accents=lower_case,
+            )
+    return tokenizer
+
+
 class BertTokenizer(tf_keras.layers.Layer):
     """WordPiece tokenizer over a BERT vocabulary, with REALM's ``join_BERT`` packing.
 
@@ -65,24 +90,17 @@ class BertTokenizer(tf_keras.layers.Layer):
         super().__init__(**kwargs)
         self._vocab_file = vocab_file
         self._lower_case = lower_case
-        self.vocab = read_vocab(vocab_file)
-        self.vocab_hash = _hash(self.vocab)
-        self._ids = {token: i for i, token in enumerate(self.vocab)}
+        vocab = read_vocab(vocab_file)
+        # Immutable containers: Keras wraps a list or dict attribute to track each of its 30k entries (a second).
+        self.vocab: tuple[str, ...] = tuple(vocab)
+        self.vocab_hash = _hash(vocab)
+        self._ids = types.MappingProxyType({token: i for i, token in enumerate(vocab)})
         self.pad_id = self._ids["[PAD]"]
         self.unk_id = self._ids["[UNK]"]
         self.cls_id = self._ids["[CLS]"]
         self.sep_id = self._ids["[SEP]"]
         self.mask_id = self._ids["[MASK]"]
-        self._tokenizer = tf_text.FastBertTokenizer(
-            vocab=self.vocab,
-            suffix_indicator=SUFFIX_INDICATOR,
-            max_bytes_per_word=100,
-            token_out_type=tf.int32,
-            unknown_token="[UNK]",
-            no_pretokenization=False,
-            support_detokenization=True,
-            lower_case_nfd_strip_accents=lower_case,
-        )
+        self._tokenizer = _fast_bert_tokenizer(vocab, self.vocab_hash, lower_case)
 
     @property
     def vocab_size(self) -> int:
@@ -174,9 +192,12 @@ class BertTokenizer(tf_keras.layers.Layer):
 
 
 def _truncate(ids: tf.RaggedTensor, keep: tf.Tensor) -> tf.RaggedTensor:
-    """Keeps the first ``keep[i]`` ids of row i. ``ids``: [batch, (len)], ``keep``: int32[batch]."""
-    positions = tf.ragged.range(tf.cast(ids.row_lengths(), tf.int32))  # [batch, (len)]
-    return tf.ragged.boolean_mask(ids, positions < tf.expand_dims(keep, 1))
+    """Keeps the first ``keep[i]`` ids of row i (``keep[i] <= len[i]``). ``ids``: [batch, (len)], ``keep``:
+    int32[batch]. A gather of the kept values' positions: two ops, where a ragged boolean mask traces dozens
+    (with validation conditionals) in every graph that packs inputs."""
+    starts = ids.row_starts()  # [batch]
+    kept = tf.ragged.range(starts, starts + tf.cast(keep, starts.dtype))  # [batch, (keep)]: positions in values
+    return kept.with_flat_values(tf.gather(ids.flat_values, kept.flat_values))  # [batch, (keep)]
 
 
 # One traced tokenize_with_offsets per tokenizer, kept outside the layer so SavedModels do not carry it.

@@ -58,6 +58,8 @@ def run_experiment(task: base_task.Task, strategy: tf.distribute.Strategy | None
                 iterators[phase.input_options] = iter(_distributed_inputs(task, strategy, loop.step,
                                                                           dict(phase.input_options)))
             options = dict(phase.options)
+            with strategy.scope():  # the phase's optimizer state before its step is traced (one trace, not two)
+                optimizer_lib.create_slots(optimizer, task.trainable_variables(model, **options))
 
             def step_fn(inputs, options=options):
                 return task.train_step(inputs, model, optimizer, global_step=loop.global_step, **options)

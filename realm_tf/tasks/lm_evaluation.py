@@ -28,6 +28,7 @@ from realm_tf.data import retro_sequences
 from realm_tf.index import knn_datastore
 from realm_tf.tasks import knn_lm
 from realm_tf.tasks import retro_lm
+from realm_tf.tasks import tracing
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +83,6 @@ def score_tokens(task: retro_lm.RetroLmTask, model: tf_keras.Model, split: str, 
     byte_lengths = retro_sequences.token_byte_lengths(task.tokenizer.vocab)
     m = task.cfg.retro.chunk_length
 
-    @tf.function(reduce_retracing=True)
     def forward(features):
         outputs = model(features, training=False)
         log_probs = tf.nn.log_softmax(tf.cast(outputs["logits"], tf.float32), axis=-1)  # [b, n, V]
@@ -90,8 +90,10 @@ def score_tokens(task: retro_lm.RetroLmTask, model: tf_keras.Model, split: str, 
 
     parts: dict[str, list[np.ndarray]] = {k: [] for k in ("chunk_ids", "targets", "log_probs", "bytes", "keys")}
     seen = 0
-    for features, labels in task.dataset(split, exclude_own_document=True, neighbours=neighbours,
-                                         batch_size=batch_size, database=database):
+    dataset = task.dataset(split, exclude_own_document=True, neighbours=neighbours, batch_size=batch_size,
+                           database=database)
+    forward = tracing.trace_once(forward, dataset, arguments=lambda spec: [spec[0]])  # features only
+    for features, labels in dataset:
         log_probs, keys = forward(features)
         targets = labels["targets"].numpy()  # [b, n]
         mask = labels["target_mask"].numpy()  # [b, n]

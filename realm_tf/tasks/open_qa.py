@@ -37,6 +37,7 @@ from realm_tf.models import open_qa_model
 from realm_tf.models import span_reader
 from realm_tf.tasks import base_task
 from realm_tf.tasks import open_qa_loss
+from realm_tf.tasks import tracing
 from realm_tf.tasks import training_loop
 from realm_tf.tasks import warm_start
 
@@ -472,7 +473,6 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
         examples, given, top_given, skipped = reading.examples, reading.block_ids, reading.block_ids, reading.skipped
     weights = [None, *score_weights]
 
-    @tf.function(reduce_retracing=True)
     def run(batch):
         outputs = model(model_inputs(batch), training=False)
         decoded = [task.decode(model, outputs, w) for w in weights]
@@ -491,7 +491,9 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
     matcher = retrieval_metrics.AnswerMatcher(blocks.texts)
     progress = tqdm.tqdm(total=len(examples), desc=f"evaluate {retriever}", unit="question", file=sys.stderr,
                          mininterval=10.0)
-    for batch in task.dataset(examples, cfg.data.batch_size, block_ids=given):
+    dataset = task.dataset(examples, cfg.data.batch_size, block_ids=given)
+    run = tracing.trace_once(run, dataset)
+    for batch in dataset:
         indices = batch["index"].numpy()
         progress.update(len(indices))
         decoded, oracle, top, read = run(batch)

@@ -7,6 +7,7 @@ from typing import Any, Mapping, Sequence
 
 from official.modeling import optimization
 from official.modeling.optimization import legacy_adamw
+import tensorflow as tf
 import tf_keras
 
 from realm_tf import config as config_lib
@@ -120,3 +121,18 @@ def build_optimizer(cfg: config_lib.TrainerConfig,
     return ScaledAdamWeightDecay(lr_scales=parse_lr_scales(cfg.learning_rate_scales),
                                  paths=variable_paths(model) if model is not None else None, learning_rate=schedule,
                                  **kwargs)
+
+
+def create_slots(optimizer: tf_keras.optimizers.Optimizer, variables: Sequence[tf.Variable]) -> None:
+    """Creates ``optimizer``'s state (step counter, hyper-parameters, AdamW's moments) for ``variables`` now,
+    under the caller's strategy scope, instead of inside the first traced step.
+
+    ``tf.function`` traces a step that creates variables twice: once to create them, once more to run without
+    creating any. For a REALM step that second trace costs as much as the first. Slots restored from a
+    checkpoint are filled as they are created (deferred restoration), exactly as in the first step.
+    """
+    variables = list(variables)
+    if hasattr(optimizer, "_create_all_weights"):  # tf_keras' legacy OptimizerV2 (tf-models' AdamWeightDecay)
+        optimizer._create_all_weights(variables)  # pylint: disable=protected-access  (no public equivalent)
+    else:
+        optimizer.build(variables)

@@ -38,6 +38,7 @@ from realm_tf.tasks import base_task
 from realm_tf.tasks import experiment
 from realm_tf.tasks import mlm_head_warmup
 from realm_tf.tasks import realm_loss
+from realm_tf.tasks import tracing
 from realm_tf.tasks import training_loop
 from realm_tf.tasks import warm_start
 
@@ -251,7 +252,6 @@ class RealmPretrainingTask(base_task.Task):
         ``mlm_accuracy_span_retrieved`` / ``mlm_accuracy_null_only_span_retrieved`` (the two accuracies on the
         examples with the span in some retrieved block: does the reader copy it?) and ``num_examples``.
         """
-        @tf.function(reduce_retracing=True)
         def score(features, labels):
             outputs = model(features, training=False)
             full = realm_loss.realm_marginal_loss(outputs["retrieval_logits"], outputs["mlm_logits"],
@@ -260,6 +260,7 @@ class RealmPretrainingTask(base_task.Task):
                                                   labels["target_ids"], labels["target_weights"])
             return full, null
 
+        score = tracing.trace_once(score, dataset, arguments=list)
         sums = {"correct": 0.0, "correct_null": 0.0, "count": 0.0, "ru": 0.0, "ll": 0.0, "ll_null": 0.0, "n": 0,
                 "top1": 0.0, "any": 0.0, "correct_found": 0.0, "correct_null_found": 0.0, "count_found": 0.0}
         for features, labels in dataset:

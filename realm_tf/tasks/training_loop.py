@@ -22,6 +22,7 @@ import tqdm
 
 from realm_tf import config as config_lib
 from realm_tf.tasks import distribution
+from realm_tf.tasks import tracing
 
 logger = logging.getLogger(__name__)
 
@@ -108,15 +109,12 @@ class TrainingLoop:
             dataset = self.strategy.experimental_distribute_dataset(dataset)
         iterator = iter(dataset)
 
-        # Batches are padded to their own length (data.static_padding=false): without reduce_retracing every
-        # new length would trace (and keep) another copy of the whole forward/backward graph.
-        @tf.function(reduce_retracing=True)
         def train_step(batch):
             logs = self.strategy.run(step_fn, args=(batch,))
             self.global_step.assign_add(1)
             return {k: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None) for k, v in logs.items()}
 
-        self._train_step = train_step
+        train_step = self._train_step = tracing.trace_once(train_step, dataset)
         last: dict[str, float] = {}
         total = self.cfg.steps if until_step is None else min(until_step, self.cfg.steps)
         bar = tqdm.tqdm(total=self.cfg.steps, initial=self.step, desc="train", unit="step", file=sys.stderr,

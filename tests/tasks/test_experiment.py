@@ -22,6 +22,7 @@ class _Regression(base_task.Task):
         self.separate_inputs = separate_inputs
         self.seen = []  # (phase input seed, first example index of each batch)
         self.events = []
+        self.traces = []  # the running phase's step-function traces, after each step
 
     def build_model(self):
         x = tf_keras.Input([3], name="x")
@@ -55,11 +56,13 @@ class _Regression(base_task.Task):
 
     def initialize(self, model, loop):
         self.events.append(("initialize", loop.step))
+        self.model, self.loop = model, loop
 
     def train_hooks(self, model, loop):
         def hook(step, logs):
             kernel = model.get_layer("bias_layer").kernel.numpy()
             self.seen.append((step, int(logs["first"]), int(logs["tag"]), float(np.abs(kernel).sum())))
+            self.traces.append(loop.tracing_count)
         return [hook]
 
     def finish(self, model, loop):
@@ -86,6 +89,8 @@ def test_phases_share_one_iterator_and_train_their_own_variables(tmp_path):
     assert firsts == (0, 4, 8, 12, 16, 20)  # one stream across both phases: no example twice
     assert kernels[:3] == (0.0, 0.0, 0.0) and kernels[3] > 0  # the kernel trains only from the second phase
     assert task.events == [("initialize", 0), ("finish", 6), ("close",)]
+    # Each phase traces its step once: the optimizer's state exists before it is traced.
+    assert task.traces == [1] * 6
     assert os.path.exists(tmp_path / "run" / "params.yaml")
     assert tf.train.latest_checkpoint(str(tmp_path / "run" / "checkpoints")).endswith("ckpt-6")
 
@@ -107,6 +112,24 @@ def test_a_rerun_resumes_after_the_finished_phase(tmp_path):
     assert [s for s, *_ in task.seen] == [5, 6]
     assert task.events[0] == ("initialize", 4)
     assert all(kernel > 0 for *_, kernel in task.seen)  # restored weights, in the second phase
+
+
+def test_the_optimizer_state_created_before_the_step_is_the_restored_one(tmp_path):
+    first = _Regression(_cfg(tmp_path, 4), frozen_until=3)
+    experiment.run_experiment(first)
+    again = _Regression(_cfg(tmp_path, 4), frozen_until=3)  # resumes at step 4 and has nothing left to train
+    experiment.run_experiment(again)
+
+    def moments(task):
+        optimizer = task.loop.checkpoint.optimizer
+        return {(v.name, slot): optimizer.get_slot(v, slot).numpy() for v in task.model.trainable_variables
+                for slot in ("m", "v")}
+
+    trained, restored = moments(first), moments(again)
+    assert sorted(trained) == sorted(restored) and all(np.abs(m).sum() > 0 for m in trained.values())
+    for key, value in trained.items():
+        np.testing.assert_array_equal(restored[key], value, err_msg=str(key))
+    assert int(again.loop.checkpoint.optimizer.iterations.numpy()) == 4
 
 
 def test_validation_step_matches_numpy(tmp_path):
