@@ -3,9 +3,11 @@
 Times the span reader on rows drawn from the real block-length distribution of the bundled corpus (``[CLS]
 question [SEP] title [SEP] body [SEP]``, a 12-wordpiece question), ``--questions`` questions × ``--beam``
 blocks per batch, as fine-tuning (forward + backward) and as evaluation (forward), for each
-``model.reader_length_buckets`` given. numpy's sgemm is timed in the same run as the machine's reference.
+``model.reader_length_buckets`` given, and with ``--static`` also as before §2: every row padded to
+``model.reader_seq_length`` (``data.static_padding=true``, one group). numpy's sgemm is timed in the same run as
+the machine's reference.
 
-    .venv/bin/python benchmarks/reader_speed.py --buckets 1 4
+    .venv/bin/python benchmarks/reader_speed.py --static --buckets 1 4
 """
 from __future__ import annotations
 
@@ -42,6 +44,8 @@ def main() -> int:
     parser.add_argument("--beam", type=int, default=5, help="blocks read per question")
     parser.add_argument("--buckets", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--repeats", type=int, default=4, help="timed batches per setting (after one warm-up)")
+    parser.add_argument("--static", action="store_true",
+                        help="also time rows padded to model.reader_seq_length (before length-dependent padding)")
     args = parser.parse_args()
     blocks = block_store.BlockStore.load(os.path.join(args.blocks, "blocks-*.tfrecord*"))
     lengths = np.array([len(blocks.title_ids(i)) + len(blocks.body_ids(i)) for i in range(len(blocks))])
@@ -50,17 +54,15 @@ def main() -> int:
     seq = base.model.reader_seq_length
     print(f"numpy sgemm: {sgemm_gflops():.0f} GFLOP/s; rows {args.questions} x {args.beam}, reader_seq_length {seq}",
           flush=True)
-    batches = []
+    batches, static_batches = [], []
     for _ in range(args.repeats + 1):
         rows = np.minimum(rng.choice(lengths, args.questions * args.beam) + 12 + 4, seq)  # [rows]
         width = int(rows.max())  # the batch is padded to its longest row (data.static_padding=false)
-        mask = (np.arange(width)[None] < rows[:, None]).astype(np.int32)
-        ids = mask * rng.integers(1000, 20000, mask.shape).astype(np.int32)
-        types = mask * (np.arange(width)[None] > 13).astype(np.int32)
-        shape = [args.questions, args.beam, width]
-        batches.append({"input_word_ids": tf.constant(ids.reshape(shape)), "input_mask": tf.constant(mask.reshape(shape)),
-                        "input_type_ids": tf.constant(types.reshape(shape))})
-    for buckets in args.buckets:
+        static_batches.append(_batch(rows, seq, args.questions, args.beam, rng))
+        batches.append(_batch(rows, width, args.questions, args.beam, rng))
+    settings = [("static padding", 1, static_batches)] if args.static else []
+    settings += [(f"length_buckets {buckets}", buckets, batches) for buckets in args.buckets]
+    for label, buckets, timed in settings:
         cfg = config_lib.load_config(args.config, [f"model.reader_length_buckets={buckets}"])
         reader = span_reader.build_span_reader(cfg.model)
 
@@ -76,14 +78,24 @@ def main() -> int:
             return reader(x, training=False)["span_logits"]
 
         for name, fn in (("fine-tuning step (forward + backward)", train), ("evaluation (forward)", forward)):
-            fn(batches[0])
+            fn(timed[0])
             start = time.perf_counter()
-            for batch in batches[1:]:
+            for batch in timed[1:]:
                 fn(batch)
             seconds = (time.perf_counter() - start) / args.repeats
-            print(f"length_buckets {buckets}: {name}: {seconds:.2f} s per batch = "
-                  f"{args.questions / seconds:.2f} questions/s", flush=True)
+            print(f"{label}: {name}: {seconds:.2f} s per batch = {args.questions / seconds:.2f} questions/s",
+                  flush=True)
     return 0
+
+
+def _batch(rows: np.ndarray, width: int, questions: int, beam: int, rng: np.random.Generator) -> dict:
+    """Reader inputs ``[questions, beam, width]`` whose rows have the lengths ``rows`` (random wordpieces)."""
+    mask = (np.arange(width)[None] < rows[:, None]).astype(np.int32)
+    ids = mask * rng.integers(1000, 20000, mask.shape).astype(np.int32)
+    types = mask * (np.arange(width)[None] > 13).astype(np.int32)
+    shape = [questions, beam, width]
+    return {"input_word_ids": tf.constant(ids.reshape(shape)), "input_mask": tf.constant(mask.reshape(shape)),
+            "input_type_ids": tf.constant(types.reshape(shape))}
 
 
 if __name__ == "__main__":

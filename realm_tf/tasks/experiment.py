@@ -49,8 +49,8 @@ def run_experiment(task: base_task.Task, strategy: tf.distribute.Strategy | None
         all_hooks = (*task.train_hooks(model, loop), *hooks)
         iterators: dict[tuple, Iterator] = {}
         for phase in task.phases(loop.step):
-            if phase.until_step is not None and loop.step >= phase.until_step:
-                continue
+            if loop.step >= (phase.until_step if phase.until_step is not None else trainer.steps):
+                continue  # nothing left of this phase (e.g. the whole run frozen): no input pipeline, no trace
             if phase.name != "train":
                 logger.info("%s: phase %r until step %s", trainer.model_dir, phase.name,
                             phase.until_step or trainer.steps)
