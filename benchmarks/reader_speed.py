@@ -66,14 +66,18 @@ def main() -> int:
         cfg = config_lib.load_config(args.config, [f"model.reader_length_buckets={buckets}"])
         reader = span_reader.build_span_reader(cfg.model)
 
-        @tf.function(reduce_retracing=True)
+        # Traced once for any lengths, as training and evaluation trace (tasks/tracing.py): a per-shape trace would
+        # time a retrace whenever a batch's longest row differs from the last one's.
+        signature = [{k: tf.TensorSpec([None, None, None], tf.int32) for k in timed[0]}]
+
+        @tf.function(input_signature=signature)
         def train(x):
             with tf.GradientTape() as tape:
                 out = reader(x, training=True)
                 loss = tf.reduce_sum(tf.where(out["span_mask"], out["span_logits"], 0.0)) * 1e-6
             return tape.gradient(loss, reader.trainable_variables)
 
-        @tf.function(reduce_retracing=True)
+        @tf.function(input_signature=signature)
         def forward(x):
             return reader(x, training=False)["span_logits"]
 
