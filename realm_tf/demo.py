@@ -131,7 +131,7 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
           f"held-out questions: {metrics['num_questions']}")
     print(f"outputs: {work}/ (blocks, index, pretrain, finetune, served); metrics {metrics_path}; "
           f"predictions {metrics['predictions']}; TensorBoard: tensorboard --logdir {work}")
-    print(f"EM {metrics['exact_match']:.3f}  accuracy@5 {metrics['accuracy@5']:.3f}  "
+    print(f"EM {metrics['exact_match']:.3f}  F1 {metrics['f1']:.3f}  accuracy@5 {metrics['accuracy@5']:.3f}  "
           f"(reader oracle {metrics['reader_oracle']:.3f}, accuracy@20 {metrics['accuracy@20']:.3f})")
     return 0
 
