@@ -138,8 +138,10 @@ def main() -> int:
 
     if not os.path.exists(os.path.join(args.blocks, "manifest.json")):  # a new machine: the corpus first
         stages.cli(["preprocess", "--config", args.config, "--input", cfg.data.corpus_pattern, "--output", args.blocks])
-    # The warm start starts from the import (not from its own output) and reads batches of 8 questions.
-    reader_overrides = [o for o in overrides if not o.startswith(("data.batch_size=", "qa.reader_checkpoint="))]
+    # The warm start starts from the import (not from its own output) and reads batches of 8 questions; it reads
+    # given blocks, so it needs no retriever (whose initialisation the ``index`` stage writes after it).
+    reader_overrides = [o for o in overrides if not o.startswith(("data.batch_size=", "qa.reader_checkpoint=",
+                                                                  "model.retriever_checkpoint="))]
     reader_sets = ["--config", args.config, *sum((["--set", o] for o in reader_overrides), [])]
     stage("reader", lambda: stages.cli(["train-reader", *reader_sets, "--set", "data.batch_size=8"]))
     stage("index", index)
