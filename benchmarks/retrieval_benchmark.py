@@ -7,7 +7,10 @@ exact, so the figures measure the embeddings, not the ANN), and BM25 (``bm25s``)
     python benchmarks/retrieval_benchmark.py --blocks runs/bench/blocks \\
         --dense zero_shot_cls=runs/bench/export_cls/0 --bm25
 
-Block embeddings are cached per export in ``--cache_dir``. Only dev questions are used: those with
+Block embeddings are cached per export in ``--cache_dir``, or read from a published index version with
+``--dense NAME=EXPORT_DIR,INDEX_VERSION_DIR`` (questions embedded by the export, blocks taken from the version's
+``embeddings.npy``: e.g. a fine-tuned query tower over the frozen document embeddings it was trained against, as in
+ORQA; the version must cover the same blocks). Only dev questions are used: those with
 ``question_split.is_dev(id, --dev_fraction)`` (the split every realm_tf job holds out).
 """
 from __future__ import annotations
@@ -32,6 +35,7 @@ from realm_tf.data import example_schemas  # noqa: E402
 from realm_tf.data import question_split  # noqa: E402
 from realm_tf.index import bm25_retriever  # noqa: E402
 from realm_tf.index import brute_force_index  # noqa: E402
+from realm_tf.index import index_publisher  # noqa: E402
 from realm_tf.serving import retriever_export  # noqa: E402
 from realm_tf.tasks import retrieval_metrics  # noqa: E402
 
@@ -116,8 +120,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--blocks", required=True, help="output dir of beam_jobs/preprocess_corpus")
     parser.add_argument("--questions", default="data/open_qa/qa_qed_train.jsonl.gz")
     parser.add_argument("--dev_fraction", type=float, default=0.1)
-    parser.add_argument("--dense", action="append", default=[], metavar="NAME=EXPORT_DIR",
-                        help="a retriever export to evaluate (repeatable)")
+    parser.add_argument("--dense", action="append", default=[], metavar="NAME=EXPORT_DIR[,INDEX_VERSION_DIR]",
+                        help="a retriever export to evaluate (repeatable); with an index version, its block "
+                             "embeddings instead of embedding the blocks with the export")
     parser.add_argument("--bm25", action="store_true", help="also evaluate BM25 (bm25s)")
     parser.add_argument("--scann", action="store_true",
                         help="also search each dense retriever through ScannIndex; print its recall@10 vs exact")
@@ -138,10 +143,17 @@ def main(argv: list[str] | None = None) -> None:
         rows = bm25_retrieve(questions, blocks, args.max_k)
         results.append(("bm25", rows, time.time() - start))
     for spec in args.dense:
-        name, _, path = spec.partition("=")
+        name, _, paths = spec.partition("=")
+        path, _, version_dir = paths.partition(",")
         start = time.time()
         model = tf.saved_model.load(path)
-        emb = embed_blocks(path, model, blocks, args.batch_size, args.cache_dir)
+        if version_dir:
+            emb = index_publisher.read_embeddings(version_dir)  # [num_blocks, dim]
+            if len(emb) != len(blocks["text"]):
+                raise ValueError(f"{version_dir}: {len(emb)} block embeddings for {len(blocks['text'])} blocks in "
+                                 f"{args.blocks}")
+        else:
+            emb = embed_blocks(path, model, blocks, args.batch_size, args.cache_dir)
         queries = embed_questions(model, questions)
         rows = dense_retrieve(queries, emb, args.max_k)
         results.append((name, rows, time.time() - start))
