@@ -12,9 +12,10 @@ The demo's few pre-training steps are all in REALM's reader-only phase (``traine
 first 150 of ``configs/minilm.yaml``'s 500): the retriever does not change, so the first index stays current and
 no refresh is needed; the time a refresh would take (re-embedding every block, about two minutes here) goes to
 the reader warm start, which is what the answers depend on. The asynchronous refresh runs in ``realm-tf
-pretrain`` once the retriever trains (``refresh.mode``), and in ``make test``. Everything goes to ``<workdir>`` (default ``runs/demo``,
-recreated each run), TensorBoard logs included; the last lines print exact match, accuracy@5 and where the
-outputs are.
+pretrain`` once the retriever trains (``refresh.mode``), and in ``make test``.
+
+Everything goes to ``<workdir>`` (default ``runs/demo``, recreated each run), TensorBoard logs included; the last
+lines print exact match, F1, accuracy@5 and where the outputs are.
 """
 from __future__ import annotations
 
