@@ -54,10 +54,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     """The main job on the bundled data: the whole loop, from passages to answers (see README)."""
     from realm_tf import demo
 
+    # Sizes not given on the command line keep demo.run's defaults (one place for them).
+    sizes = {name: getattr(args, name) for name in ("pretrain_steps", "finetune_steps", "reader_steps",
+                                                    "reader_minutes", "reader_negatives", "squad_paragraphs")}
     return demo.run(_load(args), main, workdir=args.workdir, num_questions=args.questions,
-                    pretrain_steps=args.pretrain_steps, finetune_steps=args.finetune_steps,
-                    reader_steps=args.reader_steps, reader_minutes=args.reader_minutes,
-                    reader_negatives=args.reader_negatives, squad_paragraphs=args.squad_paragraphs)
+                    **{name: value for name, value in sizes.items() if value is not None})
 
 
 def _add_beam_job_args(parser: argparse.ArgumentParser, adder: str) -> None:
@@ -305,19 +306,19 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                         p.add_argument("--workdir", default="runs/demo", help="output directory (recreated)"),
                         p.add_argument("--questions", type=int, default=400,
                                        help="bundled questions used; the corpus is their gold passages + as many others"),
-                        p.add_argument("--pretrain-steps", dest="pretrain_steps", type=int, default=2,
-                                       help="REALM pre-training steps"),
-                        p.add_argument("--reader-steps", dest="reader_steps", type=int, default=220,
+                        p.add_argument("--pretrain-steps", dest="pretrain_steps", type=int,
+                                       help="REALM pre-training steps (default: the demo's)"),
+                        p.add_argument("--reader-steps", dest="reader_steps", type=int,
                                        help="reader warm-start steps (at most --reader-minutes)"),
-                        p.add_argument("--reader-minutes", dest="reader_minutes", type=float, default=6.5,
+                        p.add_argument("--reader-minutes", dest="reader_minutes", type=float,
                                        help="time budget of the reader warm start"),
-                        p.add_argument("--reader-negatives", dest="reader_negatives", type=int, default=0,
+                        p.add_argument("--reader-negatives", dest="reader_negatives", type=int,
                                        help="BM25 blocks without the answer read next to each gold block in the "
                                             "warm start (0: gold blocks only)"),
-                        p.add_argument("--squad-paragraphs", dest="squad_paragraphs", type=int, default=100,
+                        p.add_argument("--squad-paragraphs", dest="squad_paragraphs", type=int,
                                        help="SQuAD paragraphs added to the corpus; their questions train the "
                                             "reader warm start"),
-                        p.add_argument("--finetune-steps", dest="finetune_steps", type=int, default=10,
+                        p.add_argument("--finetune-steps", dest="finetune_steps", type=int,
                                        help="Open-QA fine-tuning steps"))),
     "preprocess": ("Beam job: corpus (JSONL/TSV/TFRecord) -> REALM blocks of <= 288 wordpieces + manifest",
                    _cmd_beam_job, lambda p: _add_beam_job_args(p, "add_preprocess_args")),
