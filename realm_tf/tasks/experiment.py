@@ -72,6 +72,7 @@ def run_experiment(task: base_task.Task, strategy: tf.distribute.Strategy | None
     finally:
         task.close()
     result["step"] = loop.step
+    result["stopped_by"] = loop.stopped_by
     result["train"] = logs
     return result
 

@@ -83,6 +83,8 @@ class TrainingLoop:
                                                   step_counter=self.global_step,
                                                   checkpoint_interval=cfg.checkpoint_every_steps)
         self.restored_from = self.manager.restore_or_initialize()
+        # Why the last ``run`` ended before its last step: "SIGTERM", "max_minutes", "input exhausted" or None.
+        self.stopped_by: str | None = None
         self.writer = tf.summary.create_file_writer(os.path.join(cfg.model_dir, "train")) if self.chief \
             else tf.summary.create_noop_writer()
 
@@ -123,18 +125,22 @@ class TrainingLoop:
         window_sums: dict[str, float] = {}
         run_start = self._run_start = getattr(self, "_run_start", time.time())
         stop = _StopOnSigterm()
+        self.stopped_by = None
         while self.step < total:
             if stop.requested:
                 logger.info("\nstopping at step %d: SIGTERM", self.step)
+                self.stopped_by = "SIGTERM"
                 break
             if self.cfg.max_minutes > 0 and time.time() - run_start > 60.0 * self.cfg.max_minutes:
                 logger.info("\nstopping at step %d: trainer.max_minutes=%g reached", self.step, self.cfg.max_minutes)
+                self.stopped_by = "max_minutes"
                 break
             waited = time.perf_counter()
             try:
                 batch = next(iterator)
             except StopIteration:
                 logger.info("input exhausted at step %d", self.step)
+                self.stopped_by = "input exhausted"
                 break
             window_wait += time.perf_counter() - waited  # the trainer idles while the input pipeline catches up
             logs = train_step(batch)

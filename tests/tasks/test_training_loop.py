@@ -1,10 +1,13 @@
-"""TrainingLoop: few traces over variable-length batches, checkpoint resume, TensorBoard scalars."""
+"""TrainingLoop: few traces over variable-length batches, checkpoint resume, TensorBoard scalars, SIGTERM."""
 import glob
+import os
+import signal
 
 import numpy as np
 import tensorflow as tf
 import tf_keras
 
+from realm_tf import cli
 from realm_tf import config
 from realm_tf.tasks import distribution
 from realm_tf.tasks import optimizer as optimizer_lib
@@ -66,3 +69,21 @@ def test_summaries_are_means_over_the_window(tmp_path, read_scalars):
     scalars = read_scalars(tmp_path / "train")
     assert scalars["counter"] == [(2, 1.5), (4, 3.5), (6, 5.5)]
     assert all(0.0 <= v <= 1.0 for _, v in scalars["input_wait_fraction"])
+
+
+def test_sigterm_checkpoints_stops_and_is_reported(tmp_path):
+    loop, step_fn, _ = _loop(tmp_path, steps=8)
+
+    def preempt(step, logs):
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # a preemption notice: handled after this step, not fatal
+
+    loop.run(_dataset(), step_fn, hooks=(preempt,))
+    assert loop.step == 3 and loop.stopped_by == "SIGTERM"
+    assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("ckpt-3")  # saved although not due
+    # The CLI turns it into exit status 143, so a harness does not record the run as finished.
+    assert cli._training_exit_code({"stopped_by": loop.stopped_by}) == 143
+    again, step_fn, _ = _loop(tmp_path, steps=8)
+    again.run(_dataset(), step_fn)
+    assert again.step == 8 and again.stopped_by is None
+    assert cli._training_exit_code({"stopped_by": again.stopped_by}) == 0
