@@ -46,7 +46,7 @@ class OpenQaExportModule(tf.Module):
         clean = tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
         return self.tokenizer(clean)  # [B, (len)]
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="question")])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="question")], autograph=False)
     def answer(self, question: tf.Tensor) -> dict[str, tf.Tensor]:
         """Answers ``question`` string[B] (see the module docstring for the outputs)."""
         ids = self._tokenize(question)  # [B, (len)]
@@ -64,14 +64,14 @@ class OpenQaExportModule(tf.Module):
             "block_score": outputs["retrieval_logits"],  # [B, k]
         }
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")], autograph=False)
     def embed_query(self, text: tf.Tensor) -> dict[str, tf.Tensor]:
         """Embed_input(x) ``[B, dim]``."""
         packed = self.tokenizer.pack_single(self._tokenize(text), self._question_length, pad_to_seq_length=False)
         return {"embedding": self.model.retriever.embed_queries(packed, training=False)}
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="title"),
-                                  tf.TensorSpec([None], tf.string, name="text")])
+                                  tf.TensorSpec([None], tf.string, name="text")], autograph=False)
     def embed_block(self, title: tf.Tensor, text: tf.Tensor) -> dict[str, tf.Tensor]:
         """Embed_doc(z) ``[B, dim]`` of ``[CLS] title [SEP] text [SEP]``."""
         packed = self.tokenizer.join_bert(self._tokenize(title), self._tokenize(text), self._block_length,

@@ -48,13 +48,14 @@ class RetrieverExportModule(tf.Module):
         self._query_seq_length = query_seq_length
         self._block_seq_length = block_seq_length
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")], autograph=False)
     def embed_query(self, text: tf.Tensor) -> dict[str, tf.Tensor]:
         """Embed_input(x) for raw question / query strings ``[B]`` → ``[B, dim]``."""
         packed = self.tokenizer.pack_single(self.tokenizer(text), self._query_seq_length, pad_to_seq_length=False)
         return {"embedding": self.retriever.embed_queries(packed, training=False)}  # [B, dim]
 
-    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name=k) for k in bert_encoder.INPUT_KEYS])
+    @tf.function(input_signature=[tf.TensorSpec([None, None], tf.int32, name=k) for k in bert_encoder.INPUT_KEYS],
+                 autograph=False)
     def embed_query_ids(self, input_word_ids: tf.Tensor, input_mask: tf.Tensor,
                         input_type_ids: tf.Tensor) -> dict[str, tf.Tensor]:
         """Embed_input(x) for packed queries ``int32[B, L]`` (any L up to the model's positions) → ``[B, dim]``."""
@@ -62,7 +63,7 @@ class RetrieverExportModule(tf.Module):
         return {"embedding": self.retriever.embed_queries(packed, training=False)}  # [B, dim]
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="title"),
-                                  tf.TensorSpec([None], tf.string, name="text")])
+                                  tf.TensorSpec([None], tf.string, name="text")], autograph=False)
     def embed_block(self, title: tf.Tensor, text: tf.Tensor) -> dict[str, tf.Tensor]:
         """Embed_doc(z) for blocks ``[CLS] title [SEP] text [SEP]`` given as strings ``[B]`` → ``[B, dim]``."""
         packed = self.tokenizer.join_bert(self.tokenizer(title), self.tokenizer(text), self._block_seq_length,

@@ -125,7 +125,7 @@ class RetroExportModule(tf.Module):
               neighbour_mask: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
         return {"log_probs": self._log_probs(input_ids, neighbour_ids, neighbour_mask)}
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")], autograph=False)
     def score_text(self, text: tf.Tensor) -> dict[str, tf.Tensor]:
         """Bits-per-byte of each text (see the module docstring)."""
         ids = self._tokenize(text)[:, :self._n]  # [B, (len <= n)]
@@ -155,7 +155,7 @@ class RetroExportModule(tf.Module):
     @tf.function(input_signature=[tf.TensorSpec([], tf.string, name="prompt"),
                                   tf.TensorSpec([], tf.int32, name="max_tokens"),
                                   tf.TensorSpec([], tf.float32, name="temperature"),
-                                  tf.TensorSpec([], tf.int32, name="seed")])
+                                  tf.TensorSpec([], tf.int32, name="seed")], autograph=False)
     def generate(self, prompt: tf.Tensor, max_tokens: tf.Tensor, temperature: tf.Tensor,
                  seed: tf.Tensor) -> dict[str, tf.Tensor]:
         """Continues ``prompt`` (see the module docstring); retrieval after each completed chunk."""
@@ -226,14 +226,15 @@ def export_retro(module: RetroExportModule, cfg: config_lib.ExperimentConfig, ou
     if module.retrieval:
         score = tf.function(module.score, input_signature=[
             ids_spec, tf.TensorSpec([None, None, k, r], tf.int32, name="neighbour_ids"),
-            tf.TensorSpec([None, None, k, r], tf.bool, name="neighbour_mask")])
+            tf.TensorSpec([None, None, k, r], tf.bool, name="neighbour_mask")], autograph=False)
     else:
-        score = tf.function(lambda input_ids: module.score(input_ids), input_signature=[ids_spec])
+        score = tf.function(lambda input_ids: module.score(input_ids), input_signature=[ids_spec], autograph=False)
     signatures = {"serving_default": module.score_text, "score": score, "score_text": module.score_text,
                   "generate": module.generate}
     if module.retrieval:
         signatures["retrieve"] = tf.function(module.retrieve,
-                                             input_signature=[tf.TensorSpec([None, m], tf.int32, name="chunks")])
+                                             input_signature=[tf.TensorSpec([None, m], tf.int32, name="chunks")],
+                                             autograph=False)
     start = time.time()
     with artifacts.staged(out, artifacts.RETRO_EXPORT) as staging:
         tf.saved_model.save(module, staging.path, signatures=signatures)

@@ -75,7 +75,8 @@ def collect(model: knowledge_augmented_encoder.KnowledgeAugmentedEncoder, blocks
     """Masks ``num_blocks`` random blocks (``[CLS] title [SEP] body [SEP]``) and runs the frozen reader BERT."""
     rng = np.random.default_rng(seed)
     ids = rng.permutation(len(blocks))[:num_blocks]
-    encode = tf.function(lambda x: model.encoder(x, training=False)["sequence_output"], reduce_retracing=True)
+    encode = tf.function(lambda x: model.encoder(x, training=False)["sequence_output"], reduce_retracing=True,
+                         autograph=False)
     hidden, targets, kinds = [], [], []
     special = np.asarray([tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id])
     for start in tqdm.trange(0, len(ids), batch_size, desc="mlm head warm-up: encode", unit="batch",
@@ -136,7 +137,7 @@ def warm_up_mlm_head(model: knowledge_augmented_encoder.KnowledgeAugmentedEncode
     before = accuracy()
     optimizer = tf_keras.optimizers.Adam(learning_rate)
 
-    @tf.function
+    @tf.function(autograph=False)
     def step(hidden: tf.Tensor, target: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(target, logits(hidden)))

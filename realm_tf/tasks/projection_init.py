@@ -75,7 +75,7 @@ def pooled_block_outputs(retriever: knowledge_retriever.KnowledgeRetriever, bloc
     order = np.argsort(lengths, kind="stable")
     rows = []
 
-    @tf.function(reduce_retracing=True)
+    @tf.function(reduce_retracing=True, autograph=False)
     def pool(titles: tf.RaggedTensor, bodies: tf.RaggedTensor) -> tf.Tensor:
         packed = tokenizer.join_bert(titles, bodies, seq_length, pad_to_seq_length=False)
         return retriever.doc_embedder.pool(packed, training=False)  # [batch, hidden]

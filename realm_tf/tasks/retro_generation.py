@@ -48,7 +48,7 @@ class RetroGenerator:
         self.r = task.cfg.retro.chunk_length + task.cfg.retro.continuation_length
         self.retrieval = bool(getattr(model, "retro_layers", ()))
         self._forward = tf.function(lambda features: model(features, training=False)["logits"],
-                                    reduce_retracing=True)
+                                    reduce_retracing=True, autograph=False)
 
     def generate(self, prompt: str, max_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                  seed: int = 0) -> dict[str, Any]:

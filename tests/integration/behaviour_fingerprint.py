@@ -58,8 +58,12 @@ def _sha256_of(pattern: str) -> str:
     return f"{len(records)} records {digest.hexdigest()}"
 
 
-def fingerprint(work: str) -> dict[str, Any]:
-    """Runs the stages in ``work`` (an empty directory) and returns their outputs as JSON-able values."""
+def fingerprint(work: str, data: str | None = None) -> dict[str, Any]:
+    """Runs the stages in ``work`` (an empty directory) and returns their outputs as JSON-able values.
+
+    ``data``: a directory whose ``blocks/`` and ``pretraining/`` are already ``preprocess`` and
+    ``generate-pretraining-data`` of the same 80 passages on the tiny config (the tests' shared workspace); they
+    are then hashed instead of being made a second time."""
     from realm_tf import cli  # pylint: disable=import-outside-toplevel
     from realm_tf import config  # pylint: disable=import-outside-toplevel
     from realm_tf.tasks import open_qa  # pylint: disable=import-outside-toplevel
@@ -71,7 +75,8 @@ def fingerprint(work: str) -> dict[str, Any]:
         f.writelines(lines)
     with open(f"{work}/questions.jsonl", "w", encoding="utf-8") as f:
         f.writelines(json.dumps(q) + "\n" for q in QUESTIONS)
-    overrides = [f"data.blocks_dir={work}/blocks", f"data.pretraining_dir={work}/pretraining",
+    data = data or work
+    overrides = [f"data.blocks_dir={data}/blocks", f"data.pretraining_dir={data}/pretraining",
                  f"index.index_dir={work}/index", f"refresh.export_dir={work}/export",
                  f"trainer.model_dir={work}/pretrain", f"finetune.model_dir={work}/finetune",
                  "refresh.mode=external", "refresh.export_every_steps=0", "trainer.steps=3",
@@ -81,13 +86,14 @@ def fingerprint(work: str) -> dict[str, Any]:
                  f"qa.reader_checkpoint={work}/pretrain",
                  "qa.recompute_doc_embeddings=true"]  # the index comes from the untrained export
     sets = [item for o in overrides for item in ("--set", o)]
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert cli.main(["preprocess", "--config", TINY, *sets, "--input", f"{work}/corpus.jsonl",
-                         "--output", f"{work}/blocks"]) == 0
-        assert cli.main(["generate-pretraining-data", "--config", TINY, *sets]) == 0
+    if data == work:
+        with contextlib.redirect_stdout(io.StringIO()):
+            assert cli.main(["preprocess", "--config", TINY, *sets, "--input", f"{work}/corpus.jsonl",
+                             "--output", f"{work}/blocks"]) == 0
+            assert cli.main(["generate-pretraining-data", "--config", TINY, *sets]) == 0
     cfg = config.load_config(TINY, overrides)
-    out: dict[str, Any] = {"blocks_sha256": _sha256_of(f"{work}/blocks/blocks-*"),
-                           "pretraining_sha256": _sha256_of(f"{work}/pretraining/pretraining-*")}
+    out: dict[str, Any] = {"blocks_sha256": _sha256_of(f"{data}/blocks/blocks-*"),
+                           "pretraining_sha256": _sha256_of(f"{data}/pretraining/pretraining-*")}
 
     tf_keras.utils.set_random_seed(0)
     result = realm_pretraining.pretrain(cfg)  # exports the initial retriever, embeds every block, trains

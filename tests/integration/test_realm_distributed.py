@@ -31,8 +31,9 @@ from realm_tf.tasks import retrieval_augmented_input
 
 sets = json.loads(sys.argv[1])
 cfg = config.load_config("configs/tiny.yaml", sets + ["trainer.strategy=mirrored", "trainer.steps=3",
-                                                      "data.batch_size=4", "refresh.export_every_steps=2"])
-# 1. `realm-tf pretrain` itself under MirroredStrategy (2 replicas): bootstraps, exports, trains, evaluates.
+                                                      "data.batch_size=4", "refresh.export_every_steps=0"])
+# 1. `realm-tf pretrain` itself under MirroredStrategy (2 replicas): bootstraps the index, trains, evaluates
+#    (exports during distributed training: test_multi_worker_mirrored_two_processes).
 result = realm_pretraining.pretrain(cfg)
 mirrored = distribution.make_strategy("mirrored")
 assert mirrored.num_replicas_in_sync == 2, mirrored.num_replicas_in_sync
