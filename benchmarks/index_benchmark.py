@@ -10,7 +10,11 @@ scaled to the corpus), ScaNN's TF-op searcher loaded from the same saved directo
 * batched QPS (one ``search_batched`` call over ``--num-queries`` queries) and single-query QPS;
 * recall@10 against BruteForceIndex.
 
+With ``--target-recall 0.99`` the ScaNN index chooses its leaves to search and re-ordering depth by measuring
+them at build time (``index.target_recall``, :mod:`realm_tf.index.scann_tuning`); its build_s includes that.
+
 Usage: python benchmarks/index_benchmark.py [--num-blocks 1000000] [--dim 128] [--num-queries 1000]
+       [--target-recall 0.99]
 """
 from __future__ import annotations
 
@@ -70,6 +74,8 @@ def main() -> None:
     parser.add_argument("--num-queries", type=int, default=1000)
     parser.add_argument("--single-queries", type=int, default=200)
     parser.add_argument("--k", type=int, default=10)
+    parser.add_argument("--target-recall", type=float, default=0.0,
+                        help="index.target_recall: search settings measured at build time (0: fixed rules)")
     args = parser.parse_args()
 
     rng = np.random.default_rng(0)
@@ -99,10 +105,14 @@ def main() -> None:
 
     # ---- ScaNN -----------------------------------------------------------------------------------------
     rss = _rss_mb()
-    index = scann_index.ScannIndex(config.IndexConfig())
+    index = scann_index.ScannIndex(config.IndexConfig(target_recall=args.target_recall))
     index.build(embeddings)
     scann_mem = _rss_mb() - rss
-    print(f"ScaNN params: {index.params}")
+    tuning = index.params.get("tuning")
+    print(f"ScaNN params: { {k: v for k, v in index.params.items() if k != 'tuning'} }")
+    if tuning:
+        print(f"tuning: { {k: v for k, v in tuning.items() if k != 'tried'} }")
+        print("tried [leaves, reorder, recall on the sampled vectors, qps]: " + str(tuning["tried"]))
     index.search_batched(queries[:4], k)
     start = time.perf_counter()
     rows, _ = index.search_batched(queries, k)  # multi-threaded batch search
@@ -123,11 +133,12 @@ def main() -> None:
         tf_searcher = scann_index.load_tf_searcher(tmp)
         tf_load = time.perf_counter() - start
         tf_mem = _rss_mb() - rss
-    pre = max(index.params.get("reorder_num_neighbors", k), 4 * k)
+    leaves, pre = scann_index.search_settings(index.params, k, args.num_blocks)  # as ScannIndex searches
 
     @tf.function(input_signature=[tf.TensorSpec([None, args.dim], tf.float32)])
     def tf_search(q):
-        return tf_searcher.search_batched_parallel(q, final_num_neighbors=k, pre_reorder_num_neighbors=pre)
+        return tf_searcher.search_batched_parallel(q, final_num_neighbors=k, pre_reorder_num_neighbors=pre,
+                                                   leaves_to_search=leaves)
 
     tf_search(tf.constant(queries[:4]))
     q_tensor = tf.constant(queries)

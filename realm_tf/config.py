@@ -158,6 +158,12 @@ class IndexConfig:
 
     ``num_leaves`` 0 means "scale to the corpus": about sqrt(#blocks) partitions, as ORQA/REALM used
     for 13M blocks scaled down.
+
+    ``target_recall`` > 0 (e.g. 0.99): ``num_leaves_to_search`` and ``reorder_num_neighbors`` are chosen when
+    the index is built, as the fastest pair that reaches that recall@10 against exact search on
+    ``tuning_queries`` sampled block vectors (:mod:`realm_tf.index.scann_tuning`), and exact brute force is
+    kept instead where it is faster; the measurement is recorded in the version's ``index.json``. Any corpus
+    of at least ``scann_tuning.MIN_TREE_BLOCKS`` blocks then gets a tree to compare. 0: the fixed rules above.
     """
 
     index_dir: str = "/tmp/realm_tf/index"
@@ -169,6 +175,8 @@ class IndexConfig:
     dimensions_per_block: int = 2
     anisotropic_quantization_threshold: float = 0.2
     reorder_num_neighbors: int = 0
+    target_recall: float = 0.0
+    tuning_queries: int = 1000
     keep_versions: int = 3
 
 
@@ -382,6 +390,7 @@ def load_config(path: str | os.PathLike[str] | None = None,
     for item in overrides:
         cfg = apply_override(cfg, item)
     _check_lengths(cfg, source, lines)
+    _check_index(cfg, source, lines)
     return cfg
 
 
@@ -488,6 +497,14 @@ def _check_lengths(cfg: ExperimentConfig, source: str, lines: Mapping[str, int])
         raise ConfigError(f"{_where(source, lines, 'retro.chunk_length')}: retro.chunk_length="
                           f"{cfg.retro.chunk_length} + [CLS] and [SEP] exceeds model.encoder.max_position_embeddings="
                           f"{limit}, the longest sequence the chunk-key BERT reads")
+
+
+def _check_index(cfg: ExperimentConfig, source: str, lines: Mapping[str, int]) -> None:
+    """The ranges of the index's tuning settings."""
+    if not 0.0 <= cfg.index.target_recall <= 1.0 or cfg.index.tuning_queries < 1:
+        raise ConfigError(f"{_where(source, lines, 'index.target_recall')}: index.target_recall must be in [0, 1] "
+                          f"(0: no tuning) and index.tuning_queries >= 1; got {cfg.index.target_recall}, "
+                          f"{cfg.index.tuning_queries}")
 
 
 def _where(source: str, lines: Mapping[str, int], key: str) -> str:

@@ -29,6 +29,11 @@ class InGraphScannSearcher(tf.Module):
         super().__init__(name="in_graph_scann")
         self.state = scann_index.load_tf_searcher(directory).serialize_to_module()  # ScannState: assets as variables
         self._shared_name = f"realm-scann-{uuid.uuid4()}"
+        # Search settings chosen at build time (index.target_recall) are per-call overrides, not in the
+        # searcher's serialised config; an untuned searcher keeps its own (-1).
+        meta = scann_index.read_meta(directory)
+        self._num_blocks = int(meta["num_blocks"])
+        self._params = meta["params"] if meta["params"].get("tuning") else None
 
     def _handle(self) -> tf.Tensor:
         s = self.state
@@ -38,6 +43,10 @@ class InGraphScannSearcher(tf.Module):
 
     def search(self, queries: tf.Tensor, k: int) -> tuple[tf.Tensor, tf.Tensor]:
         """``(scores float32[batch, k], block_ids int32[batch, k])`` for ``queries float32[batch, dim]``."""
-        ids, scores = scann_ops.scann_search_batched(self._handle(), queries, k, -1, -1, False)
+        leaves, pre_reorder = -1, -1
+        if self._params is not None:
+            leaves, pre_reorder = scann_index.search_settings(self._params, k, self._num_blocks)
+            leaves, pre_reorder = (-1 if leaves is None else leaves), (-1 if pre_reorder is None else pre_reorder)
+        ids, scores = scann_ops.scann_search_batched(self._handle(), queries, k, pre_reorder, leaves, False)
         shape = [tf.shape(queries)[0], k]  # the op's outputs have no static rank
         return tf.reshape(scores, shape), tf.reshape(tf.cast(ids, tf.int32), shape)

@@ -36,6 +36,7 @@ from scann.scann_ops.py import scann_ops_pybind
 
 from realm_tf import config
 from realm_tf.index import mips_index
+from realm_tf.index import scann_tuning
 
 #: Below this many blocks ScaNN runs its exact brute-force scorer (no tree, no hashing) unless
 #: ``num_leaves`` is given explicitly.
@@ -65,7 +66,9 @@ def resolve_params(num_blocks: int, dim: int, index_config: config.IndexConfig) 
         raise ValueError(f"index.dimensions_per_block must be in [1, {dim}], "
                          f"got {index_config.dimensions_per_block}")
     num_neighbors = min(index_config.num_neighbors, num_blocks)
-    if num_blocks < TREE_MIN_BLOCKS and not index_config.num_leaves:
+    # With a target recall the tuner decides between a tree and brute force by measuring both.
+    tree_min_blocks = scann_tuning.MIN_TREE_BLOCKS if index_config.target_recall > 0 else TREE_MIN_BLOCKS
+    if num_blocks < tree_min_blocks and not index_config.num_leaves:
         return {"mode": "brute_force", "num_neighbors": num_neighbors}
     num_leaves = index_config.num_leaves or min(round(math.sqrt(num_blocks)), num_blocks // 50)
     num_leaves = max(1, min(num_leaves, num_blocks))
@@ -118,28 +121,42 @@ class ScannIndex(mips_index.MipsIndex):
         builder = scann_ops_pybind.builder(embeddings, params["num_neighbors"], "dot_product")
         builder = _configure(builder, params).set_n_training_threads(self.training_threads)
         self._searcher = builder.build()
+        if self.index_config.target_recall > 0 and params["mode"] == "tree_ah":
+            params = self._tune(embeddings, params)
         self.params = params
         self._set_shape(*embeddings.shape)
         self.build_seconds = time.perf_counter() - start
 
+    def _tune(self, embeddings: np.ndarray, params: dict[str, Any]) -> dict[str, Any]:
+        """``params`` with the search settings :class:`scann_tuning.SearchTuner` measured fastest at
+        ``index.target_recall``; brute force (and its searcher) instead when that is faster."""
+        exact = scann_ops_pybind.builder(embeddings, params["num_neighbors"], "dot_product").score_brute_force()
+        exact = exact.set_n_training_threads(self.training_threads).build()
+        tuner = scann_tuning.SearchTuner(self.index_config.target_recall, self.index_config.tuning_queries)
+        tuning = tuner.tune(self._searcher, lambda q, k: exact.search_batched_parallel(q, final_num_neighbors=k),
+                            embeddings, params["num_leaves"])
+        if tuning["mode"] == "brute_force":
+            self._searcher = exact
+            return {"mode": "brute_force", "num_neighbors": params["num_neighbors"], "tuning": tuning}
+        return {**params, "num_leaves_to_search": tuning["num_leaves_to_search"],
+                "reorder_num_neighbors": tuning["reorder_num_neighbors"], "tuning": tuning}
+
     def search_batched(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Approximate top-``k`` rows (int64 ``[B, k]``) and inner products (float32 ``[B, k]``).
 
-        Candidates re-ordered per query are ``max(reorder_num_neighbors, 4k)`` (at most num_blocks), so a
-        ``k`` larger than the configured ``num_neighbors`` keeps a sensible re-ordering depth. Should the
-        searched leaves hold fewer than ``k`` blocks, missing slots are row -1 with score -inf.
+        Leaves searched and candidates re-ordered: :func:`search_settings`. Should the searched leaves hold
+        fewer than ``k`` blocks, missing slots are row -1 with score -inf.
         """
         self._require_built()
         queries = mips_index.check_queries(queries, k, self)  # [B, dim]
         batch = queries.shape[0]
         if batch == 0:
             return np.zeros([0, k], np.int64), np.zeros([0, k], np.float32)
-        pre_reorder = None
-        if self.params["mode"] == "tree_ah":
-            pre_reorder = min(self.num_blocks, max(self.params["reorder_num_neighbors"], 4 * k))
+        leaves, pre_reorder = search_settings(self.params, k, self.num_blocks)
         search = (self._searcher.search_batched_parallel if batch >= PARALLEL_MIN_BATCH
                   else self._searcher.search_batched)
-        rows, scores = search(queries, final_num_neighbors=k, pre_reorder_num_neighbors=pre_reorder)
+        rows, scores = search(queries, final_num_neighbors=k, pre_reorder_num_neighbors=pre_reorder,
+                              leaves_to_search=leaves)
         rows = np.asarray(rows).astype(np.int64)  # [B, <=k]
         scores = np.asarray(scores, dtype=np.float32)  # [B, <=k]
         if rows.shape[1] < k:
@@ -164,8 +181,7 @@ class ScannIndex(mips_index.MipsIndex):
     def load(cls, directory: str) -> "ScannIndex":
         """Loads a searcher written by :meth:`save` (``scann_ops_pybind.load_searcher``)."""
         with mips_index.local_dir(directory, upload=False) as local:
-            with open(os.path.join(local, _META), encoding="utf-8") as f:
-                meta = json.load(f)
+            meta = read_meta(local)
             searcher = scann_ops_pybind.load_searcher(local, assets_backcompat_shim=False)
         index = cls()
         index._searcher = searcher
@@ -176,6 +192,31 @@ class ScannIndex(mips_index.MipsIndex):
             raise ValueError(f"{directory}: searcher holds {searcher.size()} datapoints, "
                              f"{_META} says {index.num_blocks}")
         return index
+
+
+def search_settings(params: dict[str, Any], k: int, num_blocks: int) -> tuple[int | None, int | None]:
+    """``(leaves_to_search, pre_reorder_num_neighbors)`` of a top-``k`` search (None: the searcher's own).
+
+    Re-ordered candidates are ``max(reorder_num_neighbors, 4k)`` (at most num_blocks), so a ``k`` larger than
+    the configured ``num_neighbors`` keeps a sensible depth; a tuned index (``params["tuning"]``) re-orders
+    its measured depth for up to the ``k`` it was measured at, and proportionally more for a larger ``k``.
+    """
+    if params["mode"] != "tree_ah":
+        return None, None
+    reorder = params["reorder_num_neighbors"]
+    tuning = params.get("tuning")
+    if tuning:
+        depth = max(reorder, math.ceil(reorder * k / tuning["recall_k"]))
+    else:
+        depth = max(reorder, 4 * k)
+    return params["num_leaves_to_search"], min(num_blocks, depth)
+
+
+def read_meta(directory: str) -> dict[str, Any]:
+    """What a :meth:`ScannIndex.save` directory records: ``num_blocks``, ``dim``, the resolved (and tuned)
+    ``params``, ``build_seconds``."""
+    with tf.io.gfile.GFile(os.path.join(directory, _META)) as f:
+        return json.load(f)
 
 
 def load_tf_searcher(directory: str) -> scann_ops.ScannSearcher:

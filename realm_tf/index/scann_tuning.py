@@ -1,0 +1,149 @@
+"""Search parameters of a built ScaNN index chosen from a target recall (``index.target_recall``).
+
+REALM's retriever only needs the MIPS index to *select* candidates (Guu et al., 2020, §3.4): what matters is
+how often the exact top-k reaches the model (recall) and what a search costs. ORQA/REALM fixed 100 of 1,000
+leaves and exact re-ordering for 13M blocks; the right numbers depend on the corpus and on the embeddings, so
+:class:`SearchTuner` measures them on the built index instead. With a sample of the indexed vectors as queries
+(only the corpus exists at build time), it finds for each re-ordering depth the fewest leaves to search that
+reach the target recall@k against the exact top-k, times each such pair, and keeps the fastest. ScaNN's exact
+brute-force scorer over the same vectors is timed on the same queries: it is kept instead when it is faster
+(small corpora). Leaves (the tree itself) are not tuned: that would mean re-training the tree per candidate.
+
+The searches are the index's own: ScaNN's multi-threaded batched search with per-call ``leaves_to_search``
+and ``pre_reorder_num_neighbors`` overrides (Guo et al., 2020, ScaNN's search-time parameters).
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+#: With ``index.target_recall``, corpora of at least this many blocks get a tree to measure against brute force.
+MIN_TREE_BLOCKS = 2000
+#: Re-ordering depths tried, as multiples of k.
+REORDER_MULTIPLES = (1, 2, 4, 8, 16, 32, 100)
+
+
+def exact_neighbours(embeddings: np.ndarray, queries: np.ndarray, k: int, chunk: int = 65536) -> np.ndarray:
+    """Rows of the exact top-``k`` inner products (int64 ``[num_queries, k]``, best first), in blocks of
+    ``chunk`` rows so that the score matrix of a million-row corpus is never held whole."""
+    num_queries = queries.shape[0]
+    best_scores = np.full([num_queries, k], -np.inf, np.float32)  # [Q, k]
+    best_rows = np.zeros([num_queries, k], np.int64)  # [Q, k]
+    for start in range(0, embeddings.shape[0], chunk):
+        scores = queries @ embeddings[start:start + chunk].T  # [Q, c]
+        rows = np.broadcast_to(np.arange(start, start + scores.shape[1]), scores.shape)  # [Q, c]
+        merged_scores = np.concatenate([best_scores, scores], axis=1)  # [Q, k + c]
+        merged_rows = np.concatenate([best_rows, rows], axis=1)
+        top = np.argpartition(-merged_scores, k - 1, axis=1)[:, :k]  # [Q, k] unordered
+        best_scores = np.take_along_axis(merged_scores, top, axis=1)
+        best_rows = np.take_along_axis(merged_rows, top, axis=1)
+    order = np.argsort(-best_scores, axis=1, kind="stable")
+    return np.take_along_axis(best_rows, order, axis=1)
+
+
+def recall_at_k(rows: np.ndarray, exact_rows: np.ndarray) -> float:
+    """Mean over queries of |approximate top-k ∩ exact top-k| / k."""
+    k = exact_rows.shape[1]
+    return float(np.mean([len(set(a.tolist()) & set(b.tolist())) / k for a, b in zip(rows, exact_rows)]))
+
+
+def _leaf_grid(num_leaves: int) -> list[int]:
+    """1, 2, 3, 4, 6, 8, 12, 16, ... (about 1.5x apart) up to and including ``num_leaves``."""
+    grid, value = set(), 1.0
+    while value < num_leaves:
+        grid.add(int(round(value)))
+        value *= math.sqrt(2.0)
+    grid.add(num_leaves)
+    return sorted(grid)
+
+
+class SearchTuner:
+    """Chooses ``num_leaves_to_search`` and ``reorder_num_neighbors`` of a tree-AH ScaNN searcher.
+
+    Args:
+      target_recall: recall@k against the exact top-k to reach (e.g. 0.99).
+      num_queries: indexed vectors sampled as queries.
+      k: neighbours the recall is measured at.
+      seed: the query sample's seed.
+    """
+
+    def __init__(self, target_recall: float, num_queries: int = 1000, k: int = 10, seed: int = 0) -> None:
+        if not 0.0 < target_recall <= 1.0:
+            raise ValueError(f"target_recall must be in (0, 1], got {target_recall}")
+        self.target_recall = float(target_recall)
+        self.num_queries = int(num_queries)
+        self.k = int(k)
+        self.seed = int(seed)
+
+    def tune(self, searcher: Any, brute_force: Any, embeddings: np.ndarray, num_leaves: int) -> dict[str, Any]:
+        """Measures ``searcher`` (tree + AH + re-ordering) and ``brute_force`` (ScaNN's exact scorer), both
+        ``scann_ops_pybind`` searchers over ``embeddings`` ``[num_blocks, dim]``; returns the choice:
+        ``{"mode", "num_leaves_to_search", "reorder_num_neighbors", "recall", "qps", "brute_force_qps",
+        "tried": [[leaves, reorder, recall, qps], ...], ...}``."""
+        start = time.perf_counter()
+        num_blocks = embeddings.shape[0]
+        k = min(self.k, num_blocks)
+        rng = np.random.default_rng(self.seed)
+        sample = rng.choice(num_blocks, size=min(self.num_queries, num_blocks), replace=False)
+        queries = np.ascontiguousarray(embeddings[np.sort(sample)])  # [Q, dim]
+        exact = exact_neighbours(embeddings, queries, k)  # [Q, k]
+        measured: dict[tuple[int, int], tuple[float, float]] = {}
+
+        def measure(leaves: int, reorder: int) -> tuple[float, float]:
+            if (leaves, reorder) not in measured:
+                rows, _ = searcher.search_batched_parallel(queries, final_num_neighbors=k,
+                                                           pre_reorder_num_neighbors=reorder,
+                                                           leaves_to_search=leaves)
+                recall = recall_at_k(np.asarray(rows), exact)
+                seconds = _seconds(lambda: searcher.search_batched_parallel(
+                    queries, final_num_neighbors=k, pre_reorder_num_neighbors=reorder, leaves_to_search=leaves))
+                measured[(leaves, reorder)] = (recall, len(queries) / seconds)
+            return measured[(leaves, reorder)]
+
+        grid = _leaf_grid(num_leaves)
+        for reorder in sorted({min(num_blocks, max(k, m * k)) for m in REORDER_MULTIPLES}):
+            if measure(grid[-1], reorder)[0] < self.target_recall:
+                continue  # this depth cannot reach the target even searching every leaf
+            low, high = 0, len(grid) - 1  # the fewest leaves reaching the target: recall grows with leaves
+            while low < high:
+                middle = (low + high) // 2
+                if measure(grid[middle], reorder)[0] >= self.target_recall:
+                    high = middle
+                else:
+                    low = middle + 1
+        best: tuple[float, int, int] | None = None  # (qps, leaves, reorder)
+        # Any measured setting that reached the target is a candidate (more leaves can be faster with a
+        # shallower re-ordering): the fastest one wins.
+        for (leaves, reorder), (recall, qps) in measured.items():
+            if recall >= self.target_recall and (best is None or qps > best[0]):
+                best = (qps, leaves, reorder)
+        brute_force(queries[:1], k)  # warm-up
+        brute_force_qps = len(queries) / _seconds(lambda: brute_force(queries, k))
+        tried = [[leaves, reorder, round(r, 4), round(q, 1)] for (leaves, reorder), (r, q) in sorted(measured.items())]
+        result: dict[str, Any] = {"target_recall": self.target_recall, "recall_k": k, "num_queries": len(queries),
+                                  "brute_force_qps": round(brute_force_qps, 1), "tried": tried}
+        if best is None or brute_force_qps >= best[0]:
+            result.update(mode="brute_force", recall=1.0, qps=round(brute_force_qps, 1),
+                          reason="no leaves/re-ordering reached the target" if best is None
+                          else "exact search is faster at this recall")
+        else:
+            qps, leaves, reorder = best
+            result.update(mode="tree_ah", num_leaves_to_search=leaves, reorder_num_neighbors=reorder,
+                          recall=measured[(leaves, reorder)][0], qps=round(qps, 1))
+        result["seconds"] = round(time.perf_counter() - start, 2)
+        return result
+
+
+def _seconds(fn: Any, min_total: float = 0.2, min_runs: int = 2) -> float:
+    """The fastest of repeated runs of ``fn`` (at least ``min_runs``, and until ``min_total`` seconds have
+    passed): the least disturbed by other work on the machine."""
+    best, total, runs = math.inf, 0.0, 0
+    while runs < min_runs or total < min_total:
+        start = time.perf_counter()
+        fn()
+        elapsed = time.perf_counter() - start
+        best, total, runs = min(best, elapsed), total + elapsed, runs + 1
+    return max(best, 1e-9)
