@@ -24,7 +24,8 @@ def restore_from_run(path: str, retriever: knowledge_retriever.KnowledgeRetrieve
 
     Understands REALM pre-training (``model = RealmPretrainer``: ``model.retriever``, ``model.encoder.encoder``),
     ICT (``model = KnowledgeRetriever``), reader warm-start (``reader``) and Open-QA fine-tuning (``retriever``,
-    ``reader``) runs. ``reader`` (a :class:`~realm_tf.models.span_reader.SpanReader`) is restored whole, span MLP
+    ``reader``) runs, and the imports of ``realm-tf import-realm`` (shaped like these: the released ``bert`` as
+    a pre-training run's ``model.encoder`` alone). ``reader`` (a :class:`~realm_tf.models.span_reader.SpanReader`) is restored whole, span MLP
     included, from a run that trained one; from REALM pre-training only its BERT (``reader.encoder``) is.
     """
     checkpoint = tf.train.latest_checkpoint(os.path.join(path, "checkpoints")) or tf.train.latest_checkpoint(path)
@@ -39,7 +40,7 @@ def restore_from_run(path: str, retriever: knowledge_retriever.KnowledgeRetrieve
             reader_bert = None
         else:
             reader_bert, reader = reader.encoder, None
-    if any(k.startswith("model/retriever/") for k in keys):  # REALM pre-training
+    if any(k.startswith(("model/retriever/", "model/encoder/")) for k in keys):  # REALM pre-training
         parts: dict[str, Any] = {}
         if retriever is not None:
             parts["retriever"] = retriever
