@@ -11,6 +11,7 @@ from typing import Any
 import tensorflow as tf
 import tf_keras
 
+from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.models import knowledge_retriever
 
@@ -62,3 +63,12 @@ def restore_from_run(path: str, retriever: knowledge_retriever.KnowledgeRetrieve
         tree = tf.train.Checkpoint(model=retriever)
     tree.read(checkpoint).assert_existing_objects_matched().expect_partial()
     return checkpoint
+
+
+def write_checkpoint(run_dir: str, **items: tf.Module) -> str:
+    """Writes ``items`` as a run's only checkpoint, ``<run_dir>/checkpoints/ckpt-0`` with its state file (what
+    ``tf.train.latest_checkpoint`` and :func:`restore_from_run` read); returns its prefix."""
+    prefix = tf.train.Checkpoint(**items).write(os.path.join(run_dir, "checkpoints", "ckpt-0"))
+    config_lib.atomic_write_text(os.path.join(run_dir, "checkpoints", "checkpoint"),
+                                 'model_checkpoint_path: "ckpt-0"\nall_model_checkpoint_paths: "ckpt-0"\n')
+    return prefix

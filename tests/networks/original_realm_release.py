@@ -89,7 +89,7 @@ def write_checkpoint(prefix: str, variables: dict[str, np.ndarray], training_sta
         ``global_step``, as in a checkpoint saved during training.
       build: called inside the graph after the variables exist: may create more variables (with TF1's own naming)
         and returns named output tensors.
-      feed: ``{placeholder name: value}`` for evaluating ``build``'s outputs.
+      feed: ``{placeholder name: value}`` for evaluating ``build``'s outputs (none: they are not evaluated).
 
     Returns ``{"prefix", "values": {name: every saved variable's value}, "outputs": build's outputs evaluated}``.
     """
@@ -110,7 +110,7 @@ def write_checkpoint(prefix: str, variables: dict[str, np.ndarray], training_sta
             session.run(tf.compat.v1.global_variables_initializer())
             values = session.run({v.op.name: v for v in tf.compat.v1.global_variables()})
             feed_dict = {graph.get_tensor_by_name(k + ":0"): v for k, v in (feed() if feed else {}).items()}
-            evaluated = session.run(outputs, feed_dict=feed_dict) if outputs else {}
+            evaluated = session.run(outputs, feed_dict=feed_dict) if outputs and feed else {}
             path = saver.save(session, prefix, write_meta_graph=False)
     return {"prefix": path, "values": values, "outputs": evaluated}
 
