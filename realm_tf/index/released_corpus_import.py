@@ -43,6 +43,8 @@ logger = logging.getLogger(__name__)
 #: The variable of ``encoded.ckpt`` holding the block embeddings (``orqa_model.retrieve``).
 BLOCK_EMB = "block_emb"
 BLOCKS_PREFIX = "blocks"
+#: Progress is logged every this many blocks.
+LOG_EVERY_BLOCKS = 100_000
 #: Rows of ``block_emb`` read at a time (128 MB at 128 floats a row).
 ROWS_PER_READ = 262_144
 
@@ -58,7 +60,8 @@ def import_blocks(blocks_path: str, blocks_dir: str, tokenizer: bert_tokenizer.B
 
     Args:
       blocks_path: ``blocks.tfr``: one UTF-8 block text a record (any ``tf.io.gfile`` path).
-      blocks_dir: the blocks directory to publish (must not hold blocks yet).
+      blocks_dir: the blocks directory to publish; when it already holds the blocks of the same files and
+        vocabulary (an earlier run), they are kept and their manifest returned; other blocks are an error.
       tokenizer: the model's tokenizer (its vocabulary is recorded in the manifest).
       max_block_length: ``data.max_block_length``; blocks longer than this with [CLS]/[SEP]s (ORQA keeps a
         sentence longer than the limit whole) are kept as they are and counted (``over_length_blocks``): the
@@ -71,7 +74,13 @@ def import_blocks(blocks_path: str, blocks_dir: str, tokenizer: bert_tokenizer.B
     tokenize = tf.function(lambda text: tokenizer(text), reduce_retracing=True)
     final = blocks_dir.rstrip("/")
     if artifacts.is_complete(final, artifacts.JOB_MANIFEST):
-        raise CorpusImportError(f"{final}: already holds blocks; choose another directory or delete it")
+        manifest = artifacts.read_marker(final, artifacts.JOB_MANIFEST, "blocks directory")
+        same = (manifest.get("source_blocks"), manifest.get("source_titles"), manifest.get("vocab_hash"))
+        if same == (blocks_path, titles_path, tokenizer.vocab_hash):  # an earlier run of the same import
+            logger.info("%s: already holds the blocks of %s; kept", final, blocks_path)
+            return manifest
+        raise CorpusImportError(f"{final}: already holds other blocks (of {manifest.get('source_blocks')}); choose "
+                                "another directory or delete it")
     count, over_length, shards = 0, 0, []
     doc_id, block_index = "", 0
     with artifacts.staged(final, artifacts.JOB_MANIFEST) as staging:
@@ -100,7 +109,8 @@ def import_blocks(blocks_path: str, blocks_dir: str, tokenizer: bert_tokenizer.B
                     example_schemas.BODY_IDS: b_ids,
                 }))
                 count += 1
-            logger.info("import_blocks: %d blocks (%.0f/s)", count, count / max(time.time() - start, 1e-9))
+            if count // LOG_EVERY_BLOCKS != (count - len(texts)) // LOG_EVERY_BLOCKS:
+                logger.info("import_blocks: %d blocks (%.0f/s)", count, count / max(time.time() - start, 1e-9))
         if writer is not None:
             writer.close()
         if not count:
@@ -118,6 +128,17 @@ def import_blocks(blocks_path: str, blocks_dir: str, tokenizer: bert_tokenizer.B
     return staging.metadata
 
 
+def block_emb_shape(block_emb_path: str) -> tuple[str, tuple[int, int]]:
+    """``(checkpoint prefix, (num_blocks, dim))`` of ``block_emb`` (read from the index, no data): check it before
+    importing the blocks, which takes far longer."""
+    prefix = realm_checkpoint_import.checkpoint_prefix(block_emb_path)
+    shapes = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
+    if BLOCK_EMB not in shapes or len(shapes[BLOCK_EMB]) != 2:
+        raise CorpusImportError(f"{prefix}: no [num_blocks, dim] variable '{BLOCK_EMB}' (has: {sorted(shapes)[:10]})")
+    rows, dim = (int(d) for d in shapes[BLOCK_EMB])
+    return prefix, (rows, dim)
+
+
 def import_block_embeddings(block_emb_path: str, index_dir: str, index_config: config_lib.IndexConfig,
                             vocab_hash: str, num_blocks: int, dim: int,
                             rows_per_read: int = ROWS_PER_READ) -> dict[str, Any]:
@@ -132,11 +153,7 @@ def import_block_embeddings(block_emb_path: str, index_dir: str, index_config: c
 
     Returns the version's ``index.json`` content, with ``read_seconds``.
     """
-    prefix = realm_checkpoint_import.checkpoint_prefix(block_emb_path)
-    shapes = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
-    if BLOCK_EMB not in shapes:
-        raise CorpusImportError(f"{prefix}: no variable '{BLOCK_EMB}' (has: {sorted(shapes)[:10]})")
-    shape = tuple(int(d) for d in shapes[BLOCK_EMB])
+    prefix, shape = block_emb_shape(block_emb_path)
     if shape != (num_blocks, dim):
         raise CorpusImportError(f"{prefix}: '{BLOCK_EMB}' is {list(shape)}, expected [{num_blocks}, {dim}] "
                                 f"({num_blocks} blocks imported, projection size {dim})")

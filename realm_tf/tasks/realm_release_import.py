@@ -229,6 +229,10 @@ def _import_corpus(cfg: config_lib.ExperimentConfig, blocks: str, titles: str | 
         sibling = f"{os.path.dirname(blocks.rstrip('/'))}/titles.tfr"
         titles = sibling if tf.io.gfile.exists(sibling) else None
         logger.info("titles: %s", titles or f"none ({sibling} does not exist): blocks get empty titles")
+    _, (_, dim) = released_corpus_import.block_emb_shape(block_emb)  # fails fast, before the long part
+    if dim != cfg.model.projection_size:
+        raise errors.UserError(f"{block_emb}: block_emb is {dim} wide, the retriever projects to "
+                               f"{cfg.model.projection_size}: not the embeddings of this retriever")
     tokenizer = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, cfg.model.lower_case)
     manifest = released_corpus_import.import_blocks(blocks, cfg.data.blocks_dir, tokenizer,
                                                     cfg.data.max_block_length, titles_path=titles)
