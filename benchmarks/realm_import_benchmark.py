@@ -76,7 +76,8 @@ def synthesize(workdir: str, num_blocks: int, words: int, seed: int = 0) -> dict
     _write_block_emb(os.path.join(embedder, "encoded", "encoded.ckpt"), num_blocks, first.astype(np.float32), rng)
     orqa = os.path.join(workdir, "orqa_nq_model_from_realm")
     values = {**release.embedder_variables(rng, "module/module/module/", size=128, dims=dims),
-              **release.bert_variables(rng, "reader/module/", dims), **release.mlm_variables(rng, "reader/module/", dims)}
+              **release.bert_variables(rng, "reader/module/", dims),
+              **release.mlm_variables(rng, "reader/module/", dims)}
     release.write_checkpoint(os.path.join(orqa, "export", "best_default", "checkpoint", "model.ckpt-1"), values,
                              build=release.orqa_span_scorer_graph(span_hidden=256))
     with open(os.path.join(orqa, "params.json"), "w", encoding="utf-8") as f:
@@ -144,8 +145,8 @@ def measure(workdir: str, num_blocks: int, words: int) -> list[tuple[str, dict]]
     for name, argv in stages:
         result = run_stage(name, argv, log)
         rows.append((name, result))
-        print(f"{name:<7} exit {result['code']}  {result['seconds']:>8.1f} s  peak RSS {result['peak_rss_mib']:>7,} MiB",
-              flush=True)
+        print(f"{name:<7} exit {result['code']}  {result['seconds']:>8.1f} s  peak RSS "
+              f"{result['peak_rss_mib']:>7,} MiB", flush=True)
         if result["code"] != 0:
             raise SystemExit(f"stage {name} failed: see {log}")
     report = json.load(open(os.path.join(out, "import.json"), encoding="utf-8"))

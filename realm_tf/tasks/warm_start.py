@@ -26,8 +26,9 @@ def restore_from_run(path: str, retriever: knowledge_retriever.KnowledgeRetrieve
     Understands REALM pre-training (``model = RealmPretrainer``: ``model.retriever``, ``model.encoder.encoder``),
     ICT (``model = KnowledgeRetriever``), reader warm-start (``reader``) and Open-QA fine-tuning (``retriever``,
     ``reader``) runs, and the imports of ``realm-tf import-realm`` (shaped like these: the released ``bert`` as
-    a pre-training run's ``model.encoder`` alone). ``reader`` (a :class:`~realm_tf.models.span_reader.SpanReader`) is restored whole, span MLP
-    included, from a run that trained one; from REALM pre-training only its BERT (``reader.encoder``) is.
+    a pre-training run's ``model.encoder`` alone). ``reader`` (a :class:`~realm_tf.models.span_reader.SpanReader`)
+    is restored whole, span MLP included, from a run that trained one; from REALM pre-training only its BERT
+    (``reader.encoder``) is.
     """
     checkpoint = tf.train.latest_checkpoint(os.path.join(path, "checkpoints")) or tf.train.latest_checkpoint(path)
     if checkpoint is None and tf.io.gfile.exists(path + ".index"):

@@ -125,8 +125,9 @@ def write_hub_module(directory: str, variables: dict[str, np.ndarray], vocab_fil
 
 
 def orqa_span_scorer_graph(span_hidden: int, hidden: int = DIMS["hidden"]) -> Callable[[], dict]:
-    """``build`` for :func:`write_checkpoint`: ORQA's span scoring (``orqa_model.read``) in ``variable_scope("reader")``,
-    fed ``reader_token_emb`` [beam, len, hidden], ``reader_starts`` / ``reader_ends`` [num_spans]."""
+    """``build`` for :func:`write_checkpoint`: ORQA's span scoring (``orqa_model.read``) in
+    ``variable_scope("reader")``, fed ``reader_token_emb`` [beam, len, hidden], ``reader_starts`` /
+    ``reader_ends`` [num_spans]."""
 
     def build() -> dict:
         token_emb = tf.compat.v1.placeholder(tf.float32, [None, None, hidden], name="reader_token_emb")

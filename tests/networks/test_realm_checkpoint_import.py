@@ -216,8 +216,8 @@ def test_a_missing_variable_fails_with_its_name(realm_embedder, tmp_path):
 
 def test_an_unexpected_or_misshaped_variable_fails(realm_embedder, tmp_path):
     _, variables = realm_embedder
-    path = _broken_copy(tmp_path, variables, lambda v: v.update({"module/module/extra_head/kernel": np.ones([2, 2],
-                                                                                                           np.float32)}))
+    extra = {"module/module/extra_head/kernel": np.ones([2, 2], np.float32)}
+    path = _broken_copy(tmp_path, variables, lambda v: v.update(extra))
     with pytest.raises(ckpt_import.WeightImportError,
                        match=r"checkpoint variable 'module/module/extra_head/kernel' \[2, 2\] is not consumed"):
         _import_embedder(path)
