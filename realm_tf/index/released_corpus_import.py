@@ -45,8 +45,8 @@ BLOCK_EMB = "block_emb"
 BLOCKS_PREFIX = "blocks"
 #: Progress is logged every this many blocks.
 LOG_EVERY_BLOCKS = 100_000
-#: Rows of ``block_emb`` read at a time (128 MB at 128 floats a row).
-ROWS_PER_READ = 262_144
+#: Rows of ``block_emb`` read at a time (32 MB at 128 floats a row).
+ROWS_PER_READ = 65_536
 
 
 class CorpusImportError(errors.UserError, ValueError):
