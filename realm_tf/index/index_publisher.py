@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import time
 from typing import Any, Mapping
 
@@ -81,18 +82,19 @@ def read_embeddings(path: str) -> np.ndarray:
 
 
 def publish_next(index_dir: str, embeddings: np.ndarray, index: mips_index.MipsIndex, metadata: Mapping[str, Any],
-                 keep_versions: int, arrays: Mapping[str, np.ndarray] | None = None) -> tuple[int, str]:
+                 keep_versions: int, arrays: Mapping[str, np.ndarray] | None = None,
+                 embeddings_file: str | None = None) -> tuple[int, str]:
     """:func:`publish` as the version after the highest complete one (0 for the first): ``(version, path)``.
     For indexes with one writer (a database build), whose versions are not trainer steps."""
     versions = complete_versions(index_dir)
     version = versions[-1] + 1 if versions else 0
     return version, publish(index_dir, version, embeddings, index, {"export_step": version, **metadata},
-                            keep_versions, arrays=arrays)
+                            keep_versions, arrays=arrays, embeddings_file=embeddings_file)
 
 
 def publish(index_dir: str, version: int, embeddings: np.ndarray, index: mips_index.MipsIndex,
             metadata: Mapping[str, Any], keep_versions: int, pause_before_commit: float = 0.0,
-            arrays: Mapping[str, np.ndarray] | None = None) -> str:
+            arrays: Mapping[str, np.ndarray] | None = None, embeddings_file: str | None = None) -> str:
     """Publishes ``index`` (built over ``embeddings``) as ``<index_dir>/<version>`` and returns that path.
 
     Args:
@@ -107,6 +109,9 @@ def publish(index_dir: str, version: int, embeddings: np.ndarray, index: mips_in
         version just published is never deleted, even if higher versions exist.
       arrays: more arrays published with the version, ``{file name: array}`` (e.g. a kNN-LM datastore's
         ``values.npy``), saved without pickles and listed in ``index.json`` under ``arrays``.
+      embeddings_file: a local ``.npy`` file that already holds ``embeddings`` (e.g. the memory map they were
+        streamed into): moved into the version as ``embeddings.npy`` instead of being written again (a 13M x 128
+        matrix is 6.8 GB). It is gone after a successful publication.
 
     Raises:
       IndexVersionExistsError: ``version`` is already published (complete).
@@ -127,8 +132,11 @@ def publish(index_dir: str, version: int, embeddings: np.ndarray, index: mips_in
         raise IndexVersionExistsError(f"{final}: index version {version} is already published")
     try:
         with artifacts.staged(final, artifacts.INDEX, pause_before_commit=pause_before_commit) as staging:
-            with tf.io.gfile.GFile(os.path.join(staging.path, EMBEDDINGS_NPY), "wb") as f:
-                np.save(f, embeddings, allow_pickle=False)
+            if embeddings_file is not None:
+                _move_into(embeddings_file, os.path.join(staging.path, EMBEDDINGS_NPY))
+            else:
+                with tf.io.gfile.GFile(os.path.join(staging.path, EMBEDDINGS_NPY), "wb") as f:
+                    np.save(f, embeddings, allow_pickle=False)
             index.save(os.path.join(staging.path, SEARCHER_DIR))
             for name, array in (arrays or {}).items():
                 with tf.io.gfile.GFile(os.path.join(staging.path, name), "wb") as f:
@@ -157,6 +165,15 @@ def delete_old_versions(index_dir: str, keep_versions: int, protect: int | None 
 
 # ----------------------------------------------------------------------------------------------------------
 # Implementation.
+
+
+def _move_into(local_file: str, target: str) -> None:
+    """Moves ``local_file`` to ``target`` (a rename on the same local filesystem, else a copy and a delete)."""
+    if artifacts.is_local(target):
+        shutil.move(local_file, artifacts.local_path(target))
+    else:
+        tf.io.gfile.copy(local_file, target, overwrite=True)
+        os.unlink(local_file)
 
 
 def _check_metadata(metadata: Mapping[str, Any]) -> None:

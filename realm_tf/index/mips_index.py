@@ -102,8 +102,9 @@ def check_embeddings(embeddings: np.ndarray) -> np.ndarray:
         raise ValueError(f"embeddings must be a non-empty [num_blocks, dim] matrix, got shape {embeddings.shape}")
     if not np.issubdtype(embeddings.dtype, np.floating):
         raise ValueError(f"embeddings must be floating point, got {embeddings.dtype}")
-    embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
-    if not np.isfinite(embeddings).all():
+    embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)  # no copy of a float32 matrix (or memory map)
+    step = 1 << 20  # rows checked at a time: no [num_blocks, dim] temporary (13M x 128 would be 1.7 GB)
+    if not all(np.isfinite(embeddings[i:i + step]).all() for i in range(0, embeddings.shape[0], step)):
         raise ValueError("embeddings contain NaN or Inf")
     return embeddings
 

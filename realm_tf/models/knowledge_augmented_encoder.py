@@ -25,6 +25,8 @@ class KnowledgeAugmentedEncoder(tf_keras.Model):
     Args:
       encoder: a BertEncoderV2 (anything returning ``sequence_output`` with ``get_embedding_table()``).
       initializer_range: stddev of the MLM transform's initialiser.
+      hidden_act: the MLM transform's activation, as ``encoder.hidden_act`` (BERT's ``cls/predictions/transform``
+        uses the encoder's activation: the tanh GELU, ``gelu_new``, in the original code).
 
     Inputs of :meth:`call`: ``input_word_ids`` / ``input_mask`` / ``input_type_ids`` ``int32[batch, len]`` and
     ``masked_positions`` ``int32[batch, num_masked]`` (indices into the joined sequence).
@@ -32,13 +34,15 @@ class KnowledgeAugmentedEncoder(tf_keras.Model):
     Returns: ``{"mlm_logits": float32[batch, num_masked, vocab_size], "sequence_output": [batch, len, hidden]}``.
     """
 
-    def __init__(self, encoder: tf_keras.layers.Layer, initializer_range: float = 0.02, **kwargs: Any):
+    def __init__(self, encoder: tf_keras.layers.Layer, initializer_range: float = 0.02, hidden_act: str = "gelu",
+                 **kwargs: Any):
         super().__init__(**kwargs)
         self.encoder = encoder
         self._initializer_range = initializer_range
+        self._hidden_act = hidden_act
         bert_weight_import.ensure_built(encoder)  # the tied head needs the word-embedding variable to exist
         self.masked_lm = layers.MaskedLM(
-            embedding_table=encoder.get_embedding_table(), activation="gelu",
+            embedding_table=encoder.get_embedding_table(), activation=bert_encoder.activation(hidden_act),
             initializer=tf_keras.initializers.TruncatedNormal(stddev=initializer_range), name="masked_lm")
 
     def call(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> dict[str, tf.Tensor]:
@@ -49,7 +53,7 @@ class KnowledgeAugmentedEncoder(tf_keras.Model):
 
     def get_config(self) -> dict[str, Any]:
         return {"encoder": tf_keras.layers.serialize(self.encoder), "initializer_range": self._initializer_range,
-                "name": self.name}
+                "hidden_act": self._hidden_act, "name": self.name}
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> "KnowledgeAugmentedEncoder":
@@ -63,7 +67,8 @@ def build_knowledge_augmented_encoder(cfg: config_lib.ModelConfig, restore: bool
     encoder = bert_encoder.build_bert_encoder(cfg.encoder, name="reader_bert")
     if restore and cfg.init_checkpoint:
         bert_weight_import.restore_encoder(encoder, cfg.init_checkpoint)
-    model = KnowledgeAugmentedEncoder(encoder, cfg.encoder.initializer_range, name="knowledge_augmented_encoder")
+    model = KnowledgeAugmentedEncoder(encoder, cfg.encoder.initializer_range, hidden_act=cfg.encoder.hidden_act,
+                                      name="knowledge_augmented_encoder")
     dummy = tf.zeros([1, 2], tf.int32)  # [batch, len]
     model({"input_word_ids": dummy, "input_mask": tf.ones_like(dummy), "input_type_ids": dummy,
            "masked_positions": tf.zeros([1, 1], tf.int32)})

@@ -11,7 +11,8 @@ One differentiable pass for a batch of questions x:
    the gathered rows, so the gradient reaches the query tower (document embeddings are frozen, as in ORQA and
    REALM's fine-tuning; with ``recompute_doc_embeddings`` the k blocks are re-embedded with the current
    Embed_doc instead, so it trains too);
-3. join_BERT(x, title [SEP] body) for each block, built in the graph, read by the
+3. join_BERT(x, title [SEP] body) for each block (join_BERT(x, body) with ``reader_block_title=False``, as
+   ORQA's reader, which reads the text of ``blocks.tfr`` alone), built in the graph, read by the
    :class:`~realm_tf.models.span_reader.SpanReader`; spans crossing the title/body [SEP] or cutting a word
    (starting on a ``##`` piece or stopping before one) are masked.
 
@@ -43,6 +44,7 @@ class OpenQaModel(tf_keras.Model):
       reader_seq_length: length of join_BERT(x, z).
       block_seq_length: length of ``[CLS] title [SEP] body [SEP]`` when re-embedding blocks.
       recompute_doc_embeddings: score the k blocks with the current Embed_doc instead of the fixed matrix.
+      reader_block_title: the reader reads ``title [SEP] body`` after the question (false: the body alone).
 
     Inputs of :meth:`call`: ``question_input_word_ids`` / ``_input_mask`` / ``_input_type_ids`` ``int32[batch, q_len]``
     (``[CLS] question [SEP]``). Optional ``block_ids`` ``int32[batch, k]``: blocks chosen by another retriever
@@ -58,7 +60,7 @@ class OpenQaModel(tf_keras.Model):
     def __init__(self, retriever: knowledge_retriever.KnowledgeRetriever, reader: span_reader.SpanReader,
                  corpus: knowledge_corpus.KnowledgeCorpus, tokenizer: bert_tokenizer.BertTokenizer,
                  reader_beam_size: int, reader_seq_length: int, block_seq_length: int,
-                 recompute_doc_embeddings: bool = False, **kwargs: Any):
+                 recompute_doc_embeddings: bool = False, reader_block_title: bool = True, **kwargs: Any):
         super().__init__(**kwargs)
         self.retriever = retriever
         self.reader = reader
@@ -68,6 +70,7 @@ class OpenQaModel(tf_keras.Model):
         self.reader_seq_length = reader_seq_length
         self.block_seq_length = block_seq_length
         self.recompute_doc_embeddings = recompute_doc_embeddings
+        self.reader_block_title = reader_block_title
         self._continuation = tf.constant(bert_tokenizer.continuation_table(tokenizer.vocab))  # [vocab]: "##" pieces
 
     def retrieve(self, question: dict[str, tf.Tensor], k: int,
@@ -101,8 +104,11 @@ class OpenQaModel(tf_keras.Model):
 
         question_ids = _unpack(question)  # [batch, (q_len)]
         repeated = tf.gather(question_ids, tf.repeat(tf.range(batch), k))  # [batch * k, (q_len)]
-        sep = tf.RaggedTensor.from_tensor(tf.fill([batch * k, 1], self.tokenizer.sep_id))  # [batch * k, 1]
-        doc = tf.concat([titles, sep, bodies], axis=1)  # [batch * k, (title_len + 1 + body_len)]
+        if self.reader_block_title:
+            sep = tf.RaggedTensor.from_tensor(tf.fill([batch * k, 1], self.tokenizer.sep_id))  # [batch * k, 1]
+            doc = tf.concat([titles, sep, bodies], axis=1)  # [batch * k, (title_len + 1 + body_len)]
+        else:
+            doc = bodies  # [batch * k, (body_len)]
         reader_inputs = self.tokenizer.join_bert(repeated, doc, self.reader_seq_length, pad_to_seq_length=False)
         reader_inputs = {key: tf.reshape(v, [batch, k, -1]) for key, v in reader_inputs.items()}  # [b, k, len]
         read = self.reader(reader_inputs, training=training)
@@ -156,8 +162,11 @@ class OpenQaModel(tf_keras.Model):
         question_len = tf.reduce_sum(tf.cast(tf.equal(type_ids, 0) & tf.not_equal(word_ids, self.tokenizer.pad_id),
                                              tf.int32), -1) - 2  # [batch]: x as read (after any truncation)
         title_start = question_len + 2  # [batch]
-        title_len = tf.cast(self.corpus.title_ids(block).row_lengths(), tf.int32)  # [batch]
-        body_start = title_start + title_len + 1  # [batch]
+        if self.reader_block_title:
+            title_len = tf.cast(self.corpus.title_ids(block).row_lengths(), tf.int32)  # [batch]
+            body_start = title_start + title_len + 1  # [batch]
+        else:
+            body_start = title_start  # [batch]: no title read
         in_title = start < body_start  # [batch]
         offset = tf.where(in_title, title_start, body_start)  # [batch]
         answer = self.corpus.span_text(block, in_title, start - offset, end - offset)  # [batch]
@@ -166,7 +175,8 @@ class OpenQaModel(tf_keras.Model):
     def get_config(self) -> dict[str, Any]:
         return {"reader_beam_size": self.reader_beam_size, "reader_seq_length": self.reader_seq_length,
                 "block_seq_length": self.block_seq_length,
-                "recompute_doc_embeddings": self.recompute_doc_embeddings, "name": self.name}
+                "recompute_doc_embeddings": self.recompute_doc_embeddings,
+                "reader_block_title": self.reader_block_title, "name": self.name}
 
 
 def _unpack(packed: dict[str, tf.Tensor]) -> tf.RaggedTensor:

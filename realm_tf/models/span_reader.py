@@ -5,6 +5,10 @@ For each of the k retrieved blocks z, a BERT reads join_BERT(x, z) = ``[CLS] que
 
     S_read(z, s, x) = MLP([h_START(s); h_END(s)]),   MLP = Dense(span_hidden_size, ReLU) → Dense(1)
 
+With ``span_layer_norm`` the hidden layer is layer-normalised after the ReLU, as in ORQA's released reader
+(``orqa_model.read``: ``dense_1(LayerNormalization(ReLU(start[s] + end[e])))`` over ``dense(2·span_hidden)``'s two
+halves, Keras' ε = 1e-3); ``[W_s; W_e]`` here is that dense's kernel split in two, its bias the halves' sum.
+
 REALM: p(y | z, x) ∝ Σ_{s ∈ S(z, y)} exp(MLP([h_START(s); h_END(s)])). The candidates are all spans of at
 most ``max_span_width`` wordpieces (REALM: 10) inside the block segment. They are enumerated densely as
 ``(start, width)`` pairs, ``index = start * max_span_width + width`` (shared with
@@ -25,6 +29,8 @@ from realm_tf.networks import bert_weight_import
 
 #: The logit of a span outside the block segment: exp() of it underflows to 0 next to any real span score.
 MASKED_SPAN_LOGIT = -1e4
+#: ε of the optional LayerNorm of the span MLP: ORQA's ``tf.keras.layers.LayerNormalization()`` default.
+SPAN_LAYER_NORM_EPSILON = 1e-3
 
 
 class SpanReader(tf_keras.Model):
@@ -36,6 +42,8 @@ class SpanReader(tf_keras.Model):
       max_span_width: the longest candidate span, in wordpieces.
       span_hidden_size: width of the span MLP's hidden layer.
       initializer_range: stddev of the span MLP's truncated-normal initialiser.
+      span_layer_norm: LayerNorm (ε = :data:`SPAN_LAYER_NORM_EPSILON`) between the span MLP's ReLU and its
+        output layer (ORQA's reader); off by default.
       length_buckets: the ``batch * num_blocks`` rows are sorted by length and read by BERT in this many
         groups, each padded only to its own longest row (1: one group padded to the longest row). Outputs are
         the same up to float rounding (padding is masked out of attention); blocks vary in length (bundled
@@ -54,7 +62,8 @@ class SpanReader(tf_keras.Model):
     """
 
     def __init__(self, encoder: tf_keras.layers.Layer, max_span_width: int, span_hidden_size: int,
-                 initializer_range: float = 0.02, length_buckets: int = 1, **kwargs: Any):
+                 initializer_range: float = 0.02, length_buckets: int = 1, span_layer_norm: bool = False,
+                 **kwargs: Any):
         super().__init__(**kwargs)
         if max_span_width < 1 or span_hidden_size < 1 or length_buckets < 1:
             raise ValueError(f"max_span_width={max_span_width}, span_hidden_size={span_hidden_size} and "
@@ -69,6 +78,9 @@ class SpanReader(tf_keras.Model):
             kernel_initializer=tf_keras.initializers.TruncatedNormal(stddev=initializer_range))
         self.span_logit = tf_keras.layers.Dense(
             1, name="span_logit", kernel_initializer=tf_keras.initializers.TruncatedNormal(stddev=initializer_range))
+        self.span_layer_norm = (tf_keras.layers.LayerNormalization(epsilon=SPAN_LAYER_NORM_EPSILON,
+                                                                   name="span_layer_norm")
+                                if span_layer_norm else None)
 
     def call(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> dict[str, tf.Tensor]:
         word_ids = inputs["input_word_ids"]  # [batch, num_blocks, seq_len]
@@ -98,6 +110,8 @@ class SpanReader(tf_keras.Model):
                                                                                  sequence.dtype)
         span_hidden = tf.nn.relu(tf.gather(from_start, starts, axis=1)
                                  + tf.gather(from_end, safe_ends, axis=1))  # [b * k, num_spans, span_hidden]
+        if self.span_layer_norm is not None:
+            span_hidden = self.span_layer_norm(span_hidden)  # [b * k, num_spans, span_hidden]
         logits = tf.squeeze(self.span_logit(span_hidden), -1)  # [b * k, num_spans]
         logits = tf.cast(logits, tf.float32)
         logits = tf.where(mask, logits, tf.constant(MASKED_SPAN_LOGIT, tf.float32))  # [b * k, num_spans]
@@ -142,7 +156,8 @@ class SpanReader(tf_keras.Model):
     def get_config(self) -> dict[str, Any]:
         return {"encoder": tf_keras.layers.serialize(self.encoder), "max_span_width": self._max_span_width,
                 "span_hidden_size": self._span_hidden_size, "initializer_range": self._initializer_range,
-                "length_buckets": self._length_buckets, "name": self.name}
+                "length_buckets": self._length_buckets, "span_layer_norm": self.span_layer_norm is not None,
+                "name": self.name}
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> "SpanReader":
@@ -170,7 +185,7 @@ def build_span_reader(cfg: config_lib.ModelConfig, restore: bool = True) -> Span
         bert_weight_import.restore_encoder(encoder, cfg.init_checkpoint)
     model = SpanReader(encoder, max_span_width=cfg.max_span_width, span_hidden_size=cfg.span_hidden_size,
                        initializer_range=cfg.encoder.initializer_range, length_buckets=cfg.reader_length_buckets,
-                       name="span_reader")
+                       span_layer_norm=cfg.span_layer_norm, name="span_reader")
     dummy = tf.zeros([1, 1, 2], tf.int32)  # [batch, num_blocks, seq_len]
     model({"input_word_ids": dummy, "input_mask": tf.ones_like(dummy), "input_type_ids": dummy})
     return model

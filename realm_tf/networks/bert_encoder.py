@@ -6,7 +6,10 @@ each is tf-models' :class:`official.nlp.modeling.networks.BertEncoderV2`, config
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from official.nlp.modeling import networks
+import tensorflow as tf
 import tf_keras
 
 from realm_tf import config as config_lib
@@ -15,21 +18,27 @@ from realm_tf import config as config_lib
 INPUT_KEYS = ("input_word_ids", "input_mask", "input_type_ids")
 
 
+def activation(hidden_act: str) -> str | Callable[[tf.Tensor], tf.Tensor]:
+    """The Keras activation of ``encoder.hidden_act``: ``gelu`` is the exact (erf) GELU of Hugging Face
+    checkpoints, ``gelu_new`` the tanh approximation of the original BERT code (google-research/bert
+    ``modeling.gelu``, used by every released REALM and ORQA checkpoint), ``relu``."""
+    activations = {"gelu": "gelu", "gelu_new": "gelu_approximate", "relu": "relu"}
+    if hidden_act not in activations:
+        raise ValueError(f"encoder.hidden_act={hidden_act!r}: expected one of {sorted(activations)}")
+    if activations[hidden_act] == "gelu_approximate":
+        return lambda x: tf_keras.activations.gelu(x, approximate=True)
+    return activations[hidden_act]
+
+
 def build_bert_encoder(cfg: config_lib.EncoderConfig, name: str = "bert") -> networks.BertEncoderV2:
     """Builds an (untrained) BertEncoderV2 matching ``cfg``.
 
-    The activation is the exact (erf) GELU of the original BERT and of Hugging Face checkpoints, so imported
-    weights reproduce their outputs; layer-norm epsilon is BertEncoderV2's 1e-12, as in BERT.
+    The activation is :func:`activation` of ``cfg.hidden_act``, so imported weights reproduce their outputs;
+    layer-norm epsilon is BertEncoderV2's 1e-12, as in BERT.
     """
     if cfg.hidden_size % cfg.num_attention_heads:
         raise ValueError(f"encoder.hidden_size={cfg.hidden_size} is not divisible by "
                          f"encoder.num_attention_heads={cfg.num_attention_heads}")
-    activations = {"gelu": "gelu", "gelu_new": "gelu_approximate", "relu": "relu"}
-    if cfg.hidden_act not in activations:
-        raise ValueError(f"encoder.hidden_act={cfg.hidden_act!r}: expected one of {sorted(activations)}")
-    activation = activations[cfg.hidden_act]
-    if activation == "gelu_approximate":
-        activation = lambda x: tf_keras.activations.gelu(x, approximate=True)  # noqa: E731
     return networks.BertEncoderV2(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.hidden_size,
@@ -38,7 +47,7 @@ def build_bert_encoder(cfg: config_lib.EncoderConfig, name: str = "bert") -> net
         max_sequence_length=cfg.max_position_embeddings,
         type_vocab_size=cfg.type_vocab_size,
         inner_dim=cfg.intermediate_size,
-        inner_activation=activation,
+        inner_activation=activation(cfg.hidden_act),
         output_dropout=cfg.dropout_rate,
         attention_dropout=cfg.attention_dropout_rate,
         initializer=tf_keras.initializers.TruncatedNormal(stddev=cfg.initializer_range),

@@ -103,15 +103,53 @@ def load_hf_weights(encoder: tf_keras.layers.Layer, model_dir: str) -> list[str]
     used: set[str] = set()
     assignments = []
     for variable in encoder.weights:
-        match = _TF_NAME.search(variable.name.split(":")[0])
-        if match is None:
-            raise WeightImportError(f"{path}: encoder variable {variable.name} has no known BERT counterpart")
-        source, value = _source_tensor(match.group(1), tensors, variable, path)
+        source, value = _source_tensor(encoder_variable_key(variable, path), tensors, variable, path)
         used.add(source)
         assignments.append((variable, value))
     for variable, value in assignments:
         variable.assign(value.astype(variable.dtype.as_numpy_dtype))
     return sorted(set(tensors) - used)
+
+
+def encoder_variable_key(variable: tf.Variable, source: str) -> str:
+    """The part of a BertEncoderV2 variable's name that identifies it, e.g.
+    ``transformer/layer_0/self_attention/query/kernel`` (WeightImportError naming ``source`` otherwise)."""
+    match = _TF_NAME.search(variable.name.split(":")[0])
+    if match is None:
+        raise WeightImportError(f"{source}: encoder variable {variable.name} has no known BERT counterpart")
+    return match.group(1)
+
+
+def original_bert_name(key: str, source: str) -> str:
+    """The name of a BertEncoderV2 variable (its :func:`encoder_variable_key`) in the original BERT code
+    (google-research/bert ``modeling.py``), below ``bert/``: e.g. ``encoder/layer_0/attention/self/query/kernel``.
+    Hugging Face's names are these with dots (``encoder.layer.0.attention.self.query.weight``)."""
+    simple = {
+        "word_embeddings/embeddings": "embeddings/word_embeddings",
+        "position_embedding/embeddings": "embeddings/position_embeddings",
+        "type_embeddings/embeddings": "embeddings/token_type_embeddings",
+        "embeddings/layer_norm/gamma": "embeddings/LayerNorm/gamma",
+        "embeddings/layer_norm/beta": "embeddings/LayerNorm/beta",
+        "pooler_transform/kernel": "pooler/dense/kernel",
+        "pooler_transform/bias": "pooler/dense/bias",
+    }
+    if key in simple:
+        return simple[key]
+    m = re.fullmatch(r"transformer/layer_(\d+)/(.+)/(kernel|bias|gamma|beta)", key)
+    parts = {
+        "self_attention/query": "attention/self/query",
+        "self_attention/key": "attention/self/key",
+        "self_attention/value": "attention/self/value",
+        "self_attention/attention_output": "attention/output/dense",
+        "intermediate": "intermediate/dense",
+        "output": "output/dense",
+        "self_attention_layer_norm": "attention/output/LayerNorm",
+        "output_layer_norm": "output/LayerNorm",
+    }
+    if m is None or m.group(2) not in parts:
+        raise WeightImportError(f"{source}: no mapping for encoder variable {key}")
+    layer, part, kind = m.groups()
+    return f"encoder/layer_{layer}/{parts[part]}/{kind}"
 
 
 def import_bert(src: str, out: str) -> str:
@@ -164,49 +202,22 @@ def _source_tensor(tf_name: str, tensors: dict[str, np.ndarray], variable: tf.Va
                    path: str) -> tuple[str, np.ndarray]:
     """Finds the HF tensor for one TF variable and reshapes it to the variable's layout."""
     shape = tuple(variable.shape)
-    simple = {
-        "word_embeddings/embeddings": "embeddings.word_embeddings.weight",
-        "position_embedding/embeddings": "embeddings.position_embeddings.weight",
-        "type_embeddings/embeddings": "embeddings.token_type_embeddings.weight",
-        "pooler_transform/kernel": "pooler.dense.weight",
-        "pooler_transform/bias": "pooler.dense.bias",
-    }
-    transpose = False
-    if tf_name in simple:
-        candidates = [simple[tf_name]]
-        transpose = tf_name == "pooler_transform/kernel"
-    elif tf_name.startswith("embeddings/layer_norm/"):
-        candidates = _norm_names("embeddings.LayerNorm", tf_name.rsplit("/", 1)[1])
-    else:
-        m = re.fullmatch(r"transformer/layer_(\d+)/(.+)/(kernel|bias|gamma|beta)", tf_name)
-        if m is None:
-            raise WeightImportError(f"{path}: no mapping for encoder variable {variable.name}")
-        layer, part, kind = m.groups()
-        base = f"encoder.layer.{layer}."
-        parts = {
-            "self_attention/query": "attention.self.query",
-            "self_attention/key": "attention.self.key",
-            "self_attention/value": "attention.self.value",
-            "self_attention/attention_output": "attention.output.dense",
-            "intermediate": "intermediate.dense",
-            "output": "output.dense",
-            "self_attention_layer_norm": "attention.output.LayerNorm",
-            "output_layer_norm": "output.LayerNorm",
-        }
-        if part not in parts:
-            raise WeightImportError(f"{path}: no mapping for encoder variable {variable.name}")
-        if kind in ("gamma", "beta"):
-            candidates = _norm_names(base + parts[part], kind)
-        else:
-            candidates = [base + parts[part] + (".weight" if kind == "kernel" else ".bias")]
-            transpose = kind == "kernel"
+    scope, kind = original_bert_name(tf_name, path).rsplit("/", 1)
+    base = re.sub(r"layer_(\d+)", r"layer.\1", scope).replace("/", ".")
+    transpose = kind == "kernel"  # torch Linear stores [out, in]; Keras kernels are [in, out]
+    if kind in ("gamma", "beta"):
+        candidates = _norm_names(base, kind)
+    elif kind in ("kernel", "bias"):
+        candidates = [base + (".weight" if kind == "kernel" else ".bias")]
+    else:  # an embedding table: embeddings/word_embeddings -> embeddings.word_embeddings.weight
+        candidates = [f"{base}.{kind}.weight"]
     source = _first_present(tensors, candidates)
     if source is None:
         raise WeightImportError(f"{path}: missing tensor '{candidates[0]}' (needed for encoder variable "
                                 f"{variable.name} of shape {list(shape)})")
     value = tensors[source]
     if transpose:
-        value = value.T  # torch Linear stores [out, in]; Keras kernels are [in, out]
+        value = value.T
     if value.size != int(np.prod(shape)) or (value.ndim == len(shape) and value.shape != shape):
         raise WeightImportError(f"{path}: tensor '{source}' has shape {list(tensors[source].shape)}, "
                                 f"which does not fit encoder variable {variable.name} {list(shape)}")

@@ -3,7 +3,9 @@
     Embed(x) = W_proj · BERT_CLS(join_BERT(x))        then LayerNorm, as in ORQA (Lee et al., 2019)
 
 so the relevance f(x, z) = Embed_input(x)ᵀ Embed_doc(z) is an inner product of 128-d vectors that a MIPS
-index can search.
+index can search. The released REALM and ORQA embedders project BERT's *pooled* output instead of the [CLS]
+output (``pooling="pooled"``: the pooler's tanh(W·h_[CLS] + b); ORQA's ``ict_model.module_fn`` reads the BERT
+module's ``pooled_output``).
 """
 from __future__ import annotations
 
@@ -12,45 +14,52 @@ from typing import Any
 import tensorflow as tf
 import tf_keras
 
+from realm_tf import config as config_lib
 from realm_tf.networks import bert_encoder
 
 
 class Embedder(tf_keras.Model):
-    """BERT → pooled summary ([CLS], or masked mean) → Dense(projection_size) → LayerNorm.
+    """BERT → pooled summary ([CLS], masked mean or BERT's pooler) → Dense(projection_size) → LayerNorm.
 
     Args:
       encoder: a BERT network taking ``input_word_ids``/``input_mask``/``input_type_ids`` and returning a dict
-        with ``sequence_output`` (e.g. :class:`official.nlp.modeling.networks.BertEncoderV2`).
+        with ``sequence_output`` and ``pooled_output`` (e.g. tf-models' ``networks.BertEncoderV2``).
       projection_size: size of the embedding (REALM: 128).
-      pooling: ``"cls"`` (REALM) or ``"mean"`` (sentence-transformers style, for zero-shot MiniLM).
+      pooling: ``"cls"`` (REALM's paper), ``"mean"`` (sentence-transformers style, for zero-shot MiniLM) or
+        ``"pooled"`` (BERT's pooler output, as the released REALM/ORQA embedders).
       initializer_range: stddev of the projection's truncated-normal initialiser.
+      layer_norm_epsilon: ε of the LayerNorm after the projection (BERT's 1e-12).
     """
 
     def __init__(self, encoder: tf_keras.layers.Layer, projection_size: int = 128, pooling: str = "cls",
-                 initializer_range: float = 0.02, **kwargs: Any):
+                 initializer_range: float = 0.02, layer_norm_epsilon: float = 1e-12, **kwargs: Any):
         super().__init__(**kwargs)
-        if pooling not in ("cls", "mean"):
-            raise ValueError(f"pooling={pooling!r}: expected 'cls' or 'mean'")
+        poolings = config_lib.choices(config_lib.Pooling)
+        if pooling not in poolings:
+            raise ValueError(f"pooling={pooling!r}: expected one of {', '.join(poolings)}")
         self.encoder = encoder
         self._projection_size = projection_size
         self._pooling = pooling
         self._initializer_range = initializer_range
+        self._layer_norm_epsilon = layer_norm_epsilon
         self.projection = tf_keras.layers.Dense(
             projection_size,
             # A fixed seed: a retriever built from the same pre-trained BERT gets the same projection in every
             # process, so an index embedded by one job matches the query tower another job builds.
             kernel_initializer=tf_keras.initializers.TruncatedNormal(stddev=initializer_range, seed=1234),
             name="projection")
-        self.layer_norm = tf_keras.layers.LayerNormalization(epsilon=1e-12, name="layer_norm")
+        self.layer_norm = tf_keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="layer_norm")
 
     def call(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> tf.Tensor:
         """Embeds packed BERT inputs (each ``int32[batch, seq_len]``) into ``float32[batch, projection_size]``."""
         return self.layer_norm(self.projection(self.pool(inputs, training=training)))  # [batch, projection_size]
 
     def pool(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> tf.Tensor:
-        """The BERT summary before the projection, ``float32[batch, hidden]`` ([CLS] or masked mean)."""
+        """The BERT summary before the projection, ``float32[batch, hidden]`` ([CLS], masked mean or pooler)."""
         outputs = self.encoder(
             {k: inputs[k] for k in bert_encoder.INPUT_KEYS}, training=training)
+        if self._pooling == "pooled":
+            return outputs["pooled_output"]  # [batch, hidden]: tanh(W·h_[CLS] + b)
         sequence = outputs["sequence_output"]  # [batch, seq_len, hidden]
         if self._pooling == "cls":
             pooled = sequence[:, 0, :]  # [batch, hidden]
@@ -66,6 +75,7 @@ class Embedder(tf_keras.Model):
             "projection_size": self._projection_size,
             "pooling": self._pooling,
             "initializer_range": self._initializer_range,
+            "layer_norm_epsilon": self._layer_norm_epsilon,
             "name": self.name,
         }
 

@@ -184,7 +184,7 @@ class OpenQaTask(base_task.Task):
             warm_start.restore_from_run(qa.reader_checkpoint, reader=reader)
         return open_qa_model.OpenQaModel(retriever, reader, corpus, self.tokenizer, m.reader_beam_size,
                                          m.reader_seq_length, m.block_seq_length, qa.recompute_doc_embeddings,
-                                         name="open_qa")
+                                         reader_block_title=m.reader_block_title, name="open_qa")
 
     # ---- data ---------------------------------------------------------------------------------------------
 

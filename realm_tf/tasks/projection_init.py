@@ -29,6 +29,7 @@ from realm_tf import errors
 from realm_tf.data import block_store as block_store_lib
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_retriever
+from realm_tf.tasks import warm_start
 
 KINDS = config_lib.choices(config_lib.ProjectionInit)
 
@@ -129,9 +130,6 @@ def init_retriever(cfg: config_lib.ExperimentConfig, out: str, num_blocks: int =
         info = fit_projection(retriever, pooled, cfg.model.projection_init)
     config_lib.save_params(cfg, out)
     # An ICT-style run (model = KnowledgeRetriever): warm_start.restore_from_run and export-retriever read it.
-    tf.train.Checkpoint(model=retriever).write(os.path.join(out, "checkpoints", "ckpt-0"))
-    manager_state = os.path.join(out, "checkpoints", "checkpoint")
-    config_lib.atomic_write_text(manager_state, 'model_checkpoint_path: "ckpt-0"\n'
-                                                'all_model_checkpoint_paths: "ckpt-0"\n')
+    warm_start.write_checkpoint(out, model=retriever)
     config_lib.atomic_write_text(os.path.join(out, "projection.json"), json.dumps(info, indent=2) + "\n")
     return info

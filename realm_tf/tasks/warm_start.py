@@ -11,6 +11,7 @@ from typing import Any
 import tensorflow as tf
 import tf_keras
 
+from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.models import knowledge_retriever
 
@@ -24,8 +25,10 @@ def restore_from_run(path: str, retriever: knowledge_retriever.KnowledgeRetrieve
 
     Understands REALM pre-training (``model = RealmPretrainer``: ``model.retriever``, ``model.encoder.encoder``),
     ICT (``model = KnowledgeRetriever``), reader warm-start (``reader``) and Open-QA fine-tuning (``retriever``,
-    ``reader``) runs. ``reader`` (a :class:`~realm_tf.models.span_reader.SpanReader`) is restored whole, span MLP
-    included, from a run that trained one; from REALM pre-training only its BERT (``reader.encoder``) is.
+    ``reader``) runs, and the imports of ``realm-tf import-realm`` (shaped like these: the released ``bert`` as
+    a pre-training run's ``model.encoder`` alone). ``reader`` (a :class:`~realm_tf.models.span_reader.SpanReader`)
+    is restored whole, span MLP included, from a run that trained one; from REALM pre-training only its BERT
+    (``reader.encoder``) is.
     """
     checkpoint = tf.train.latest_checkpoint(os.path.join(path, "checkpoints")) or tf.train.latest_checkpoint(path)
     if checkpoint is None and tf.io.gfile.exists(path + ".index"):
@@ -39,7 +42,7 @@ def restore_from_run(path: str, retriever: knowledge_retriever.KnowledgeRetrieve
             reader_bert = None
         else:
             reader_bert, reader = reader.encoder, None
-    if any(k.startswith("model/retriever/") for k in keys):  # REALM pre-training
+    if any(k.startswith(("model/retriever/", "model/encoder/")) for k in keys):  # REALM pre-training
         parts: dict[str, Any] = {}
         if retriever is not None:
             parts["retriever"] = retriever
@@ -61,3 +64,12 @@ def restore_from_run(path: str, retriever: knowledge_retriever.KnowledgeRetrieve
         tree = tf.train.Checkpoint(model=retriever)
     tree.read(checkpoint).assert_existing_objects_matched().expect_partial()
     return checkpoint
+
+
+def write_checkpoint(run_dir: str, **items: tf.Module) -> str:
+    """Writes ``items`` as a run's only checkpoint, ``<run_dir>/checkpoints/ckpt-0`` with its state file (what
+    ``tf.train.latest_checkpoint`` and :func:`restore_from_run` read); returns its prefix."""
+    prefix = tf.train.Checkpoint(**items).write(os.path.join(run_dir, "checkpoints", "ckpt-0"))
+    config_lib.atomic_write_text(os.path.join(run_dir, "checkpoints", "checkpoint"),
+                                 'model_checkpoint_path: "ckpt-0"\nall_model_checkpoint_paths: "ckpt-0"\n')
+    return prefix

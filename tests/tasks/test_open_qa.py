@@ -1,5 +1,6 @@
 """Open-QA task: in-graph answer matching vs the numpy reference, answers cut from the original text,
 fine-tune + evaluate through the CLI, EM / regex matching."""
+import dataclasses
 import json
 import re
 import unicodedata
@@ -125,6 +126,27 @@ def test_decoded_answer_is_the_span_in_the_original_text(qa):
         assert squash(answer) == squash(wordpieces), (answer, wordpieces)
         probs = np.exp(joint[i] - np.logaddexp.reduce(joint[i][np.isfinite(joint[i])]))
         assert decoded["score"].numpy()[i] == pytest.approx(probs.max(), rel=1e-4)
+
+
+def test_reader_without_the_title_reads_and_cuts_the_body(qa):
+    """model.reader_block_title=false (ORQA's reader: join_BERT(x, body)): the block segment is the body alone and
+    the decoded answer is cut from the body text."""
+    cfg, _, task, model, blocks, examples = qa
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, reader_block_title=False))
+    orqa_task = open_qa.OpenQaTask(cfg)
+    orqa = orqa_task.build_model(model.corpus)
+    batch = next(iter(orqa_task.dataset(examples, len(examples))))
+    outputs = orqa({k: v for k, v in batch.items() if k.startswith("question_")})
+    decoded = orqa_task.decode(orqa, outputs)
+    for i in range(len(examples)):
+        for j, block in enumerate(outputs["block_ids"].numpy()[i]):
+            ids = outputs["reader_input_word_ids"].numpy()[i, j].tolist()
+            types = outputs["reader_input_type_ids"].numpy()[i, j].tolist()
+            body = [t for t, s in zip(ids, types) if s == 1][:-1]  # the block segment without its final [SEP]
+            assert body == blocks.body_ids(int(block)).tolist()[:len(body)] and len(body) > 0
+        answer = decoded["answer"].numpy()[i].decode()
+        text = blocks.texts[int(decoded["block_id"].numpy()[i])]
+        assert answer and answer in text, (answer, text)
 
 
 def test_finetune_then_evaluate_through_the_cli(qa, capsys):
