@@ -26,6 +26,7 @@ from apache_beam.options import pipeline_options
 from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf import library_logs
+from realm_tf.data import corpus_versions
 from realm_tf.data import job_manifest
 
 logger = logging.getLogger(__name__)
@@ -33,10 +34,11 @@ logger = logging.getLogger(__name__)
 
 def resolve(args: argparse.Namespace, beam_args: Sequence[str]
             ) -> tuple[config_lib.ExperimentConfig, pipeline_options.PipelineOptions]:
-    """The resolved config (``--config`` + ``--set``) and Beam options; fills ``args.input`` from the config."""
+    """The resolved config (``--config`` + ``--set``) and Beam options; fills ``args.input`` from the config
+    (the blocks of the current corpus version, ``realm_tf/data/corpus_versions``)."""
     cfg = config_lib.load_config(args.config, args.overrides)
     if args.input is None:
-        args.input = filesystems.FileSystems.join(cfg.data.blocks_dir, "blocks-*.tfrecord")
+        args.input = corpus_versions.current_pattern(cfg.data.blocks_dir, "blocks-*.tfrecord")
     return cfg, pipeline_options_for(beam_args)
 
 
