@@ -1,11 +1,11 @@
 """The one skeleton of every Beam job: flags, inputs, outputs, counters, manifest, progress, entry point.
 
-Every job (``preprocess_corpus``, ``generate_pretraining_data``, ``generate_ict_data``, ``embed_blocks``) is a
-:class:`BeamJob`: it parses its own flags (``job_flags``: ``--input``, ``--output``, ``--config``, ``--set``,
-...) and hands every other flag to Beam's standard ``PipelineOptions``, so the same command runs on the
-DirectRunner, Dataflow (``--runner=DataflowRunner --project ... --setup_file ./setup.py``), Flink or Spark.
-The shape is read → transform → write (labelled steps) → counters (read back from the result) → a marker
-written last (``manifest.json`` or an index version's ``index.json``) → a summary; long steps print
+Every job (``preprocess_corpus``, ``generate_pretraining_data``, ``generate_ict_data``, ``embed_blocks``,
+``update_corpus``, ...) is a :class:`BeamJob`: it parses its own flags (``job_flags``: ``--input``, ``--output``,
+``--config``, ``--set``, ...) and hands every other flag to Beam's standard ``PipelineOptions``, so the same
+command runs on the DirectRunner, Dataflow (``--runner=DataflowRunner --project ... --setup_file ./setup.py``),
+Flink or Spark. The shape is read → transform → write (labelled steps) → counters (read back from the result) →
+a marker written last (``manifest.json`` or an index version's ``index.json``) → a summary; long steps print
 :class:`Progress` lines. ``python -m beam_jobs.<job>`` and ``realm-tf <job>`` both call :meth:`BeamJob.run`.
 """
 from __future__ import annotations

@@ -43,7 +43,6 @@ import bisect
 import dataclasses
 import json
 import logging
-import os
 import sys
 import time
 import uuid
@@ -66,7 +65,6 @@ from realm_tf.data import corpus_reader
 from realm_tf.data import corpus_versions
 from realm_tf.data import document_packing
 from realm_tf.data import example_schemas
-from realm_tf.data import job_manifest
 from realm_tf.index import embedding_matrix
 from realm_tf.index import index_kinds
 from realm_tf.index import index_publisher
@@ -560,7 +558,9 @@ class UpdateCorpusJob(job_support.BeamJob):
                     self._index_metadata(cfg, base, manifest, blocks_dir))
                 corpus_staging.metadata = manifest
         except FileExistsError as e:
-            raise index_publisher.IndexVersionExistsError(f"{index_final}: published concurrently") from e
+            raise index_publisher.IndexVersionExistsError(
+                f"{corpus_final} / {index_final}: published concurrently by another update or refresh; nothing of "
+                f"this update is in service (run it again)") from e
         finally:
             job_support.remove_scratch_directory(outputs_scratch)
         index_publisher.delete_old_versions(index_dir, cfg.index.keep_versions, protect=index_version)
@@ -571,7 +571,12 @@ class UpdateCorpusJob(job_support.BeamJob):
             from realm_tf.serving import open_qa_export  # pylint: disable=import-outside-toplevel
 
             start = time.time()
-            summary["served_path"] = open_qa_export.publish_corpus_update(cfg, args.serve, index_dir, blocks_dir)
+            try:
+                summary["served_path"] = open_qa_export.publish_corpus_update(cfg, args.serve, index_dir, blocks_dir)
+            except errors.UserError as e:
+                raise errors.UserError(f"{e} (corpus version {corpus_version} and index version {index_version} are "
+                                       f"published; the served version is not: realm-tf export --base_path "
+                                       f"{args.serve} --corpus_only writes it)") from e
             timings["serve_seconds"] = round(time.time() - start, 3)
         summary["seconds"] = {**timings, "total_seconds": round(time.time() - started, 3)}
         logger.info("%s", format_summary(summary))
