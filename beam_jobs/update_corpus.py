@@ -461,22 +461,15 @@ def find_base(cfg: config_lib.ExperimentConfig, blocks_dir: str, index_dir: str)
     from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
     from realm_tf.serving import retriever_export  # pylint: disable=import-outside-toplevel
 
-    versions = index_publisher.complete_versions(index_dir)
-    if not versions:
-        raise errors.UserError(f"{index_dir}: no index version to update (run realm-tf embed-blocks first)")
-    path = index_publisher.version_dir(index_dir, versions[-1])
-    meta = index_publisher.read_index_json(path)
     vocab_hash = bert_tokenizer.vocab_hash(cfg.model.vocab_file)
-    if meta.get("vocab_hash") != vocab_hash:
-        raise errors.UserError(f"{path}: index built with vocabulary {meta.get('vocab_hash')}, the config uses "
-                               f"{vocab_hash} (model.vocab_file)")
+    path, meta = index_publisher.newest_version(index_dir, vocab_hash)
     corpus = index_publisher.corpus_version(meta)
     pattern = corpus_versions.blocks_pattern(blocks_dir, corpus, f"{preprocess_corpus.BLOCKS_PREFIX}-*.tfrecord")
     if not job_support.match(pattern):
         raise errors.UserError(f"{path}: built over corpus version {corpus}, but {pattern} matches no block file")
     blocks_manifest = job_support.check_input(pattern, vocab_hash, flag=f"corpus version {corpus}") or {}
-    export_path, export = retriever_export.find_export(versions[-1], meta, cfg.refresh.export_dir)
-    return Base(versions[-1], path, meta, corpus, pattern, blocks_manifest, export_path, export)
+    export_path, export = retriever_export.find_export(meta["version"], meta, cfg.refresh.export_dir)
+    return Base(meta["version"], path, meta, corpus, pattern, blocks_manifest, export_path, export)
 
 
 def _account(counts: Mapping[str, int], pre: Mapping[str, int], deletes: int) -> None:

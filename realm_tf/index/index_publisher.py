@@ -100,6 +100,23 @@ def corpus_version(metadata: Mapping[str, Any]) -> int:
     return int(value) if value is not None else 0
 
 
+def newest_version(index_dir: str, vocab_hash: str) -> tuple[str, dict[str, Any]]:
+    """``(directory, index.json)`` of the newest complete version, checked against the tokenizer vocabulary.
+
+    Raises:
+      UserError: there is none, or it was embedded with another vocabulary than ``vocab_hash``.
+    """
+    versions = complete_versions(index_dir)
+    if not versions:
+        raise errors.UserError(f"{index_dir}: no index (run `realm-tf embed-blocks` with a retriever export)")
+    path = version_dir(index_dir, versions[-1])
+    meta = read_index_json(path)
+    if meta.get("vocab_hash") != vocab_hash:
+        raise errors.UserError(f"{path}: index built with another vocabulary ({meta.get('vocab_hash')}) than "
+                               f"model.vocab_file ({vocab_hash})")
+    return path, meta
+
+
 def published_metadata(index_dir: str) -> list[dict[str, Any]]:
     """The ``index.json`` of every complete version, oldest first (versions deleted meanwhile are skipped)."""
     found = []

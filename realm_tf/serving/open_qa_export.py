@@ -163,16 +163,11 @@ def publish_corpus_update(cfg: config_lib.ExperimentConfig, base_path: str, inde
     start = time.time()
     previous = newest_version(base_path)
     info = artifacts.read_marker(previous, artifacts.OPEN_QA_EXPORT, "Open-QA export")
-    index_dir = index_dir or cfg.index.index_dir
-    versions = index_publisher.complete_versions(index_dir)
-    if not versions:
-        raise errors.UserError(f"{index_dir}: no index version (run realm-tf embed-blocks or update-corpus)")
-    index_path = index_publisher.version_dir(index_dir, versions[-1])
-    meta = index_publisher.read_index_json(index_path)
     tokenizer = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, lower_case=cfg.model.lower_case)
-    for where, vocab in ((previous, info.get("vocab_hash")), (index_path, meta.get("vocab_hash"))):
-        if vocab != tokenizer.vocab_hash:
-            raise errors.UserError(f"{where}: vocabulary {vocab} is not model.vocab_file's ({tokenizer.vocab_hash})")
+    if info.get("vocab_hash") != tokenizer.vocab_hash:
+        raise errors.UserError(f"{previous}: exported with vocabulary {info.get('vocab_hash')}, not model.vocab_file's "
+                               f"({tokenizer.vocab_hash})")
+    index_path, meta = index_publisher.newest_version(index_dir or cfg.index.index_dir, tokenizer.vocab_hash)
     corpus_version = index_publisher.corpus_version(meta)
     blocks = block_store.BlockStore.load(corpus_versions.blocks_pattern(blocks_dir or cfg.data.blocks_dir,
                                                                         corpus_version))

@@ -115,14 +115,7 @@ def load_corpus(cfg: config_lib.ExperimentConfig, tokenizer: bert_tokenizer.Bert
                 index_dir: str | None = None) -> tuple[knowledge_corpus.KnowledgeCorpus, block_store_lib.BlockStore, dict]:
     """The in-graph corpus from the newest complete index version's ``embeddings.npy`` and the blocks of the
     corpus version it was built over (``index.json``: ``corpus_version``)."""
-    index_dir = index_dir or cfg.index.index_dir
-    versions = index_publisher.complete_versions(index_dir)
-    if not versions:
-        raise errors.UserError(f"{index_dir}: no index (run `realm-tf embed-blocks` with a retriever export)")
-    path = index_publisher.version_dir(index_dir, versions[-1])
-    meta = index_publisher.read_index_json(path)
-    if meta.get("vocab_hash") != tokenizer.vocab_hash:
-        raise errors.UserError(f"{path}: index built with another vocabulary than model.vocab_file")
+    path, meta = index_publisher.newest_version(index_dir or cfg.index.index_dir, tokenizer.vocab_hash)
     embeddings = index_publisher.read_embeddings(path)  # [num_blocks, dim]
     corpus = corpus_versions.version_dir(cfg.data.blocks_dir, index_publisher.corpus_version(meta))
     blocks = block_store_lib.BlockStore.load(os.path.join(corpus, corpus_versions.BLOCKS_GLOB))
@@ -573,4 +566,6 @@ def load_for_serving(cfg: config_lib.ExperimentConfig, model_dir: str | None = N
         path = index_publisher.version_dir(index_dir or cfg.index.index_dir, meta["version"])
         corpus.use_searcher(scann_lib.InGraphScannSearcher(os.path.join(path, meta["searcher"])))
         searcher = "scann"
-    return task, model, {"checkpoint": checkpoint or "", "index_version": meta["version"], "searcher": searcher}
+    return task, model, {"checkpoint": checkpoint or "", "index_version": meta["version"], "searcher": searcher,
+                         "corpus_version": index_publisher.corpus_version(meta),
+                         "export_step": index_publisher.export_step(meta)}
