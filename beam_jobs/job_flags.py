@@ -93,6 +93,31 @@ def add_embed_blocks_args(parser: argparse.ArgumentParser) -> None:
                         help="fault-injection tests: sleep with the new index version staged, before committing it")
 
 
+def add_update_corpus_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of ``beam_jobs.update_corpus``."""
+    parser.add_argument("--add", action="append", default=[], metavar="GLOB",
+                        help="documents to add, or to replace when their id is already in the corpus: files as "
+                             "preprocess reads them (JSONL/TSV/TFRecord, globs, any Beam filesystem); repeatable")
+    parser.add_argument("--delete", action="append", default=[], metavar="IDS",
+                        help="document ids to delete, comma-separated, or @FILE with one id a line; repeatable. "
+                             "An id not in the corpus is counted and reported (dead letter unknown_id)")
+    parser.add_argument("--format", default="auto", choices=FORMATS, help="format of the --add files (as preprocess)")
+    add_config_args(parser)
+    parser.add_argument("--blocks_dir", default=None, help="the corpus of record (default: data.blocks_dir)")
+    parser.add_argument("--index_dir", default=None, help="versioned index root (default: index.index_dir)")
+    parser.add_argument("--serve", default=None, metavar="MODEL_BASE_PATH",
+                        help="then write a new version of the served model under MODEL_BASE_PATH: the weights of its "
+                             "newest version, the corpus of the new index version (as realm-tf export --corpus_only)")
+    parser.add_argument("--num_shards", type=int, default=0, help="block TFRecord shards (0: let the runner decide)")
+    parser.add_argument("--batch_size", type=int, default=64, help="documents per tokenizer call")
+    parser.add_argument("--min_batch_size", type=int, default=1, help="smallest embedding batch")
+    parser.add_argument("--max_batch_size", type=int, default=32, help="largest embedding batch")
+    add_progress_interval_arg(parser)
+    parser.add_argument("--pause_before_commit", type=float, default=0.0, metavar="SECONDS",
+                        help="fault-injection tests: sleep with the new corpus and index versions staged, before "
+                             "committing them")
+
+
 def add_chunk_database_args(parser: argparse.ArgumentParser) -> None:
     """Flags of ``beam_jobs.build_chunk_database`` (RETRO's retrieval database)."""
     add_config_args(parser)

@@ -1,11 +1,11 @@
 """The one skeleton of every Beam job: flags, inputs, outputs, counters, manifest, progress, entry point.
 
-Every job (``preprocess_corpus``, ``generate_pretraining_data``, ``generate_ict_data``, ``embed_blocks``) is a
-:class:`BeamJob`: it parses its own flags (``job_flags``: ``--input``, ``--output``, ``--config``, ``--set``,
-...) and hands every other flag to Beam's standard ``PipelineOptions``, so the same command runs on the
-DirectRunner, Dataflow (``--runner=DataflowRunner --project ... --setup_file ./setup.py``), Flink or Spark.
-The shape is read → transform → write (labelled steps) → counters (read back from the result) → a marker
-written last (``manifest.json`` or an index version's ``index.json``) → a summary; long steps print
+Every job (``preprocess_corpus``, ``generate_pretraining_data``, ``generate_ict_data``, ``embed_blocks``,
+``update_corpus``, ...) is a :class:`BeamJob`: it parses its own flags (``job_flags``: ``--input``, ``--output``,
+``--config``, ``--set``, ...) and hands every other flag to Beam's standard ``PipelineOptions``, so the same
+command runs on the DirectRunner, Dataflow (``--runner=DataflowRunner --project ... --setup_file ./setup.py``),
+Flink or Spark. The shape is read → transform → write (labelled steps) → counters (read back from the result) →
+a marker written last (``manifest.json`` or an index version's ``index.json``) → a summary; long steps print
 :class:`Progress` lines. ``python -m beam_jobs.<job>`` and ``realm-tf <job>`` both call :meth:`BeamJob.run`.
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ from apache_beam.options import pipeline_options
 from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf import library_logs
+from realm_tf.data import corpus_versions
 from realm_tf.data import job_manifest
 
 logger = logging.getLogger(__name__)
@@ -33,10 +34,11 @@ logger = logging.getLogger(__name__)
 
 def resolve(args: argparse.Namespace, beam_args: Sequence[str]
             ) -> tuple[config_lib.ExperimentConfig, pipeline_options.PipelineOptions]:
-    """The resolved config (``--config`` + ``--set``) and Beam options; fills ``args.input`` from the config."""
+    """The resolved config (``--config`` + ``--set``) and Beam options; fills ``args.input`` from the config
+    (the blocks of the current corpus version, ``realm_tf/data/corpus_versions``)."""
     cfg = config_lib.load_config(args.config, args.overrides)
     if args.input is None:
-        args.input = filesystems.FileSystems.join(cfg.data.blocks_dir, "blocks-*.tfrecord")
+        args.input = corpus_versions.current_pattern(cfg.data.blocks_dir, "blocks-*.tfrecord")
     return cfg, pipeline_options_for(beam_args)
 
 

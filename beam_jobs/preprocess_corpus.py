@@ -47,6 +47,7 @@ from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.data import block_packer
 from realm_tf.data import corpus_reader
+from realm_tf.data import corpus_versions
 from realm_tf.data import document_packing
 from realm_tf.data import example_schemas
 from realm_tf.data import job_manifest
@@ -434,12 +435,12 @@ def build_pipeline(pipeline: beam.Pipeline, patterns: Sequence[str], output_dir:
          | "WriteManifest" >> WriteManifest(output_dir, static))
 
 
-def _match_inputs(patterns: Sequence[str], input_format: str) -> list[str]:
-    """Every input file, checked before the pipeline starts (no match, unknown format: UserError)."""
+def match_inputs(patterns: Sequence[str], input_format: str, flag: str = "--input") -> list[str]:
+    """Every input file, checked before the pipeline starts (no match, unknown format: UserError naming ``flag``)."""
     paths: list[str] = []
     for pattern, result in zip(patterns, filesystems.FileSystems.match(list(patterns))):
         if not result.metadata_list:
-            raise errors.UserError(f"--input {pattern}: no file matches")
+            raise errors.UserError(f"{flag} {pattern}: no file matches")
         for metadata in result.metadata_list:
             try:
                 corpus_reader.detect_format(metadata.path, input_format)
@@ -475,7 +476,7 @@ class PreprocessCorpusJob(job_support.BeamJob):
         """Builds and runs the job, waits for it, prints the manifest it wrote and returns it, with the run's
         Beam counters under ``"counters"``."""
         cfg = config_lib.load_config(args.config, args.overrides)
-        paths = _match_inputs(args.input, args.format)
+        paths = match_inputs(args.input, args.format)
         from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
 
         vocab_hash = bert_tokenizer.vocab_hash(cfg.model.vocab_file)
@@ -510,6 +511,7 @@ class PreprocessCorpusJob(job_support.BeamJob):
                         time.time() - start)
         job_support.prepare_output(args.output, f"{BLOCKS_PREFIX}-*-of-*.tfrecord",
                                    f"{DEAD_LETTER_PREFIX}-*-of-*.jsonl")
+        corpus_versions.discard_updates(args.output)  # this run is a new version 0: older updates do not apply
         pipeline = beam.Pipeline(options=options)
         build_pipeline(pipeline, args.input, args.output, cfg, static, args.format, args.num_shards,
                        args.batch_size, args.max_title_length, total, args.progress_interval)

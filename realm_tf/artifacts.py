@@ -181,6 +181,22 @@ def complete_versions(root: str, marker: str) -> dict[int, str]:
     return dict(sorted(found.items()))
 
 
+def newest_complete(path: str, marker: str) -> str | None:
+    """``path`` itself when it is a complete artifact, else its newest complete version (TF Serving's model
+    base path convention: numbered versions under one directory, the newest served); None when neither."""
+    path = path.rstrip("/")
+    if is_complete(path, marker):
+        return path
+    versions = complete_versions(path, marker)
+    return versions[max(versions)] if versions else None
+
+
+def next_version_dir(root: str, marker: str) -> str:
+    """``<root>/<n>``: the version after the newest complete one (1 for the first), unpadded as TF Serving names
+    them."""
+    return os.path.join(root.rstrip("/"), str(max(complete_versions(root, marker), default=0) + 1))
+
+
 def delete_old_versions(root: str, marker: str, keep: int, protect: int | Collection[int] | None = None) -> list[int]:
     """Deletes all but the newest ``keep`` complete versions (never those in ``protect``); returns the deleted ones.
 

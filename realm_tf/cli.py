@@ -92,10 +92,12 @@ def _cmd_beam_job(args: argparse.Namespace) -> int:
     from beam_jobs import generate_ict_data
     from beam_jobs import generate_pretraining_data
     from beam_jobs import preprocess_corpus
+    from beam_jobs import update_corpus
 
     jobs = {"preprocess": preprocess_corpus.JOB, "generate-pretraining-data": generate_pretraining_data.JOB,
             "generate-ict-data": generate_ict_data.JOB, "embed-blocks": embed_blocks.JOB,
-            "build-chunk-database": build_chunk_database.JOB, "build-knn-datastore": build_knn_datastore.JOB}
+            "build-chunk-database": build_chunk_database.JOB, "build-knn-datastore": build_knn_datastore.JOB,
+            "update-corpus": update_corpus.JOB}
     jobs[args.command].run_with_args(args, args.beam_args)
     return 0
 
@@ -276,14 +278,24 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    """Exports the fine-tuned Open-QA model (search, reading, decoding in the graph) for TF Serving."""
+    """Exports the fine-tuned Open-QA model (search, reading, decoding in the graph) for TF Serving: one SavedModel
+    (``--out``), or the next numbered version under a model base path (``--base_path``), or (``--corpus_only``)
+    a version with the weights of the newest one over the newest index version's corpus."""
     from realm_tf.serving import open_qa_export
     from realm_tf.tasks import open_qa
 
     cfg = _load(args)
-    open_qa_export.check_destination(args.out)
+    if args.corpus_only:
+        if not args.base_path:
+            raise errors.UserError("--corpus_only needs --base_path (the served model to take the weights from)")
+        path = open_qa_export.publish_corpus_update(cfg, args.base_path, index_dir=args.index)
+        print(f"exported {path}: the weights of the previous version, the corpus of the newest index version")
+        return 0
+    if args.out:
+        open_qa_export.check_destination(args.out)
     _, model, info = open_qa.load_for_serving(cfg, model_dir=args.model, index_dir=args.index)
-    path = open_qa_export.export_open_qa(cfg, model, args.out, info)
+    path = (open_qa_export.export_open_qa(cfg, model, args.out, info) if args.out
+            else open_qa_export.export_version(cfg, model, args.base_path, info))
     print(f"exported the Open-QA model to {path} (serving_default: question -> answer, score, blocks)")
     return 0
 
@@ -293,9 +305,20 @@ def _cmd_ask(args: argparse.Namespace) -> int:
     from realm_tf.serving import answerer
 
     qa = answerer.Answerer(args.model)
+    print(f"model: {qa.path}")
     for result in qa.ask_batch(args.questions):
         print(answerer.format_answer(result, snippet=args.snippet))
     return 0
+
+
+def _add_export_destination_args(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--base_path", default=None, metavar="DIR",
+                       help="TF Serving's model base path: write DIR/<n>, the version after the newest")
+    where.add_argument("--out", default=None, metavar="DIR", help="one SavedModel directory")
+    parser.add_argument("--corpus_only", action="store_true",
+                        help="with --base_path: a new version with the weights of the newest one and the corpus of the "
+                             "newest index version (after realm-tf update-corpus; no model is built, nothing embedded)")
 
 
 def _add_refresh_index_args(parser: argparse.ArgumentParser) -> None:
@@ -406,6 +429,9 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                                                    help="version number of the export (default: checkpoint step)"))),
     "embed-blocks": ("Beam job: embed every block with a retriever export, publish a new MIPS index (REALM 3.4)",
                      _cmd_beam_job, lambda p: _add_beam_job_args(p, "add_embed_blocks_args")),
+    "update-corpus": ("Beam job: add, replace, delete documents (--add FILE, --delete IDS): a new corpus version and "
+                      "index version, only the new blocks embedded (--serve: and a new served version)",
+                      _cmd_beam_job, lambda p: _add_beam_job_args(p, "add_update_corpus_args")),
     "build-chunk-database": ("Beam job: RETRO's chunk database from the blocks (frozen-BERT keys) and its MIPS "
                              "index", _cmd_beam_job, lambda p: _add_beam_job_args(p, "add_chunk_database_args")),
     "build-knn-datastore": ("Beam job: kNN-LM's datastore (a trained decoder's final-FFW inputs over the training "
@@ -497,14 +523,15 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                                                 "holding the answer alone (reading comprehension)"))),
     "export": ("export the fine-tuned Open-QA model as one SavedModel for TF Serving (MIPS in the graph)",
                _cmd_export,
-               lambda p: (_add_config_args(p), p.add_argument("--out", required=True, help="SavedModel directory"),
+               lambda p: (_add_config_args(p), _add_export_destination_args(p),
                           p.add_argument("--model", default=None,
                                          help="fine-tuning run directory (default: finetune.model_dir)"),
                           p.add_argument("--index", default=None, help="index root (default: index.index_dir)"))),
     "ask": ("answer questions with an exported Open-QA model: answer, score and the evidence blocks", _cmd_ask,
             lambda p: (p.add_argument("questions", nargs="+", help="one or more questions"),
                        p.add_argument("--model", default="runs/minilm/served",
-                                      help="directory written by realm-tf export (default: runs/minilm/served)"),
+                                      help="a model base path (its newest complete version is served) or one "
+                                           "export (default: runs/minilm/served)"),
                        p.add_argument("--snippet", type=int, default=160, help="characters of each block shown"))),
     "refresh-index": ("index builder: re-embed the corpus for each new retriever export (--watch: keep going)",
                       _cmd_refresh_index, _add_refresh_index_args),

@@ -113,3 +113,18 @@ def test_a_paused_commit_leaves_a_complete_staging_directory_and_no_final_one(tm
     assert staged and not final.exists()  # complete in staging, not yet published
     writer.join()
     assert artifacts.is_complete(str(final), artifacts.INDEX) and not staged[0].exists()
+
+
+def test_a_model_base_path_serves_its_newest_complete_version(tmp_path):
+    """TF Serving's layout: numbered versions under one directory; staging and incomplete ones never count."""
+    base = tmp_path / "served"
+    assert artifacts.newest_complete(str(base), artifacts.OPEN_QA_EXPORT) is None
+    assert artifacts.next_version_dir(str(base), artifacts.OPEN_QA_EXPORT) == str(base / "1")
+    for version in ("1", "2"):
+        with artifacts.staged(str(base / version), artifacts.OPEN_QA_EXPORT) as staging:
+            staging.metadata = {"v": version}
+    (base / "3").mkdir()  # a version without its marker (a crash): not served, and its number is taken over
+    (base / ".staging-4-abc").mkdir()
+    assert artifacts.newest_complete(str(base), artifacts.OPEN_QA_EXPORT) == str(base / "2")
+    assert artifacts.newest_complete(str(base / "1"), artifacts.OPEN_QA_EXPORT) == str(base / "1")  # one export
+    assert artifacts.next_version_dir(str(base) + "/", artifacts.OPEN_QA_EXPORT) == str(base / "3")

@@ -17,6 +17,28 @@ from scann.scann_ops.py import scann_ops
 
 from realm_tf.index import scann_index
 
+#: Every searcher resource of a served graph has its own name (a process may serve two versions at once);
+#: a copied graph gets a new one (:func:`realm_tf.serving.open_qa_export.publish_corpus_update`).
+SHARED_NAME_PREFIX = "realm-scann-"
+
+
+def fresh_shared_name() -> str:
+    """A new name for a searcher resource: ``SHARED_NAME_PREFIX`` + a UUID (always the same length)."""
+    return f"{SHARED_NAME_PREFIX}{uuid.uuid4()}"
+
+
+class SearcherState(tf.Module):
+    """ScaNN's searcher tensors (``ScannState``) as variables of unknown shape: ScannState's variables keep the
+    shape of the index they were built from, which a served graph would then require of every later index."""
+
+    FIELDS = ("scann_config", "serialized_partitioner", "datapoint_to_token", "ah_codebook", "hashed_dataset",
+              "int8_dataset", "int8_multipliers", "dp_norms", "dataset")
+
+    def __init__(self, state: tf.Module) -> None:
+        super().__init__(name="scann_state")
+        for field in self.FIELDS:
+            setattr(self, field, tf.Variable(getattr(state, field), shape=tf.TensorShape(None), trainable=False))
+
 
 class InGraphScannSearcher(tf.Module):
     """The ScaNN searcher saved under ``directory`` (:meth:`ScannIndex.save`) as a savable TF module.
@@ -27,8 +49,8 @@ class InGraphScannSearcher(tf.Module):
 
     def __init__(self, directory: str) -> None:
         super().__init__(name="in_graph_scann")
-        self.state = scann_index.load_tf_searcher(directory).serialize_to_module()  # ScannState: assets as variables
-        self._shared_name = f"realm-scann-{uuid.uuid4()}"
+        self.state = SearcherState(scann_index.load_tf_searcher(directory).serialize_to_module())
+        self._shared_name = fresh_shared_name()
         # Search settings chosen at build time (index.target_recall) are per-call overrides, not in the
         # searcher's serialised config; an untuned searcher keeps its own (-1).
         meta = scann_index.read_meta(directory)

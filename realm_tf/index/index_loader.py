@@ -11,7 +11,11 @@ and the trainer moves to it once it is ready, without pausing. :class:`IndexLoad
   comes entirely from one version, and :class:`SearchResult` says which;
 * a version whose ``dim``, ``vocab_hash`` or ``kind`` differs from what the model expects is refused with
   :class:`IndexMismatchError` naming its directory; any failure to load a new version leaves the previous
-  one in service (logged and counted in :attr:`IndexLoader.failed_loads`).
+  one in service (logged and counted in :attr:`IndexLoader.failed_loads`);
+* with ``blocks_dir``, each version comes with the :class:`~realm_tf.data.block_store.BlockStore` of the
+  corpus version its rows point into (``index.json``: ``corpus_version``, :mod:`realm_tf.data.corpus_versions`),
+  loaded beside the one in service and swapped with the index in the same step: a corpus update
+  (``realm-tf update-corpus``) reaches the trainer like any refresh, without a restart.
 """
 from __future__ import annotations
 
@@ -25,6 +29,8 @@ from typing import Any
 import numpy as np
 
 from realm_tf import errors
+from realm_tf.data import block_store as block_store_lib
+from realm_tf.data import corpus_versions
 from realm_tf.index import index_kinds
 from realm_tf.index import index_publisher
 from realm_tf.index import mips_index
@@ -58,11 +64,14 @@ class SearchResult:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Snapshot:
+class CorpusSnapshot:
+    """One index version in service and the blocks its rows point into (None without ``blocks_dir``)."""
+
     version: int
     directory: str
     index: mips_index.MipsIndex
     metadata: dict[str, Any]
+    blocks: block_store_lib.BlockStore | None = None
 
 
 class IndexLoader:
@@ -77,6 +86,9 @@ class IndexLoader:
         with False, :meth:`search_batched` raises it until one appears and :meth:`maybe_refresh` loads it.
       min_refresh_interval_seconds: :meth:`maybe_refresh` lists the directory at most this often (a listing
         is a network call on gs://; the input pipeline may call it every batch).
+      blocks_dir: the corpus of record (``data.blocks_dir``); when given, every version is served with the
+        blocks of its corpus version (:meth:`snapshot`), and one whose corpus does not have as many blocks as
+        the index has rows is refused like a mismatch.
 
     Raises:
       IndexMismatchError: the newest complete version does not match (at construction only; later ones
@@ -85,19 +97,21 @@ class IndexLoader:
     """
 
     def __init__(self, index_dir: str, expected_dim: int, expected_vocab_hash: str, kind: str = "scann",
-                 require_index: bool = True, min_refresh_interval_seconds: float = 0.0) -> None:
+                 require_index: bool = True, min_refresh_interval_seconds: float = 0.0,
+                 blocks_dir: str | None = None) -> None:
         index_kinds.index_class(kind)  # an unknown kind fails here, before any version is read
         self.index_dir = index_dir
         self.expected_dim = int(expected_dim)
         self.expected_vocab_hash = expected_vocab_hash
         self.kind = kind
         self.min_refresh_interval_seconds = float(min_refresh_interval_seconds)
+        self.blocks_dir = blocks_dir
         self.failed_loads = 0  # versions that could not be loaded (mismatch, corrupt, vanished)
         self.swaps = 0  # versions put in service, the first one included
         self.last_error: BaseException | None = None  # why the last failed version could not be loaded
         self.last_failed_directory: str | None = None  # ... and which directory it was
         self._failed_versions: set[int] = set()
-        self._snapshot: _Snapshot | None = None
+        self._snapshot: CorpusSnapshot | None = None
         self._lock = threading.Lock()  # guards _snapshot
         self._refresh_lock = threading.Lock()  # one refresh at a time
         self._last_check = float("-inf")
@@ -125,6 +139,10 @@ class IndexLoader:
         """A consistent ``(version, index, index.json metadata)`` of the version in service."""
         snap = self._current()
         return snap.version, snap.index, snap.metadata
+
+    def snapshot(self) -> CorpusSnapshot:
+        """The version in service with its blocks (``blocks`` is None unless the loader has a ``blocks_dir``)."""
+        return self._current()
 
     # ---- refreshing ---------------------------------------------------------------------------------------
 
@@ -174,7 +192,7 @@ class IndexLoader:
 
     # ---- implementation -----------------------------------------------------------------------------------
 
-    def _current(self) -> _Snapshot:
+    def _current(self) -> CorpusSnapshot:
         with self._lock:
             snap = self._snapshot
         if snap is None:
@@ -211,7 +229,7 @@ class IndexLoader:
         finally:
             self._refresh_lock.release()
 
-    def _load(self, version: int, path: str) -> _Snapshot:
+    def _load(self, version: int, path: str) -> CorpusSnapshot:
         meta = index_publisher.read_index_json(path)
         problems = []
         if meta.get("version") != version:
@@ -228,7 +246,24 @@ class IndexLoader:
         if (index.num_blocks, index.dim) != (meta["num_blocks"], meta["dim"]):
             raise IndexMismatchError(f"{path}: searcher is [{index.num_blocks}, {index.dim}] but index.json "
                                      f"says [{meta['num_blocks']}, {meta['dim']}]")
-        return _Snapshot(version=version, directory=path, index=index, metadata=meta)
+        return CorpusSnapshot(version=version, directory=path, index=index, metadata=meta,
+                              blocks=self._blocks_of(path, meta))
+
+    def _blocks_of(self, path: str, meta: dict[str, Any]) -> block_store_lib.BlockStore | None:
+        """The blocks of the version's corpus (shared with the version in service when it is the same)."""
+        if self.blocks_dir is None:
+            return None
+        corpus = index_publisher.corpus_version(meta)
+        current = self._snapshot
+        if current is not None and current.blocks is not None and \
+                index_publisher.corpus_version(current.metadata) == corpus:
+            blocks = current.blocks
+        else:
+            blocks = block_store_lib.BlockStore.load(corpus_versions.blocks_pattern(self.blocks_dir, corpus))
+        if len(blocks) != meta["num_blocks"]:
+            raise IndexMismatchError(f"{path}: index has {meta['num_blocks']} rows but corpus version {corpus} "
+                                     f"({blocks.source}) has {len(blocks)} blocks")
+        return blocks
 
     def _record_failure(self, version: int, path: str, error: BaseException) -> None:
         self.failed_loads += 1

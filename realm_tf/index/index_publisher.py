@@ -16,6 +16,12 @@ staging directory to its version name. On a local (POSIX) filesystem the rename 
 appears complete or not at all. Object stores (gs://) have no atomic directory rename; there the files are
 moved one by one, ``index.json`` again last, and **a version is complete iff its ``index.json`` exists**,
 which is the rule :func:`complete_versions` (and so the loader) applies everywhere.
+
+A version built by ``embed_blocks`` is numbered by the step of its retriever export. A corpus update
+(``beam_jobs/update_corpus``) publishes the version after the newest one, with the same export (same
+embedding space) over a newer corpus version; ``index.json`` names both (``export_step``, ``corpus_version``).
+A later export then gets the next number when its step is already taken or behind an update
+(:func:`version_for_export`), so the newest version is always the one to serve.
 """
 from __future__ import annotations
 
@@ -38,6 +44,8 @@ logger = logging.getLogger(__name__)
 EMBEDDINGS_NPY = "embeddings.npy"
 SEARCHER_DIR = "searcher"
 FORMAT_VERSION = 1
+EXPORT_STEP = "export_step"  # index.json: the trainer step of the retriever export that embedded the blocks
+CORPUS_VERSION = "corpus_version"  # index.json: the corpus version (data.corpus_versions) of its rows
 
 _RESERVED = ("format", "version", "kind", "num_blocks", "dim", "embeddings", "searcher", "index",
              "published_at", "write_seconds")
@@ -81,6 +89,66 @@ def read_embeddings(path: str) -> np.ndarray:
         return np.load(f, allow_pickle=False)
 
 
+def export_step(metadata: Mapping[str, Any]) -> int:
+    """The step of the export that embedded a version's blocks (its ``index.json`` ``metadata``)."""
+    return int(metadata.get(EXPORT_STEP, metadata.get("version", 0)))
+
+
+def corpus_version(metadata: Mapping[str, Any]) -> int:
+    """The corpus version a version's rows point into (0, the directory ``preprocess`` wrote, when not
+    recorded: versions published before corpus versions existed, or from blocks outside ``data.blocks_dir``)."""
+    value = metadata.get(CORPUS_VERSION)
+    return int(value) if value is not None else 0
+
+
+def newest_version(index_dir: str, vocab_hash: str) -> tuple[str, dict[str, Any]]:
+    """``(directory, index.json)`` of the newest complete version, checked against the tokenizer vocabulary.
+
+    Raises:
+      UserError: there is none, or it was embedded with another vocabulary than ``vocab_hash``.
+    """
+    versions = complete_versions(index_dir)
+    if not versions:
+        raise errors.UserError(f"{index_dir}: no index (run `realm-tf embed-blocks` with a retriever export)")
+    path = version_dir(index_dir, versions[-1])
+    meta = read_index_json(path)
+    if meta.get("vocab_hash") != vocab_hash:
+        raise errors.UserError(f"{path}: index built with another vocabulary ({meta.get('vocab_hash')}) than "
+                               f"model.vocab_file ({vocab_hash})")
+    return path, meta
+
+
+def published_metadata(index_dir: str) -> list[dict[str, Any]]:
+    """The ``index.json`` of every complete version, oldest first (versions deleted meanwhile are skipped)."""
+    found = []
+    for version in complete_versions(index_dir):
+        try:
+            found.append(read_index_json(version_dir(index_dir, version)))
+        except FileNotFoundError:
+            continue
+    return found
+
+
+def version_for_export(index_dir: str, step: int) -> int:
+    """The version number for an index built from the export of ``step``.
+
+    ``step`` itself, as always, unless a corpus update (an index version whose ``export_step`` is older)
+    already took that number or one after it: then the version after the newest, so that the new export's
+    index is the one served. A version ``step`` built from that very export is left for
+    :func:`publish` to refuse (:class:`IndexVersionExistsError`).
+    """
+    versions = complete_versions(index_dir)
+    if not versions:
+        return step
+    taken = version_dir(index_dir, step)
+    if is_complete(taken):
+        return versions[-1] + 1 if export_step(read_index_json(taken)) < step else step
+    newest = versions[-1]
+    if newest > step and export_step(read_index_json(version_dir(index_dir, newest))) < step:
+        return newest + 1
+    return step
+
+
 def publish_next(index_dir: str, embeddings: np.ndarray, index: mips_index.MipsIndex, metadata: Mapping[str, Any],
                  keep_versions: int, arrays: Mapping[str, np.ndarray] | None = None,
                  embeddings_file: str | None = None) -> tuple[int, str]:
@@ -122,37 +190,45 @@ def publish(index_dir: str, version: int, embeddings: np.ndarray, index: mips_in
         raise ValueError(f"version must be a non-negative int, got {version!r}")
     if keep_versions < 1:
         raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
-    embeddings = mips_index.check_embeddings(embeddings)
-    if (index.num_blocks, index.dim) != embeddings.shape:
-        raise ValueError(f"index covers [{index.num_blocks}, {index.dim}] but embeddings are "
-                         f"{list(embeddings.shape)}")
-    _check_metadata(metadata)
+    embeddings = _checked(embeddings, index, metadata)
     final = version_dir(index_dir, version)
     if is_complete(final):
         raise IndexVersionExistsError(f"{final}: index version {version} is already published")
     try:
         with artifacts.staged(final, artifacts.INDEX, pause_before_commit=pause_before_commit) as staging:
-            if embeddings_file is not None:
-                _move_into(embeddings_file, os.path.join(staging.path, EMBEDDINGS_NPY))
-            else:
-                with tf.io.gfile.GFile(os.path.join(staging.path, EMBEDDINGS_NPY), "wb") as f:
-                    np.save(f, embeddings, allow_pickle=False)
-            index.save(os.path.join(staging.path, SEARCHER_DIR))
-            for name, array in (arrays or {}).items():
-                with tf.io.gfile.GFile(os.path.join(staging.path, name), "wb") as f:
-                    np.save(f, np.asarray(array), allow_pickle=False)
-            staging.metadata = {
-                **dict(metadata), "format": FORMAT_VERSION, "version": version, "kind": index.kind,
-                "num_blocks": index.num_blocks, "dim": index.dim, "embeddings": EMBEDDINGS_NPY,
-                "searcher": SEARCHER_DIR, "index": index.describe(), "arrays": sorted(arrays or {}),
-                "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "write_seconds": round(time.perf_counter() - start, 3)}
+            staging.metadata = write_version(staging.path, version, embeddings, index, metadata, arrays, start,
+                                             embeddings_file=embeddings_file)
     except FileExistsError as e:
         raise IndexVersionExistsError(f"{final}: index version {version} was published concurrently") from e
     logger.info("published index version %d (%s, %d blocks) at %s", version, index.kind, index.num_blocks,
                  final)
     delete_old_versions(index_dir, keep_versions, protect=version)
     return final
+
+
+def write_version(directory: str, version: int, embeddings: np.ndarray, index: mips_index.MipsIndex,
+                  metadata: Mapping[str, Any], arrays: Mapping[str, np.ndarray] | None = None,
+                  started: float | None = None, embeddings_file: str | None = None) -> dict[str, Any]:
+    """Writes a version's files into ``directory`` (a staging directory) and returns its ``index.json``
+    content, for a caller that commits the directory itself (:func:`publish`, or a corpus update that
+    commits its blocks version first). Arguments as in :func:`publish`."""
+    start = time.perf_counter() if started is None else started
+    embeddings = _checked(embeddings, index, metadata)
+    if embeddings_file is not None:
+        _move_into(embeddings_file, os.path.join(directory, EMBEDDINGS_NPY))
+    else:
+        with tf.io.gfile.GFile(os.path.join(directory, EMBEDDINGS_NPY), "wb") as f:
+            np.save(f, embeddings, allow_pickle=False)
+    index.save(os.path.join(directory, SEARCHER_DIR))
+    for name, array in (arrays or {}).items():
+        with tf.io.gfile.GFile(os.path.join(directory, name), "wb") as f:
+            np.save(f, np.asarray(array), allow_pickle=False)
+    return {
+        **dict(metadata), "format": FORMAT_VERSION, "version": version, "kind": index.kind,
+        "num_blocks": index.num_blocks, "dim": index.dim, "embeddings": EMBEDDINGS_NPY,
+        "searcher": SEARCHER_DIR, "index": index.describe(), "arrays": sorted(arrays or {}),
+        "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "write_seconds": round(time.perf_counter() - start, 3)}
 
 
 def delete_old_versions(index_dir: str, keep_versions: int, protect: int | None = None) -> list[int]:
@@ -174,6 +250,16 @@ def _move_into(local_file: str, target: str) -> None:
     else:
         tf.io.gfile.copy(local_file, target, overwrite=True)
         os.unlink(local_file)
+
+
+def _checked(embeddings: np.ndarray, index: mips_index.MipsIndex, metadata: Mapping[str, Any]) -> np.ndarray:
+    """``embeddings`` as float32 ``[num_blocks, dim]`` after checking them against ``index`` and ``metadata``."""
+    embeddings = mips_index.check_embeddings(embeddings)
+    if (index.num_blocks, index.dim) != embeddings.shape:
+        raise ValueError(f"index covers [{index.num_blocks}, {index.dim}] but embeddings are "
+                         f"{list(embeddings.shape)}")
+    _check_metadata(metadata)
+    return embeddings
 
 
 def _check_metadata(metadata: Mapping[str, Any]) -> None:

@@ -55,14 +55,15 @@ class IndexRefresher:
         self._thread: threading.Thread | None = None
 
     def pending_export(self) -> int | None:
-        """The newest export step that is newer than every published index version (None if none)."""
+        """The newest export step that is newer than the export of every published index version (None if
+        none). Index versions are numbered by export step, except corpus updates, which keep their export."""
         exports = [s for s in artifacts.complete_versions(self.export_dir, artifacts.RETRIEVER_EXPORT)
                    if s not in self.failed]
         if not exports:
             return None
-        published = index_publisher.complete_versions(self.index_dir)
+        published = index_publisher.published_metadata(self.index_dir)
         newest = exports[-1]
-        return newest if not published or newest > published[-1] else None
+        return newest if not published or newest > max(map(index_publisher.export_step, published)) else None
 
     def refresh_once(self) -> int | None:
         """Builds and publishes the index of the pending export, if any; returns its version."""

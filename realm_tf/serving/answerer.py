@@ -4,19 +4,21 @@ The same SavedModel TF Serving serves (:mod:`realm_tf.serving.open_qa_export`); 
 (registering the tokenizer's and ScaNN's custom ops first) and turns its tensors into plain Python::
 
     from realm_tf.serving import answerer
-    qa = answerer.Answerer("runs/minilm/served")
+    qa = answerer.Answerer("runs/minilm/served")   # a model base path: its newest complete version
     result = qa.ask("who wrote the lyrics of he ain't heavy he's my brother")
     print(result.answer, result.score, result.blocks[0].title)
+
+The path is a model base path (``realm-tf export --base_path``: numbered versions, TF Serving's layout), whose
+newest complete version is loaded, or one export directory.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from typing import Sequence
 
 import tensorflow as tf
 
+from realm_tf import artifacts
 from realm_tf import errors
 
 
@@ -41,20 +43,21 @@ class Answer:
 
 
 class Answerer:
-    """Loads an Open-QA export once; :meth:`ask` answers questions with it."""
+    """Loads an Open-QA export once (the newest complete version of a model base path); :meth:`ask` answers
+    questions with it. ``path`` is the version loaded, ``model`` the loaded SavedModel (all its signatures)."""
 
     def __init__(self, export_path: str):
-        marker = os.path.join(export_path, "realm_qa.json")
-        if not tf.io.gfile.exists(marker):
-            raise errors.UserError(f"{export_path}: not a complete Open-QA export (no realm_qa.json; run "
-                                   f"`realm-tf export --out {export_path}`)")
-        with tf.io.gfile.GFile(marker) as f:
-            self.metadata = json.load(f)
+        path = artifacts.newest_complete(export_path, artifacts.OPEN_QA_EXPORT)
+        if path is None:
+            raise errors.UserError(f"{export_path}: not a complete Open-QA export nor a model base path with one "
+                                   f"(no {artifacts.OPEN_QA_EXPORT}; run `realm-tf export --base_path {export_path}`)")
+        self.path = path
+        self.metadata = artifacts.read_marker(path, artifacts.OPEN_QA_EXPORT, "Open-QA export")
         import tensorflow_text  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import  (tokenizer ops)
         if self.metadata.get("searcher") == "scann":
             import scann  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import  (ScaNN's ops)
-        self._model = tf.saved_model.load(export_path)
-        self._serve = self._model.signatures["serving_default"]
+        self.model = tf.saved_model.load(path)
+        self._serve = self.model.signatures["serving_default"]
 
     def ask_batch(self, questions: Sequence[str]) -> list[Answer]:
         """Answers several questions in one call of the model."""

@@ -13,18 +13,45 @@ Requests are cleaned, not refused: invalid UTF-8 is replaced (U+FFFD), a questio
 ``qa.question_seq_length`` wordpieces is truncated to it, an empty question gets the answer "" with score 0,
 and any batch size works (cost grows linearly: k readings per question). Loading needs ``tensorflow``,
 ``tensorflow_text`` and, for a ScaNN index, ``scann`` imported (its custom ops); nothing from realm_tf.
+
+**Versions** (TF Serving's model base path): :func:`export_version` writes ``<base>/<n>/``, the version after
+the newest; TF Serving, :class:`~realm_tf.serving.answerer.Answerer` and ``realm-tf ask`` serve the newest
+complete one, and a version appears complete or not at all (staged, ``realm_qa.json`` last). REALM's knowledge
+is its corpus (Guu et al., 2020, §1, §4), and every corpus tensor of the graph has an unknown number of rows,
+so a corpus update (``realm-tf update-corpus``) needs no new model: :func:`publish_corpus_update` copies the
+newest version's graph and weights and writes only the corpus variables anew (the blocks, their text and the
+Embed_doc rows of the newest index version, with its ScaNN searcher), in the time of a copy.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import tempfile
 import time
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import tensorflow as tf
+from tensorflow.core.protobuf import saved_model_pb2
+from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from realm_tf import artifacts
 from realm_tf import config as config_lib
 from realm_tf import errors
+from realm_tf.data import block_store
+from realm_tf.data import corpus_versions
+from realm_tf.data import knowledge_corpus
+from realm_tf.index import in_graph_scann
+from realm_tf.index import index_publisher
+from realm_tf.layers import bert_tokenizer
 from realm_tf.models import open_qa_model
+
+logger = logging.getLogger(__name__)
+
+SAVED_MODEL_PB = "saved_model.pb"
+VARIABLES = "variables"
+FINGERPRINT_PB = "fingerprint.pb"  # hashes of the original files: not valid for a copy, and optional
+_OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
 
 
 class OpenQaExportModule(tf.Module):
@@ -102,3 +129,133 @@ def export_open_qa(cfg: config_lib.ExperimentConfig, model: open_qa_model.OpenQa
                             "reader_beam_size": cfg.model.reader_beam_size, "vocab_hash": model.tokenizer.vocab_hash,
                             "export_seconds": round(time.time() - start, 3)}
     return out
+
+
+def export_version(cfg: config_lib.ExperimentConfig, model: open_qa_model.OpenQaModel, base_path: str,
+                   info: Mapping[str, Any] | None = None) -> str:
+    """:func:`export_open_qa` as ``<base_path>/<n>``, the version after the newest (TF Serving's layout)."""
+    return export_open_qa(cfg, model, artifacts.next_version_dir(base_path, artifacts.OPEN_QA_EXPORT), info)
+
+
+def newest_version(path: str) -> str:
+    """``path`` when it is an export, else the newest complete version under it (a model base path)."""
+    found = artifacts.newest_complete(path, artifacts.OPEN_QA_EXPORT)
+    if found is None:
+        raise errors.UserError(f"{path}: no complete Open-QA export (run `realm-tf export --base_path {path}`)")
+    return found
+
+
+def publish_corpus_update(cfg: config_lib.ExperimentConfig, base_path: str, index_dir: str | None = None,
+                          blocks_dir: str | None = None, pause_before_commit: float = 0.0) -> str:
+    """A new version under ``base_path``: the newest version's graph and weights over the corpus of the newest
+    index version (its blocks, their text and Embed_doc rows, its ScaNN searcher). Returns its path.
+
+    Nothing is traced or re-embedded: ``saved_model.pb`` and the assets are copied (ScaNN's resource renamed, so
+    that both versions can be loaded in one process), and the variables checkpoint is rewritten with every
+    model weight copied as it is and every corpus variable (all of unknown row count in the graph) taken from
+    the new corpus. The new version is staged and appears complete or not at all; the previous one serves
+    until then.
+
+    Raises:
+      UserError: no version under ``base_path``, no index, another vocabulary, or a corpus whose variables do
+        not match the graph's (e.g. the served version searches with ScaNN and the index is brute force).
+    """
+    start = time.time()
+    previous = newest_version(base_path)
+    info = artifacts.read_marker(previous, artifacts.OPEN_QA_EXPORT, "Open-QA export")
+    tokenizer = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, lower_case=cfg.model.lower_case)
+    if info.get("vocab_hash") != tokenizer.vocab_hash:
+        raise errors.UserError(f"{previous}: exported with vocabulary {info.get('vocab_hash')}, not model.vocab_file's "
+                               f"({tokenizer.vocab_hash})")
+    index_path, meta = index_publisher.newest_version(index_dir or cfg.index.index_dir, tokenizer.vocab_hash)
+    corpus_version = index_publisher.corpus_version(meta)
+    blocks = block_store.BlockStore.load(corpus_versions.blocks_pattern(blocks_dir or cfg.data.blocks_dir,
+                                                                        corpus_version))
+    corpus = knowledge_corpus.KnowledgeCorpus(index_publisher.read_embeddings(index_path), blocks, tokenizer)
+    if info.get("searcher") == "scann":
+        if meta.get("kind") != "scann":
+            raise errors.UserError(f"{previous} searches with ScaNN but {index_path} is a {meta.get('kind')} index")
+        corpus.use_searcher(in_graph_scann.InGraphScannSearcher(os.path.join(index_path, meta["searcher"])))
+    out = artifacts.next_version_dir(base_path, artifacts.OPEN_QA_EXPORT)
+    with artifacts.staged(out, artifacts.OPEN_QA_EXPORT, pause_before_commit=pause_before_commit) as staging:
+        _copy_graph(previous, staging.path)
+        with _corpus_checkpoint(corpus) as fresh:
+            _write_variables(previous, fresh, staging.path)
+        staging.metadata = {
+            **info, "index_version": meta["version"], "corpus_version": corpus_version,
+            "export_step": index_publisher.export_step(meta), "weights_from": previous, "exported_at": time.time(),
+            "export_seconds": round(time.time() - start, 3)}
+    logger.info("%s: version with the weights of %s and index version %d (corpus version %d, %d blocks) in %.1fs",
+                out, previous, meta["version"], corpus_version, len(blocks), time.time() - start)
+    return out
+
+
+def _copy_graph(previous: str, staging: str) -> None:
+    """Copies the SavedModel's graph and assets (not its variables), renaming its ScaNN searcher resources."""
+    for parent, _, files in tf.io.gfile.walk(previous):
+        rel = os.path.relpath(parent, previous)
+        if rel.split(os.sep)[0] == VARIABLES:
+            continue
+        target = staging if rel == "." else os.path.join(staging, rel)
+        tf.io.gfile.makedirs(target)
+        for name in files:
+            if rel == "." and name in (SAVED_MODEL_PB, FINGERPRINT_PB, artifacts.OPEN_QA_EXPORT):
+                continue
+            tf.io.gfile.copy(os.path.join(parent, name), os.path.join(target, name), overwrite=True)
+    saved_model = saved_model_pb2.SavedModel()
+    with tf.io.gfile.GFile(os.path.join(previous, SAVED_MODEL_PB), "rb") as f:
+        saved_model.ParseFromString(f.read())
+    renamed: dict[bytes, bytes] = {}
+    for meta_graph in saved_model.meta_graphs:
+        nodes = [*meta_graph.graph_def.node, *(n for fn in meta_graph.graph_def.library.function for n in fn.node_def)]
+        for node in nodes:
+            name = node.attr["shared_name"].s if "shared_name" in node.attr else b""
+            if name.startswith(in_graph_scann.SHARED_NAME_PREFIX.encode()):
+                node.attr["shared_name"].s = renamed.setdefault(name, in_graph_scann.fresh_shared_name().encode())
+    with tf.io.gfile.GFile(os.path.join(staging, SAVED_MODEL_PB), "wb") as f:
+        f.write(saved_model.SerializeToString())
+
+
+@contextlib.contextmanager
+def _corpus_checkpoint(corpus: knowledge_corpus.KnowledgeCorpus) -> Iterator[Any]:
+    """The new corpus written as ``tf.train.Checkpoint(corpus=...)`` (the path the export module gives it),
+    opened for reading."""
+    with tempfile.TemporaryDirectory(prefix="realm-corpus-") as scratch:
+        prefix = tf.train.Checkpoint(corpus=corpus).write(os.path.join(scratch, "corpus"))
+        yield tf.train.load_checkpoint(prefix)
+
+
+def _variable_keys(reader: Any, root_child: str) -> dict[str, str]:
+    """``{path below root_child: checkpoint key}`` of every variable reachable from the root's ``root_child``."""
+    graph = trackable_object_graph_pb2.TrackableObjectGraph.FromString(reader.get_tensor(_OBJECT_GRAPH_KEY))
+    start = [child.node_id for child in graph.nodes[0].children if child.local_name == root_child]
+    keys: dict[str, str] = {}
+    stack = [(node_id, "") for node_id in start]
+    seen: set[int] = set()
+    while stack:
+        node_id, path = stack.pop()
+        if node_id in seen:
+            continue
+        seen.add(node_id)
+        for attribute in graph.nodes[node_id].attributes:
+            if attribute.name == "VARIABLE_VALUE":
+                keys[path] = attribute.checkpoint_key
+        stack.extend((child.node_id, f"{path}/{child.local_name}" if path else child.local_name)
+                     for child in graph.nodes[node_id].children)
+    return keys
+
+
+def _write_variables(previous: str, fresh: Any, staging: str) -> None:
+    """``<staging>/variables/variables``: every tensor of the previous version's checkpoint, the corpus ones
+    replaced by ``fresh``'s (same object graph, so the copied graph restores them)."""
+    old = tf.train.load_checkpoint(os.path.join(previous, VARIABLES, VARIABLES))
+    old_keys, new_keys = _variable_keys(old, "corpus"), _variable_keys(fresh, "corpus")
+    if set(old_keys) != set(new_keys):
+        raise errors.UserError(f"{previous}: its corpus variables {sorted(old_keys)} differ from the new corpus's "
+                               f"{sorted(new_keys)}: export the model anew (realm-tf export --base_path)")
+    replaced = {old_keys[path]: new_keys[path] for path in old_keys}
+    names = sorted(old.get_variable_to_shape_map())
+    tensors = [fresh.get_tensor(replaced[name]) if name in replaced else old.get_tensor(name) for name in names]
+    tf.io.gfile.makedirs(os.path.join(staging, VARIABLES))
+    tf.raw_ops.SaveV2(prefix=os.path.join(staging, VARIABLES, VARIABLES), tensor_names=names,
+                      shape_and_slices=[""] * len(names), tensors=tensors)

@@ -25,6 +25,7 @@ import tensorflow as tf
 from realm_tf import artifacts
 from realm_tf import config as config_lib
 from realm_tf import errors
+from realm_tf.index import index_publisher
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_retriever
 from realm_tf.networks import bert_encoder
@@ -100,9 +101,9 @@ def export_retriever(retriever: knowledge_retriever.KnowledgeRetriever, cfg: con
     # embeds queries with the export of the index version it searches), and while an index builder may still
     # be embedding it: every export newer than the newest published version. An index builder that falls
     # behind skips to the newest export, so the older unbuilt ones are then pruned.
-    published = list(artifacts.complete_versions(cfg.index.index_dir, artifacts.INDEX))
+    published = {index_publisher.export_step(meta) for meta in index_publisher.published_metadata(cfg.index.index_dir)}
     pending = [s for s in artifacts.complete_versions(export_dir, artifacts.RETRIEVER_EXPORT)
-               if published and s > published[-1]]
+               if published and s > max(published)]
     in_use = {int(step), *published, *pending}
     artifacts.delete_old_versions(export_dir, artifacts.RETRIEVER_EXPORT, cfg.refresh.keep_exports, protect=in_use)
     return final
@@ -118,16 +119,16 @@ def read_export_metadata(export_path: str) -> dict[str, Any]:
     return artifacts.read_marker(export_path, artifacts.RETRIEVER_EXPORT, "retriever export")
 
 
-def load_query_embedder(version: int, metadata: Mapping[str, Any],
-                        export_dir: str | None = None) -> tuple[QueryEmbedFn, float]:
-    """Embed_input of the export that built index ``version`` (its ``embed_query_ids``) and its export time.
+def find_export(version: int, metadata: Mapping[str, Any], export_dir: str | None = None) -> tuple[str, dict[str, Any]]:
+    """``(path, export.json)`` of the export that built index ``version`` (``metadata``: its ``index.json``).
 
-    The export is looked up where ``index.json`` says (``export_path``), then as ``<export_dir>/<version>``
-    (an index version is numbered by its export's step), so a run moved or started from another directory
-    still finds it.
+    The export is looked up where ``index.json`` says (``export_path``), then as ``<export_dir>/<step>``
+    (``export_step``: an index version is numbered by its export's step, a corpus update keeps the export of
+    the version it updated), so a run moved or started from another directory still finds it.
     """
     recorded = metadata.get("export_path")
-    candidates = [p for p in (recorded, os.path.join(export_dir, str(version)) if export_dir else None) if p]
+    step = index_publisher.export_step({"version": version, **metadata})
+    candidates = [p for p in (recorded, os.path.join(export_dir, str(step)) if export_dir else None) if p]
     if not candidates:
         raise errors.UserError(f"index version {version}: index.json names no export_path")
     path, export = None, None
@@ -136,12 +137,21 @@ def load_query_embedder(version: int, metadata: Mapping[str, Any],
             export = read_export_metadata(candidate)
         except FileNotFoundError:
             continue
-        if int(export.get("step", version)) == version:
+        if int(export.get("step", step)) == step:
             path = candidate
             break
     if path is None:
         raise errors.UserError(f"index version {version} was built from the export {' or '.join(candidates)}, "
                                f"which no longer exists (raise refresh.keep_exports)")
+    assert export is not None
+    return path, export
+
+
+def load_query_embedder(version: int, metadata: Mapping[str, Any],
+                        export_dir: str | None = None) -> tuple[QueryEmbedFn, float]:
+    """Embed_input of the export that built index ``version`` (its ``embed_query_ids``) and its export time
+    (the export found by :func:`find_export`)."""
+    path, export = find_export(version, metadata, export_dir)
     module = tf.saved_model.load(path)
     if "embed_query_ids" not in module.signatures:
         raise errors.UserError(f"{path}: the export has no embed_query_ids signature (re-export it with this "

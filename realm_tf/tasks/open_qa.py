@@ -28,6 +28,7 @@ from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.data import answer_normalization
 from realm_tf.data import block_store as block_store_lib
+from realm_tf.data import corpus_versions
 from realm_tf.data import question_split
 from realm_tf.index import index_publisher
 from realm_tf.layers import bert_tokenizer
@@ -112,20 +113,15 @@ def select_split(examples: Sequence[QaExample], split: str, data: config_lib.Dat
 
 def load_corpus(cfg: config_lib.ExperimentConfig, tokenizer: bert_tokenizer.BertTokenizer,
                 index_dir: str | None = None) -> tuple[knowledge_corpus.KnowledgeCorpus, block_store_lib.BlockStore, dict]:
-    """The in-graph corpus from the blocks and the newest complete index version's ``embeddings.npy``."""
-    index_dir = index_dir or cfg.index.index_dir
-    versions = index_publisher.complete_versions(index_dir)
-    if not versions:
-        raise errors.UserError(f"{index_dir}: no index (run `realm-tf embed-blocks` with a retriever export)")
-    path = index_publisher.version_dir(index_dir, versions[-1])
-    meta = index_publisher.read_index_json(path)
-    if meta.get("vocab_hash") != tokenizer.vocab_hash:
-        raise errors.UserError(f"{path}: index built with another vocabulary than model.vocab_file")
+    """The in-graph corpus from the newest complete index version's ``embeddings.npy`` and the blocks of the
+    corpus version it was built over (``index.json``: ``corpus_version``)."""
+    path, meta = index_publisher.newest_version(index_dir or cfg.index.index_dir, tokenizer.vocab_hash)
     embeddings = index_publisher.read_embeddings(path)  # [num_blocks, dim]
-    blocks = block_store_lib.BlockStore.load(os.path.join(cfg.data.blocks_dir, "blocks-*.tfrecord*"))
+    corpus = corpus_versions.version_dir(cfg.data.blocks_dir, index_publisher.corpus_version(meta))
+    blocks = block_store_lib.BlockStore.load(os.path.join(corpus, corpus_versions.BLOCKS_GLOB))
     if len(blocks) != embeddings.shape[0]:
         raise errors.UserError(f"{path}: {embeddings.shape[0]} embeddings but {len(blocks)} blocks in "
-                               f"{cfg.data.blocks_dir}: the index was built from another corpus")
+                               f"{corpus}: the index was built from another corpus")
     return knowledge_corpus.KnowledgeCorpus(embeddings, blocks, tokenizer), blocks, meta
 
 
@@ -301,7 +297,7 @@ class OpenQaTask(base_task.Task):
                 from realm_tf.index import bm25_retriever  # pylint: disable=import-outside-toplevel
 
                 blocks = self.blocks or block_store_lib.BlockStore.load(
-                    os.path.join(self.cfg.data.blocks_dir, "blocks-*.tfrecord*"))
+                    corpus_versions.current_pattern(self.cfg.data.blocks_dir))
                 block_ids, _ = bm25_retriever.Bm25Retriever(blocks.titles, blocks.texts).search(
                     [e.question for e in train], self.cfg.model.reader_beam_size)  # [num_train, k]
             self._training_set = (train, block_ids, {"num_train": len(train), "num_dev": len(dev)})
@@ -451,7 +447,7 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
     if not examples:
         raise errors.UserError(f"{questions_path}: no questions in split {split!r}")
     if retriever == "gold":  # no index needed: the corpus embeddings are never searched
-        blocks = block_store_lib.BlockStore.load(os.path.join(cfg.data.blocks_dir, "blocks-*.tfrecord*"))
+        blocks = block_store_lib.BlockStore.load(corpus_versions.current_pattern(cfg.data.blocks_dir))
         corpus = knowledge_corpus.KnowledgeCorpus.without_index(blocks, task.tokenizer)
         meta = {"version": None}
     else:
@@ -570,4 +566,6 @@ def load_for_serving(cfg: config_lib.ExperimentConfig, model_dir: str | None = N
         path = index_publisher.version_dir(index_dir or cfg.index.index_dir, meta["version"])
         corpus.use_searcher(scann_lib.InGraphScannSearcher(os.path.join(path, meta["searcher"])))
         searcher = "scann"
-    return task, model, {"checkpoint": checkpoint or "", "index_version": meta["version"], "searcher": searcher}
+    return task, model, {"checkpoint": checkpoint or "", "index_version": meta["version"], "searcher": searcher,
+                         "corpus_version": index_publisher.corpus_version(meta),
+                         "export_step": index_publisher.export_step(meta)}

@@ -27,6 +27,7 @@ import tensorflow as tf
 from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.data import block_store as block_store_lib
+from realm_tf.data import corpus_versions
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_retriever
 from realm_tf.tasks import warm_start
@@ -123,7 +124,7 @@ def init_retriever(cfg: config_lib.ExperimentConfig, out: str, num_blocks: int =
     retriever = knowledge_retriever.build_knowledge_retriever(cfg.model)
     info: dict[str, Any] = {"kind": cfg.model.projection_init}
     if cfg.model.projection_init != "random":
-        blocks = block_store_lib.BlockStore.load(os.path.join(cfg.data.blocks_dir, "blocks-*.tfrecord*"))
+        blocks = block_store_lib.BlockStore.load(corpus_versions.current_pattern(cfg.data.blocks_dir))
         rng = np.random.default_rng(cfg.data.seed)
         ids = np.sort(rng.choice(len(blocks), size=min(num_blocks, len(blocks)), replace=False))
         pooled = pooled_block_outputs(retriever, blocks, tokenizer, ids, cfg.model.block_seq_length)

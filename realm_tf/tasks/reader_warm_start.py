@@ -17,7 +17,6 @@ fine-tuning from it. The dev and tune splits of every question file are never re
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any, Sequence
 
 import numpy as np
@@ -26,6 +25,7 @@ import tensorflow as tf
 from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.data import block_store as block_store_lib
+from realm_tf.data import corpus_versions
 from realm_tf.data import knowledge_corpus
 from realm_tf.models import open_qa_model
 from realm_tf.tasks import experiment
@@ -67,7 +67,7 @@ class ReaderWarmStartTask(open_qa.OpenQaTask):
 
     def load_corpus(self) -> knowledge_corpus.KnowledgeCorpus:
         """The blocks without an index: the reader reads the blocks it is given, nothing is searched."""
-        self.blocks = block_store_lib.BlockStore.load(os.path.join(self.cfg.data.blocks_dir, "blocks-*.tfrecord*"))
+        self.blocks = block_store_lib.BlockStore.load(corpus_versions.current_pattern(self.cfg.data.blocks_dir))
         return knowledge_corpus.KnowledgeCorpus.without_index(self.blocks, self.tokenizer)
 
     def checkpoint_items(self, model: open_qa_model.OpenQaModel) -> dict[str, tf.Module]:
@@ -76,7 +76,7 @@ class ReaderWarmStartTask(open_qa.OpenQaTask):
     def training_set(self) -> tuple[list[open_qa.QaExample], np.ndarray | None, dict[str, Any]]:
         if self._training_set is None:
             blocks = self.blocks or block_store_lib.BlockStore.load(
-                os.path.join(self.cfg.data.blocks_dir, "blocks-*.tfrecord*"))
+                corpus_versions.current_pattern(self.cfg.data.blocks_dir))
             examples = read_training_questions(self.cfg, self.question_paths)
             reading = reading_sets.gold_and_negatives(examples, blocks, self.cfg.qa.reader_negatives,
                                                       seed=self.cfg.reader.seed)

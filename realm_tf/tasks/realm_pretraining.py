@@ -27,8 +27,10 @@ import tf_keras
 
 from realm_tf import config as config_lib
 from realm_tf.data import block_store
+from realm_tf.data import corpus_versions
 from realm_tf.data import example_schemas
 from realm_tf.tasks import retrieval_augmented_input
+from realm_tf.index import index_publisher
 from realm_tf.index import refresh_supervisor
 from realm_tf.models import knowledge_augmented_encoder
 from realm_tf.models import knowledge_retriever
@@ -128,10 +130,12 @@ class RealmPretrainingTask(base_task.Task):
             lambda: self.build_losses(labels, model(features, training=True)),
             self.trainable_variables(model, train_retriever), optimizer, self.global_batch_size)
         version = tf.cast(labels["index_version"], tf.float32)  # [batch]
-        # The candidates were chosen with the weights exported at step `index_version`; this update uses
-        # the weights after `global_step` updates.
+        # The candidates were chosen with the weights exported at step `index_export_step` (= `index_version`
+        # unless a corpus update numbered the version past it); this update uses the weights after
+        # `global_step` updates.
+        exported = tf.cast(labels.get("index_export_step", labels["index_version"]), tf.float32)  # [batch]
         step = tf.cast(global_step if global_step is not None else optimizer.iterations, tf.float32)
-        delay_steps = step - version  # [batch]
+        delay_steps = step - exported  # [batch]
         delay_seconds = tf.cast(tf.timestamp() - labels["index_exported_at"], tf.float32)  # [batch]
         return {
             "loss": tf.reduce_mean(per_example),
@@ -166,9 +170,9 @@ class RealmPretrainingTask(base_task.Task):
         the refresh supervisor."""
         cfg = self.cfg
         self.chief = loop.chief
-        blocks = block_store.BlockStore.load(os.path.join(cfg.data.blocks_dir, "blocks-*.tfrecord*"))
         if cfg.trainer.mlm_head_warmup_blocks > 0 and loop.step == 0 and not loop.restored_from:
             # Every worker fits the same head (same blocks, same seed) before the first all-reduce.
+            blocks = block_store.BlockStore.load(corpus_versions.current_pattern(cfg.data.blocks_dir))
             warmup = mlm_head_warmup.warm_up_mlm_head(model.encoder, blocks, self.tokenizer,
                                                       cfg.trainer.mlm_head_warmup_blocks, seed=cfg.trainer.seed)
             logger.info("pretrain: MLM head warm-up on the frozen reader: %s",
@@ -183,13 +187,15 @@ class RealmPretrainingTask(base_task.Task):
                 loop.step, lambda: retriever_export.export_retriever(model.retriever, cfg, loop.step, self.tokenizer))
         loader_args = dict(index_dir=cfg.index.index_dir, expected_dim=cfg.model.projection_size,
                            expected_vocab_hash=self.tokenizer.vocab_hash, kind=cfg.index.kind,
-                           min_refresh_interval_seconds=cfg.refresh.poll_seconds)
+                           min_refresh_interval_seconds=cfg.refresh.poll_seconds, blocks_dir=cfg.data.blocks_dir)
+        # The blocks come with each index version (its corpus version): a corpus update swaps in like a refresh.
         loader = refresh_supervisor.wait_for_index(loader_args, timeout=3600.0)
-        newest = loader.version or 0
+        newest = index_publisher.export_step(loader.current()[2])
         if newest > loop.step + cfg.refresh.export_every_steps:
-            logger.warning("%s: index version %d is ahead of trainer step %d: this run's refreshes (versions = "
-                            "its steps) will not replace it until then", cfg.index.index_dir, newest, loop.step)
-        self.inputs = retrieval_augmented_input.RetrievalAugmentedInput(cfg, loader, blocks, self.tokenizer)
+            logger.warning("%s: index version %d (export step %d) is ahead of trainer step %d: this run's refreshes "
+                            "(versions = its steps) will not replace it until then", cfg.index.index_dir,
+                            loader.version, newest, loop.step)
+        self.inputs = retrieval_augmented_input.RetrievalAugmentedInput(cfg, loader, None, self.tokenizer)
         if self.chief:
             self.supervisor.start()
 

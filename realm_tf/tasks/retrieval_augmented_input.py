@@ -3,7 +3,8 @@
 For every batch of salient-span-masked queries x the pipeline, running ahead of the trainer (prefetch):
 
 1. asks the :class:`~realm_tf.index.index_loader.IndexLoader` for the newest published index version (it
-   hot-swaps when the asynchronous index builder publishes one; no restart);
+   hot-swaps when the asynchronous index builder publishes one, or a corpus update does; no restart), with
+   the blocks of the corpus version it was built over;
 2. embeds the masked queries with **Embed_input of the export that built that index version** (the
    ``embed_query_ids`` signature of ``export_dir/<version>/``), so queries and blocks are in one embedding
    space;
@@ -21,7 +22,8 @@ Elements (``static_padding`` pads to the configured lengths; otherwise to the ba
   ``query_*`` ``int32[batch, query_len]``, ``candidates_*`` ``int32[batch, k, block_len]``,
   ``reader_*`` ``int32[batch, k, reader_len]``, ``masked_positions`` / ``target_ids`` ``int32[batch, masked]``,
   ``target_weights`` ``float32[batch, masked]``, ``candidate_ids`` ``int64[batch, k]`` (-1 = null document),
-  ``index_version`` ``int64[batch]``, ``index_exported_at`` ``float64[batch]`` (Unix seconds).
+  ``index_version`` ``int64[batch]``, ``index_export_step`` ``int64[batch]`` (the step of the export that
+  embedded its blocks), ``index_exported_at`` ``float64[batch]`` (Unix seconds).
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ from realm_tf.data import block_store as block_store_lib
 from realm_tf.data import candidate_selection
 from realm_tf.data import example_schemas
 from realm_tf.index import index_loader as index_loader_lib
+from realm_tf.index import index_publisher
 from realm_tf.layers import bert_tokenizer
 from realm_tf.serving import retriever_export
 
@@ -70,14 +73,15 @@ class RetrievalAugmentedInput:
     Args:
       cfg: the experiment config (model lengths, k, data batching).
       loader: serves the newest complete index version; refreshed between batches.
-      blocks: the knowledge corpus the index rows point into.
+      blocks: the knowledge corpus the index rows point into; None: the blocks the loader serves with each
+        version (an ``IndexLoader`` with a ``blocks_dir``), so that a corpus update is picked up too.
       tokenizer: packs ids (``join_bert``); only its special-token ids and packing are used.
       query_embedder_for: ``(version, index.json metadata) -> QueryEmbedFn``; default: load the
         ``embed_query_ids`` signature of the export recorded in index.json (cached per version).
     """
 
     def __init__(self, cfg: config_lib.ExperimentConfig, loader: index_loader_lib.IndexLoader,
-                 blocks: block_store_lib.BlockStore, tokenizer: bert_tokenizer.BertTokenizer,
+                 blocks: block_store_lib.BlockStore | None, tokenizer: bert_tokenizer.BertTokenizer,
                  query_embedder_for: Callable[[int, Mapping[str, Any]], tuple[QueryEmbedFn, float]] | None = None):
         self.cfg = cfg
         self.loader = loader
@@ -88,10 +92,12 @@ class RetrievalAugmentedInput:
                                                                            export_dir=cfg.refresh.export_dir)
         self._embedders: dict[int, tuple[QueryEmbedFn, float]] = {}
         self._lock = threading.Lock()
-        index_blocks = self.loader.current()[1].num_blocks
-        if index_blocks != len(blocks):
-            raise errors.UserError(f"{loader.index_dir}: index has {index_blocks} blocks but {blocks.source} has "
-                                   f"{len(blocks)}: the index was built from another corpus")
+        served = self.loader.snapshot()
+        if blocks is None and served.blocks is None:
+            raise ValueError(f"{loader.index_dir}: no blocks given and the index loader has no blocks_dir")
+        if blocks is not None and served.index.num_blocks != len(blocks):
+            raise errors.UserError(f"{loader.index_dir}: index has {served.index.num_blocks} blocks but "
+                                   f"{blocks.source} has {len(blocks)}: the index was built from another corpus")
 
     # ---- the dataset ------------------------------------------------------------------------------------
 
@@ -136,6 +142,7 @@ class RetrievalAugmentedInput:
             "candidate_title_ids": ragged(), "candidate_body_ids": ragged(), "reader_doc_ids": ragged(),
             "candidate_ids": tf.TensorSpec([None, k], tf.int64),
             "index_version": tf.TensorSpec([None], tf.int64),
+            "index_export_step": tf.TensorSpec([None], tf.int64),
             "index_exported_at": tf.TensorSpec([None], tf.float64),
         }
         dataset = tf.data.Dataset.from_generator(
@@ -162,7 +169,10 @@ class RetrievalAugmentedInput:
         """
         start = time.perf_counter()
         self.loader.maybe_refresh()
-        version, index, metadata = self.loader.current()  # one consistent version for the whole batch
+        served = self.loader.snapshot()  # one consistent version (index and blocks) for the whole batch
+        version, index, metadata = served.version, served.index, served.metadata
+        blocks = self.blocks if self.blocks is not None else served.blocks
+        assert blocks is not None
         embed, exported_at = self._embedder(version, metadata)
         query_ids = tf.cast(records[example_schemas.QUERY_IDS], tf.int32)  # [batch, (len)]
         if int(tf.reduce_max(query_ids.row_lengths())) > self.cfg.model.query_seq_length - 2:
@@ -177,12 +187,12 @@ class RetrievalAugmentedInput:
             rows, scores = index.search_batched(queries, k)  # [batch, k] each
             return rows, scores, version
 
-        selector = candidate_selection.CandidateSelector(search, self.blocks.uids, self.cfg.model.num_candidates)
+        selector = candidate_selection.CandidateSelector(search, blocks.uids, self.cfg.model.num_candidates)
         source_uids = [u.decode() for u in records[example_schemas.SOURCE_UID].numpy()]
         candidates, _, excluded = selector.select(query_embeddings, source_uids, keep_source)  # [batch, k]
-        self.blocks.check_ids(candidates)
+        blocks.check_ids(candidates)
         trivial = 0 if keep_source is None else sum(
-            int(np.sum(self.blocks.uids[row[row >= 0]] == uid))
+            int(np.sum(blocks.uids[row[row >= 0]] == uid))
             for row, uid, keep in zip(candidates, source_uids, keep_source) if keep)
         titles, bodies, reader_docs = [], [], []
         sep = np.asarray([self.tokenizer.sep_id], np.int32)
@@ -191,7 +201,7 @@ class RetrievalAugmentedInput:
             if block_id == candidate_selection.NULL_BLOCK:
                 titles.append(empty), bodies.append(empty), reader_docs.append(empty)
                 continue
-            title, body = self.blocks.title_ids(block_id), self.blocks.body_ids(block_id)
+            title, body = blocks.title_ids(block_id), blocks.body_ids(block_id)
             titles.append(title), bodies.append(body), reader_docs.append(np.concatenate([title, sep, body]))
         batch = len(source_uids)
         with self._lock:
@@ -209,6 +219,7 @@ class RetrievalAugmentedInput:
             "reader_doc_ids": _ragged(reader_docs),  # [batch * k, (len)]
             "candidate_ids": candidates,  # [batch, k]
             "index_version": np.full([batch], version, np.int64),
+            "index_export_step": np.full([batch], index_publisher.export_step(metadata), np.int64),
             "index_exported_at": np.full([batch], exported_at, np.float64),
         }
 
@@ -233,6 +244,7 @@ class RetrievalAugmentedInput:
             "target_weights": tf.ones_like(positions, tf.float32).to_tensor(0.0, shape=[None, num_masked]),
             "candidate_ids": raw["candidate_ids"],  # [batch, k]
             "index_version": raw["index_version"],  # [batch]
+            "index_export_step": raw["index_export_step"],  # [batch]
             "index_exported_at": raw["index_exported_at"],  # [batch]
         }
         return out

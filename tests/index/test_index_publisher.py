@@ -133,3 +133,23 @@ def test_bad_arguments_write_nothing(tmp_path):
     with pytest.raises(ValueError, match="keep_versions"):
         index_publisher.publish(str(tmp_path), 1, embeddings, index, META, 0)
     assert not os.path.exists(tmp_path) or _entries(tmp_path) == []
+
+
+def test_an_export_after_corpus_updates_gets_the_version_after_theirs(tmp_path):
+    """Versions are export steps, except corpus updates (the next number, the same export): a later export must
+    still be the newest version, and a version built from that very export is left to publish() to refuse."""
+    embeddings, index = _index()
+    root = str(tmp_path)
+    assert index_publisher.version_for_export(root, 5) == 5  # nothing published yet
+    index_publisher.publish(root, 5, embeddings, index, {**META, "export_step": 5}, 9)
+    assert index_publisher.version_for_export(root, 5) == 5  # built from step 5 already: publish() refuses it
+    assert index_publisher.version_for_export(root, 3) == 3  # an older export behind a newer one, as before
+    for update in (6, 7):  # two corpus updates of export 5
+        index_publisher.publish(root, update, embeddings, index, {**META, "export_step": 5, "corpus_version": 2}, 9)
+    assert index_publisher.version_for_export(root, 6) == 8  # step 6 is taken by an update of step 5
+    assert index_publisher.version_for_export(root, 7) == 8
+    assert index_publisher.version_for_export(root, 20) == 20
+    meta = index_publisher.read_index_json(index_publisher.version_dir(root, 7))
+    assert (index_publisher.export_step(meta), index_publisher.corpus_version(meta)) == (5, 2)
+    assert index_publisher.corpus_version({"version": 1}) == 0  # versions from before corpus versions: version 0
+    assert [m["version"] for m in index_publisher.published_metadata(root)] == [5, 6, 7]

