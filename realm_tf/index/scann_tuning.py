@@ -82,7 +82,7 @@ class SearchTuner:
         """Measures ``searcher`` (tree + AH + re-ordering) and ``brute_force`` (ScaNN's exact scorer), both
         ``scann_ops_pybind`` searchers over ``embeddings`` ``[num_blocks, dim]``; returns the choice:
         ``{"mode", "num_leaves_to_search", "reorder_num_neighbors", "recall", "qps", "brute_force_qps",
-        "tried": [[leaves, reorder, recall, qps], ...], ...}``."""
+        "tried": [[leaves, reorder, recall, qps or None when not timed], ...], ...}``."""
         start = time.perf_counter()
         num_blocks = embeddings.shape[0]
         k = min(self.k, num_blocks)
@@ -90,39 +90,46 @@ class SearchTuner:
         sample = rng.choice(num_blocks, size=min(self.num_queries, num_blocks), replace=False)
         queries = np.ascontiguousarray(embeddings[np.sort(sample)])  # [Q, dim]
         exact = exact_neighbours(embeddings, queries, k)  # [Q, k]
-        measured: dict[tuple[int, int], tuple[float, float]] = {}
+        recalls: dict[tuple[int, int], float] = {}
 
-        def measure(leaves: int, reorder: int) -> tuple[float, float]:
-            if (leaves, reorder) not in measured:
+        def recall(leaves: int, reorder: int) -> float:
+            if (leaves, reorder) not in recalls:
                 rows, _ = searcher.search_batched_parallel(queries, final_num_neighbors=k,
                                                            pre_reorder_num_neighbors=reorder,
                                                            leaves_to_search=leaves)
-                recall = recall_at_k(np.asarray(rows), exact)
-                seconds = _seconds(lambda: searcher.search_batched_parallel(
-                    queries, final_num_neighbors=k, pre_reorder_num_neighbors=reorder, leaves_to_search=leaves))
-                measured[(leaves, reorder)] = (recall, len(queries) / seconds)
-            return measured[(leaves, reorder)]
+                recalls[(leaves, reorder)] = recall_at_k(np.asarray(rows), exact)
+            return recalls[(leaves, reorder)]
 
         grid = _leaf_grid(num_leaves)
+        reaches_target = False  # recall grows with the re-ordering depth: once every leaf reaches it, all deeper do
         for reorder in sorted({min(num_blocks, max(k, m * k)) for m in REORDER_MULTIPLES}):
-            if measure(grid[-1], reorder)[0] < self.target_recall:
+            if not reaches_target and recall(grid[-1], reorder) < self.target_recall:
                 continue  # this depth cannot reach the target even searching every leaf
+            reaches_target = True
             low, high = 0, len(grid) - 1  # the fewest leaves reaching the target: recall grows with leaves
             while low < high:
                 middle = (low + high) // 2
-                if measure(grid[middle], reorder)[0] >= self.target_recall:
+                if recall(grid[middle], reorder) >= self.target_recall:
                     high = middle
                 else:
                     low = middle + 1
+        # Only the settings that reached the target are timed (more leaves can be faster with a shallower
+        # re-ordering, so each of them is a candidate); the fastest wins.
+        measured: dict[tuple[int, int], tuple[float, float]] = {}
+        for (leaves, reorder), value in recalls.items():
+            qps = math.nan
+            if value >= self.target_recall:
+                qps = len(queries) / _seconds(lambda: searcher.search_batched_parallel(
+                    queries, final_num_neighbors=k, pre_reorder_num_neighbors=reorder, leaves_to_search=leaves))
+            measured[(leaves, reorder)] = (value, qps)
         best: tuple[float, int, int] | None = None  # (qps, leaves, reorder)
-        # Any measured setting that reached the target is a candidate (more leaves can be faster with a
-        # shallower re-ordering): the fastest one wins.
-        for (leaves, reorder), (recall, qps) in measured.items():
-            if recall >= self.target_recall and (best is None or qps > best[0]):
+        for (leaves, reorder), (value, qps) in measured.items():
+            if value >= self.target_recall and (best is None or qps > best[0]):
                 best = (qps, leaves, reorder)
         brute_force(queries[:1], k)  # warm-up
         brute_force_qps = len(queries) / _seconds(lambda: brute_force(queries, k))
-        tried = [[leaves, reorder, round(r, 4), round(q, 1)] for (leaves, reorder), (r, q) in sorted(measured.items())]
+        tried = [[leaves, reorder, round(r, 4), None if math.isnan(q) else round(q, 1)]
+                 for (leaves, reorder), (r, q) in sorted(measured.items())]
         result: dict[str, Any] = {"target_recall": self.target_recall, "recall_k": k, "num_queries": len(queries),
                                   "brute_force_qps": round(brute_force_qps, 1), "tried": tried}
         if best is None or brute_force_qps >= best[0]:
