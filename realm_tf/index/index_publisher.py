@@ -190,8 +190,7 @@ def publish(index_dir: str, version: int, embeddings: np.ndarray, index: mips_in
         raise ValueError(f"version must be a non-negative int, got {version!r}")
     if keep_versions < 1:
         raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
-    embeddings = _checked(embeddings, index, metadata)
-    final = version_dir(index_dir, version)
+    final = version_dir(index_dir, version)  # the embeddings are checked once, by write_version (inside staging)
     if is_complete(final):
         raise IndexVersionExistsError(f"{final}: index version {version} is already published")
     try:
