@@ -19,7 +19,9 @@ Usage: python benchmarks/index_benchmark.py [--num-blocks 1000000] [--dim 128] [
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -156,6 +158,15 @@ def main() -> None:
     for name, build_s, mem, batch_qps, single_qps, recall in results:
         print(f"{name:36s} {build_s:8.1f} {mem:8.0f} {batch_qps:10.1f} {single_qps:10.1f} {recall:9.4f}")
     print("(TF op row: build_s is the load time from the saved directory, mem_MiB the RSS growth of loading)")
+    peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(f"peak RSS of this process {peak_gb:.2f} GiB; ScaNN directory {size_mb * 2**20 / args.num_blocks:.1f} "
+          f"bytes per block (embeddings {4 * args.dim} bytes per block in index_dir/<version>/embeddings.npy)")
+    # One line for benchmarks/scale_plan.py.
+    print("SUMMARY " + json.dumps({
+        "num_blocks": args.num_blocks, "dim": args.dim, "peak_rss_gib": peak_gb, "scann_dir_mib": size_mb,
+        "scann_build_s": index.build_seconds, "tuning_s": (tuning or {}).get("seconds", 0.0),
+        "tf_op_qps": results[2][3], "tf_op_single_qps": results[2][4], "tf_op_recall": results[2][5],
+        "pybind_qps": results[1][3]}))
 
 
 if __name__ == "__main__":

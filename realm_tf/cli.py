@@ -16,6 +16,7 @@ import realm_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is im
 from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf import library_logs
+from realm_tf import process_settings
 
 _DESCRIPTION = """\
 REALM (Retrieval-Augmented Language Model pre-training) in TensorFlow 2.
@@ -560,6 +561,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     library_logs.show_on_stderr()
+    process_settings.apply()  # before the subcommand's first tensor: TensorFlow reads them then
     try:
         return int(args.handler(args) or 0)
     except (errors.UserError, FileNotFoundError) as e:

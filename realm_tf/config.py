@@ -102,9 +102,12 @@ class ModelConfig:
         (``orqa_model.read``: dense_1(LayerNormalization(ReLU(start[s] + end[e])))); off by default.
       reader_block_title: the reader reads join_BERT(x, title [SEP] body) (true) or join_BERT(x, body) (false:
         ORQA's and REALM's fine-tuned readers read the text of ``blocks.tfr`` alone, without the title).
-      reader_length_buckets: the Open-QA reader reads its ``batch × k`` join_BERT rows in this many groups of
-        similar length, each padded to its own longest row (same outputs, less padding); 1 with
-        ``data.static_padding`` (TPU).
+      reader_length_buckets: the readers (Open-QA's span reader and pre-training's knowledge-augmented
+        encoder) read their ``batch × k`` join_BERT rows in this many groups of similar length, each padded to
+        its own longest row (same outputs up to float rounding, less padding); 1 with ``data.static_padding``
+        (TPU).
+      candidate_length_buckets: the same for the retriever re-embedding a training step's ``batch × k``
+        candidate blocks (REALM pre-training); 1 with ``data.static_padding``.
       retriever_checkpoint: start the knowledge retriever from this training run's latest checkpoint (a
         ``model_dir`` or checkpoint prefix), e.g. the ICT warm start (REALM §3.4 "Initialization"); "" to
         start both towers from ``init_checkpoint``.
@@ -130,6 +133,7 @@ class ModelConfig:
     span_layer_norm: bool = False
     reader_block_title: bool = True
     reader_length_buckets: int = 4
+    candidate_length_buckets: int = 4
     retriever_checkpoint: str = ""
 
 

@@ -18,6 +18,7 @@ import tf_keras
 from realm_tf import config as config_lib
 from realm_tf.networks import bert_encoder
 from realm_tf.networks import bert_weight_import
+from realm_tf.networks import length_buckets
 
 class KnowledgeAugmentedEncoder(tf_keras.Model):
     """BERT over join_BERT(x, z) with a tied masked-LM head.
@@ -27,17 +28,24 @@ class KnowledgeAugmentedEncoder(tf_keras.Model):
       initializer_range: stddev of the MLM transform's initialiser.
       hidden_act: the MLM transform's activation, as ``encoder.hidden_act`` (BERT's ``cls/predictions/transform``
         uses the encoder's activation: the tanh GELU, ``gelu_new``, in the original code).
+      length_buckets: BERT reads the rows in this many groups of similar length, each padded only to its own
+        longest row (:mod:`realm_tf.networks.length_buckets`); the logits are the same up to float rounding.
+        REALM's joined rows (a query of up to 96 wordpieces and a block of up to 288, cut to 320) vary widely.
 
     Inputs of :meth:`call`: ``input_word_ids`` / ``input_mask`` / ``input_type_ids`` ``int32[batch, len]`` and
     ``masked_positions`` ``int32[batch, num_masked]`` (indices into the joined sequence).
 
-    Returns: ``{"mlm_logits": float32[batch, num_masked, vocab_size], "sequence_output": [batch, len, hidden]}``.
+    Returns: ``{"mlm_logits": float32[batch, num_masked, vocab_size], "sequence_output": [batch, len, hidden]}``
+    (with ``length_buckets`` > 1, zeros in ``sequence_output`` past the longest row of a row's group).
     """
 
     def __init__(self, encoder: tf_keras.layers.Layer, initializer_range: float = 0.02, hidden_act: str = "gelu",
-                 **kwargs: Any):
+                 length_buckets: int = 1, **kwargs: Any):
         super().__init__(**kwargs)
+        if length_buckets < 1:
+            raise ValueError(f"length_buckets={length_buckets}: must be at least 1")
         self.encoder = encoder
+        self._length_buckets = length_buckets
         self._initializer_range = initializer_range
         self._hidden_act = hidden_act
         bert_weight_import.ensure_built(encoder)  # the tied head needs the word-embedding variable to exist
@@ -46,14 +54,14 @@ class KnowledgeAugmentedEncoder(tf_keras.Model):
             initializer=tf_keras.initializers.TruncatedNormal(stddev=initializer_range), name="masked_lm")
 
     def call(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> dict[str, tf.Tensor]:
-        outputs = self.encoder({k: inputs[k] for k in bert_encoder.INPUT_KEYS}, training=training)
+        outputs = length_buckets.encode(self.encoder, inputs, self._length_buckets, training)
         sequence = outputs["sequence_output"]  # [batch, len, hidden]
         logits = self.masked_lm(sequence, masked_positions=inputs["masked_positions"])  # [batch, masked, vocab]
         return {"mlm_logits": logits, "sequence_output": sequence}
 
     def get_config(self) -> dict[str, Any]:
         return {"encoder": tf_keras.layers.serialize(self.encoder), "initializer_range": self._initializer_range,
-                "hidden_act": self._hidden_act, "name": self.name}
+                "hidden_act": self._hidden_act, "length_buckets": self._length_buckets, "name": self.name}
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> "KnowledgeAugmentedEncoder":
@@ -68,7 +76,7 @@ def build_knowledge_augmented_encoder(cfg: config_lib.ModelConfig, restore: bool
     if restore and cfg.init_checkpoint:
         bert_weight_import.restore_encoder(encoder, cfg.init_checkpoint)
     model = KnowledgeAugmentedEncoder(encoder, cfg.encoder.initializer_range, hidden_act=cfg.encoder.hidden_act,
-                                      name="knowledge_augmented_encoder")
+                                      length_buckets=cfg.reader_length_buckets, name="knowledge_augmented_encoder")
     dummy = tf.zeros([1, 2], tf.int32)  # [batch, len]
     model({"input_word_ids": dummy, "input_mask": tf.ones_like(dummy), "input_type_ids": dummy,
            "masked_positions": tf.zeros([1, 1], tf.int32)})

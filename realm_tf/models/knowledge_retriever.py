@@ -29,6 +29,9 @@ class KnowledgeRetriever(tf_keras.Model):
       query_embedder: Embed_input.
       doc_embedder: Embed_doc; pass the same object as ``query_embedder`` to share weights.
       temperature: τ; the retrieval logits are f(x, z) / τ (REALM: 1).
+      candidate_length_buckets: :meth:`call` re-embeds the ``batch × num_candidates`` blocks in this many groups
+        of similar length, each padded to its own longest block (:mod:`realm_tf.networks.length_buckets`; the
+        same embeddings up to float rounding).
 
     Inputs of :meth:`call` (a dict):
       ``query_*``: the packed query, each ``int32[batch, query_len]`` (``query_input_word_ids``, …).
@@ -40,10 +43,13 @@ class KnowledgeRetriever(tf_keras.Model):
     """
 
     def __init__(self, query_embedder: embedder.Embedder, doc_embedder: embedder.Embedder,
-                 temperature: float = 1.0, **kwargs: Any):
+                 temperature: float = 1.0, candidate_length_buckets: int = 1, **kwargs: Any):
         super().__init__(**kwargs)
         if not temperature > 0:
             raise ValueError(f"retrieval temperature {temperature!r}: must be > 0")
+        if candidate_length_buckets < 1:
+            raise ValueError(f"candidate_length_buckets={candidate_length_buckets}: must be at least 1")
+        self.candidate_length_buckets = candidate_length_buckets
         self.query_embedder = query_embedder
         self.doc_embedder = doc_embedder
         self.temperature = float(temperature)
@@ -56,9 +62,11 @@ class KnowledgeRetriever(tf_keras.Model):
         """Embed_input of packed queries (each ``int32[batch, len]``) → ``[batch, dim]``."""
         return self.query_embedder({k: inputs[k] for k in bert_encoder.INPUT_KEYS}, training=training)
 
-    def embed_blocks(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> tf.Tensor:
+    def embed_blocks(self, inputs: dict[str, tf.Tensor], training: bool | None = None,
+                     length_buckets: int = 1) -> tf.Tensor:
         """Embed_doc of packed blocks (each ``int32[batch, len]``) → ``[batch, dim]``."""
-        return self.doc_embedder({k: inputs[k] for k in bert_encoder.INPUT_KEYS}, training=training)
+        return self.doc_embedder({k: inputs[k] for k in bert_encoder.INPUT_KEYS}, training=training,
+                                 length_buckets=length_buckets)
 
     def score(self, query_embedding: tf.Tensor, doc_embeddings: tf.Tensor) -> tf.Tensor:
         """Retrieval logits f(x, z) / τ ``[batch, k]`` of ``[batch, dim]`` queries against ``[batch, k, dim]`` blocks."""
@@ -71,7 +79,8 @@ class KnowledgeRetriever(tf_keras.Model):
         batch, num_candidates, block_len = shape[0], shape[1], shape[2]
         flat = {k: tf.reshape(v, [batch * num_candidates, block_len]) for k, v in candidates.items()}
         query_embedding = self.embed_queries(query, training=training)  # [batch, dim]
-        flat_embeddings = self.embed_blocks(flat, training=training)  # [batch * num_cand, dim]
+        flat_embeddings = self.embed_blocks(flat, training=training,
+                                            length_buckets=self.candidate_length_buckets)  # [batch * num_cand, dim]
         dim = tf.shape(flat_embeddings)[-1]
         candidate_embeddings = tf.reshape(flat_embeddings, [batch, num_candidates, dim])  # [batch, num_cand, dim]
         logits = self.score(query_embedding, candidate_embeddings)  # [batch, num_cand]
@@ -99,14 +108,16 @@ class KnowledgeRetriever(tf_keras.Model):
     def get_config(self) -> dict[str, Any]:
         return {"query_embedder": tf_keras.layers.serialize(self.query_embedder),
                 "doc_embedder": None if self.shares_embedders else tf_keras.layers.serialize(self.doc_embedder),
-                "temperature": self.temperature, "name": self.name}
+                "temperature": self.temperature, "candidate_length_buckets": self.candidate_length_buckets,
+                "name": self.name}
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> "KnowledgeRetriever":
         query = tf_keras.layers.deserialize(config["query_embedder"], custom_objects=custom_objects)
         doc = (query if config["doc_embedder"] is None
                else tf_keras.layers.deserialize(config["doc_embedder"], custom_objects=custom_objects))
-        return cls(query, doc, temperature=config.get("temperature", 1.0), name=config.get("name"))
+        return cls(query, doc, temperature=config.get("temperature", 1.0),
+                   candidate_length_buckets=config.get("candidate_length_buckets", 1), name=config.get("name"))
 
 
 def build_knowledge_retriever(cfg: config_lib.ModelConfig, restore: bool = True) -> KnowledgeRetriever:
@@ -121,7 +132,8 @@ def build_knowledge_retriever(cfg: config_lib.ModelConfig, restore: bool = True)
 
     query = tower("query_embedder")
     doc = query if cfg.share_embedders else tower("doc_embedder")
-    retriever = KnowledgeRetriever(query, doc, temperature=cfg.retrieval_temperature, name="knowledge_retriever")
+    retriever = KnowledgeRetriever(query, doc, temperature=cfg.retrieval_temperature,
+                                   candidate_length_buckets=cfg.candidate_length_buckets, name="knowledge_retriever")
     dummy = tf.zeros([1, 1, 2], tf.int32)  # [batch, num_candidates, len]
     inputs = {"input_word_ids": dummy, "input_mask": tf.ones_like(dummy), "input_type_ids": dummy}
     # Creates every variable now, inside the caller's strategy scope, and marks the Keras model built.

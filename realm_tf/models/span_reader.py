@@ -26,6 +26,7 @@ from realm_tf import config as config_lib
 from realm_tf.data import answer_spans
 from realm_tf.networks import bert_encoder
 from realm_tf.networks import bert_weight_import
+from realm_tf.networks import length_buckets
 
 #: The logit of a span outside the block segment: exp() of it underflows to 0 next to any real span score.
 MASKED_SPAN_LOGIT = -1e4
@@ -88,7 +89,8 @@ class SpanReader(tf_keras.Model):
         batch, num_blocks = _dim(word_ids, 0, shape), _dim(word_ids, 1, shape)
         seq_len = _dim(word_ids, 2, shape)
         flat = {k: tf.reshape(inputs[k], [-1, seq_len]) for k in bert_encoder.INPUT_KEYS}  # each [b * k, seq_len]
-        sequence = self._encode(flat, seq_len, training)  # [b * k, seq_len, hidden]
+        sequence = length_buckets.encode(self.encoder, flat, self._length_buckets,
+                                         training)["sequence_output"]  # [b * k, seq_len, hidden]
 
         num_spans = answer_spans.num_spans(seq_len, self._max_span_width)
         index = tf.range(num_spans)  # [num_spans]
@@ -124,34 +126,6 @@ class SpanReader(tf_keras.Model):
             "span_mask": tf.reshape(mask, spans_shape),  # [batch, num_blocks, num_spans]
             "sequence_output": tf.reshape(sequence, [batch, num_blocks, seq_len, hidden]),  # [b, k, seq_len, hidden]
         }
-
-    def _encode(self, flat: dict[str, tf.Tensor], seq_len: int | tf.Tensor,
-                training: bool | None) -> tf.Tensor:
-        """BERT's ``sequence_output`` ``[rows, seq_len, hidden]`` of ``flat`` (each ``[rows, seq_len]``), read
-        in :attr:`length_buckets` groups of rows of similar length, each cut to its own longest row."""
-        if self._length_buckets == 1:
-            return self.encoder(flat, training=training)["sequence_output"]
-        lengths = tf.reduce_sum(tf.cast(tf.not_equal(flat["input_mask"], 0), tf.int32), axis=-1)  # [rows]
-        rows = tf.shape(lengths)[0]
-        order = tf.argsort(lengths, stable=True)  # [rows]: shortest first
-        size = (rows + self._length_buckets - 1) // self._length_buckets
-        hidden = self.encoder.get_config()["hidden_size"]
-        pieces = []
-        for group in range(self._length_buckets):
-            members = order[group * size:(group + 1) * size]  # [group_rows] (empty past the end)
-
-            def read(members: tf.Tensor = members) -> tf.Tensor:
-                longest = tf.maximum(tf.reduce_max(tf.gather(lengths, members)), 1)
-                part = {k: tf.gather(v, members)[:, :longest] for k, v in flat.items()}  # [group_rows, longest]
-                out = self.encoder(part, training=training)["sequence_output"]  # [group_rows, longest, hidden]
-                return tf.pad(out, [[0, 0], [0, seq_len - longest], [0, 0]])  # [group_rows, seq_len, hidden]
-
-            def nothing() -> tf.Tensor:
-                return tf.zeros([0, seq_len, hidden], self.encoder.compute_dtype)
-
-            pieces.append(tf.cond(tf.size(members) > 0, read, nothing))
-        ordered = tf.concat(pieces, axis=0)  # [rows, seq_len, hidden] in length order
-        return tf.gather(ordered, tf.math.invert_permutation(order))  # [rows, seq_len, hidden]
 
     def get_config(self) -> dict[str, Any]:
         return {"encoder": tf_keras.layers.serialize(self.encoder), "max_span_width": self._max_span_width,

@@ -16,6 +16,7 @@ import tf_keras
 
 from realm_tf import config as config_lib
 from realm_tf.networks import bert_encoder
+from realm_tf.networks import length_buckets as length_buckets_lib
 
 
 class Embedder(tf_keras.Model):
@@ -50,14 +51,19 @@ class Embedder(tf_keras.Model):
             name="projection")
         self.layer_norm = tf_keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="layer_norm")
 
-    def call(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> tf.Tensor:
-        """Embeds packed BERT inputs (each ``int32[batch, seq_len]``) into ``float32[batch, projection_size]``."""
-        return self.layer_norm(self.projection(self.pool(inputs, training=training)))  # [batch, projection_size]
+    def call(self, inputs: dict[str, tf.Tensor], training: bool | None = None,
+             length_buckets: int = 1) -> tf.Tensor:
+        """Embeds packed BERT inputs (each ``int32[batch, seq_len]``) into ``float32[batch, projection_size]``.
 
-    def pool(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> tf.Tensor:
+        ``length_buckets`` > 1 reads the rows in that many groups of similar length
+        (:mod:`realm_tf.networks.length_buckets`): the same embeddings up to float rounding, for less work when
+        the rows' lengths vary (a training step's retrieved candidates)."""
+        pooled = self.pool(inputs, training=training, length_buckets=length_buckets)  # [batch, hidden]
+        return self.layer_norm(self.projection(pooled))  # [batch, projection_size]
+
+    def pool(self, inputs: dict[str, tf.Tensor], training: bool | None = None, length_buckets: int = 1) -> tf.Tensor:
         """The BERT summary before the projection, ``float32[batch, hidden]`` ([CLS], masked mean or pooler)."""
-        outputs = self.encoder(
-            {k: inputs[k] for k in bert_encoder.INPUT_KEYS}, training=training)
+        outputs = length_buckets_lib.encode(self.encoder, inputs, length_buckets, training)
         if self._pooling == "pooled":
             return outputs["pooled_output"]  # [batch, hidden]: tanh(W·h_[CLS] + b)
         sequence = outputs["sequence_output"]  # [batch, seq_len, hidden]

@@ -58,3 +58,39 @@ def test_outputs_and_gradients_reach_every_tower():
                if g is not None and float(tf.reduce_sum(tf.abs(tf.convert_to_tensor(g)))) > 0}
     for tower in ("query_embedder/", "doc_embedder/", "reader_bert/"):
         assert any(tower in n and "transformer/layer_0" in n for n in nonzero), tower
+
+
+def _loss_and_gradients(cfg, tok, weights=None):
+    model = realm_pretrainer.RealmPretrainer(knowledge_retriever.build_knowledge_retriever(cfg.model),
+                                             knowledge_augmented_encoder.build_knowledge_augmented_encoder(cfg.model))
+    if weights is not None:
+        model.set_weights(weights)
+    inputs = _inputs(cfg, tok)
+    with tf.GradientTape() as tape:
+        out = model(inputs, training=False)
+        loss = tf.reduce_mean(realm_loss.realm_marginal_loss(
+            out["retrieval_logits"], out["mlm_logits"], [[tok.token_id("october"), 0], [tok.token_id("he")] * 2],
+            [[1.0, 0.0], [1.0, 0.0]])["loss"])
+    grads = tape.gradient(loss, model.trainable_variables)
+    return model, inputs, out, loss.numpy(), {v.name: tf.convert_to_tensor(g).numpy()
+                                              for v, g in zip(model.trainable_variables, grads) if g is not None}
+
+
+def test_length_buckets_change_neither_outputs_nor_gradients():
+    """Issue #20: the reader and the candidates' re-embedding read rows in length groups (less padding); one
+    group (every row padded to the longest) is the reference, for the logits, the loss and every gradient."""
+    tok = bert_tokenizer.BertTokenizer(config.load_config("configs/tiny.yaml").model.vocab_file)
+    one = config.load_config("configs/tiny.yaml", ["model.reader_length_buckets=1", "model.candidate_length_buckets=1"])
+    three = config.load_config("configs/tiny.yaml", ["model.reader_length_buckets=3", "model.candidate_length_buckets=3"])
+    model, inputs, out_one, loss_one, grads_one = _loss_and_gradients(one, tok)
+    assert model.encoder.get_config()["length_buckets"] == 1
+    _, _, out_three, loss_three, grads_three = _loss_and_gradients(three, tok, model.get_weights())
+    lengths = inputs["reader_input_mask"].numpy().reshape(6, -1).sum(-1)
+    assert len(set(lengths.tolist())) >= 4  # the 6 rows differ in length, so the groups are cut differently
+    assert len(set(inputs["candidates_input_mask"].numpy().reshape(6, -1).sum(-1).tolist())) >= 4
+    np.testing.assert_allclose(out_three["mlm_logits"].numpy(), out_one["mlm_logits"].numpy(), atol=1e-4)
+    np.testing.assert_allclose(out_three["retrieval_logits"].numpy(), out_one["retrieval_logits"].numpy(), atol=1e-4)
+    np.testing.assert_allclose(loss_three, loss_one, rtol=1e-5)
+    assert grads_one.keys() == grads_three.keys() and len(grads_one) > 50
+    for name, grad in grads_one.items():
+        np.testing.assert_allclose(grads_three[name], grad, atol=1e-5, rtol=1e-3, err_msg=name)

@@ -1,0 +1,125 @@
+"""Batch-1 latency of the served Open-QA model: p50 / p99 per export and process setting, with the op breakdown.
+
+Issue #20. Each ``--export NAME=DIR`` (an ``export`` SavedModel directory, or a ``--base_path`` with numbered
+versions: the newest is served) is loaded by :class:`realm_tf.serving.answerer.Answerer` in a process of its
+own for each ``--env NAME=VAR=VALUE[,VAR=VALUE]`` setting (TensorFlow reads its allocator and thread settings
+when it starts), warmed up with 3 questions, then asked ``--count`` held-out questions one at a time (tokenize,
+embed the question, search, read ``model.reader_beam_size`` blocks, decode: the whole request is one graph). The
+numpy sgemm rate is measured in the same process as the machine's reference. ``--profile`` prints the op types
+with the largest share of op time over 10 more requests.
+
+    .venv/bin/python benchmarks/serving_latency.py --questions runs/demo/questions.jsonl \\
+        --export demo=runs/demo/export --env default= --env tf_default_allocator=TF_CPU_ALLOCATOR_USE_BFC=false
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import op_profile  # noqa: E402  (benchmarks/op_profile.py)
+
+
+def _questions(path: str, count: int) -> list[str]:
+    from realm_tf.tasks import open_qa
+
+    return [q.question for q in open_qa.read_questions(path)][-count:]
+
+
+def run_child(args: argparse.Namespace) -> dict:
+    import numpy as np
+    import realm_tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
+    from realm_tf import process_settings
+
+    process_settings.apply()
+    from realm_tf.serving import answerer
+
+    questions = _questions(args.questions, args.count + 3)
+    sgemm = sgemm_gflops()
+    model = answerer.Answerer(args.child_export)
+    for question in questions[:3]:
+        model.ask(question)  # the first calls allocate; the graph is already traced in the SavedModel
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    latencies = []
+    for question in questions[3:]:
+        start = time.perf_counter()
+        model.ask(question)
+        latencies.append(time.perf_counter() - start)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    ms = 1000 * np.asarray(latencies)
+    result = {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)), "mean": float(ms.mean()),
+              "requests": len(ms), "sgemm": [sgemm, sgemm_gflops()],
+              "user_ms": 1000 * (after.ru_utime - usage.ru_utime) / len(ms),
+              "system_ms": 1000 * (after.ru_stime - usage.ru_stime) / len(ms),
+              "minor_faults": (after.ru_minflt - usage.ru_minflt) / len(ms), "max_rss_gb": after.ru_maxrss / 1e6}
+    if args.profile:
+        result["ops"] = op_profile.profile(lambda: [model.ask(q) for q in questions[3:13]], args.top_ops)
+    return result
+
+
+def sgemm_gflops(n: int = 2048, repeats: int = 5) -> float:
+    import numpy as np
+
+    a, b = np.random.rand(n, n).astype(np.float32), np.random.rand(n, n).astype(np.float32)
+    a @ b
+    start = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * n ** 3 * repeats / (time.perf_counter() - start) / 1e9
+
+
+def _parse_env(text: str) -> tuple[str, dict[str, str]]:
+    name, _, assignments = text.partition("=")
+    env = {}
+    for item in filter(None, assignments.split(",")):
+        key, _, value = item.partition("=")
+        env[key] = value
+    return name, env
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--export", action="append", default=[], metavar="NAME=DIR", help="an export to time (repeatable)")
+    parser.add_argument("--questions", required=True, help="questions JSONL ({question, answers})")
+    parser.add_argument("--count", type=int, default=100)
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VAR=VALUE[,VAR=VALUE]",
+                        help="a process setting (repeatable; 'default=' for realm-tf's own)")
+    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--top-ops", type=int, default=10)
+    parser.add_argument("--child-export", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child_export:
+        print("RESULT " + json.dumps(run_child(args)), flush=True)
+        return 0
+    envs = [_parse_env(e) for e in (args.env or ["default="])]
+    print(f"{args.count} batch-1 requests after 3 warm-ups; questions: the last of {args.questions}; "
+          f"os.cpu_count {os.cpu_count()}", flush=True)
+    for export in args.export:
+        name, _, path = export.partition("=")
+        for env_name, env in envs:
+            command = [sys.executable, os.path.abspath(__file__), "--child-export", path, "--questions", args.questions,
+                       "--count", str(args.count), "--top-ops", str(args.top_ops)] + (["--profile"] if args.profile else [])
+            out = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True, check=False)
+            lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+            if out.returncode != 0 or not lines:
+                print(out.stderr[-3000:], file=sys.stderr)
+                raise SystemExit(f"{name} / {env_name}: exit {out.returncode}")
+            r = json.loads(lines[-1][len("RESULT "):])
+            print(f"{name:14s} {env_name:22s} p50 {r['p50']:6.0f} ms  p99 {r['p99']:6.0f} ms  mean {r['mean']:6.0f} ms  "
+                  f"CPU/request user {r['user_ms']:.0f} ms system {r['system_ms']:.0f} ms; "
+                  f"faults/request {r['minor_faults']:,.0f}; max RSS {r['max_rss_gb']:.2f} GB; "
+                  f"sgemm {r['sgemm'][0]:.0f}/{r['sgemm'][1]:.0f} GFLOP/s {env or ''}", flush=True)
+            if r.get("ops"):
+                print(op_profile.format_breakdown(r["ops"]), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
