@@ -72,8 +72,19 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     # Sizes not given on the command line keep demo.run's defaults (one place for them).
     sizes = {name: getattr(args, name) for name in ("pretrain_steps", "finetune_steps", "reader_steps",
                                                     "reader_minutes", "reader_negatives", "squad_paragraphs")}
-    return demo.run(_load(args), main, workdir=args.workdir, num_questions=args.questions,
+    return demo.run(_load(args), _run_in_child, workdir=args.workdir, num_questions=args.questions,
                     **{name: value for name, value in sizes.items() if value is not None})
+
+
+def _run_in_child(argv: list[str]) -> int:
+    """Runs one ``realm-tf`` subcommand in a child process and returns its exit code.
+
+    The demo runs each stage this way, as a user would run the commands one after the other: a stage starts
+    with nothing of the previous one in memory (its models, traced graphs and TensorFlow's allocator pool,
+    which keeps what it once mapped), so the demo's peak memory is its largest stage's, not their sum."""
+    import subprocess
+
+    return subprocess.call([sys.executable, "-m", "realm_tf.cli", *argv])
 
 
 def _add_beam_job_args(parser: argparse.ArgumentParser, adder: str) -> None:
@@ -275,6 +286,9 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                                score_weights=args.score_weights)
     print(f"predictions: {metrics['predictions']}")
     print(json.dumps({k: v for k, v in metrics.items() if k != "predictions"}, sort_keys=True))
+    if args.metrics:
+        with open(args.metrics, "w", encoding="utf-8") as f:
+            json.dump(metrics, f, indent=2)
     return 0
 
 
@@ -518,6 +532,8 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                             p.add_argument("--index", default=None, help="index root (default: index.index_dir)"),
                             p.add_argument("--predictions", default=None,
                                            help="predictions JSONL (default: <model>/predictions-<split>.jsonl)"),
+                            p.add_argument("--metrics", default=None, metavar="FILE.json",
+                                           help="also write the metrics (and the predictions' path) to this file"),
                             p.add_argument("--retriever", choices=("dense", "bm25", "gold"), default="dense",
                                            help="dense: the model's retriever; bm25: BM25's top blocks read by the "
                                                 "same reader (the baseline; needs bm25s); gold: the gold block "

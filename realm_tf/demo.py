@@ -67,8 +67,9 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
         squad_paragraphs: int = 100, samples: int = 3) -> int:
     """Runs every stage on a subset of the bundled data; returns 0 when the loop completed.
 
-    ``main`` runs one ``realm-tf`` subcommand from its arguments and returns its exit code: ``cli.main``, passed in
-    by the command line (``realm-tf demo``) so that this module does not import it back.
+    ``main`` runs one ``realm-tf`` subcommand from its arguments and returns its exit code: the command line
+    (``realm-tf demo``) passes one that runs it in a child process, so that each stage starts with a fresh
+    process (and this module does not import the command line back).
     """
     started = time.time()
     work = workdir.rstrip("/")
@@ -113,12 +114,9 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
     metrics_path = f"{work}/metrics.json"
 
     def evaluate() -> dict[str, Any]:
-        from realm_tf.tasks import open_qa  # pylint: disable=import-outside-toplevel
-
-        metrics = open_qa.evaluate(cfg, questions, split="dev")
-        with open(metrics_path, "w", encoding="utf-8") as f:
-            json.dump(metrics, f, indent=2)
-        return metrics
+        call("evaluate", *sets, "--questions", questions, "--split", "dev", "--metrics", metrics_path)
+        with open(metrics_path, encoding="utf-8") as f:
+            return json.load(f)
 
     metrics = stage(8, "evaluate", "held-out questions: EM, retrieval accuracy@k", evaluate)
     served = f"{work}/served"
