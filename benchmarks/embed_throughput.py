@@ -42,7 +42,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import machine_reference  # noqa: E402  pylint: disable=wrong-import-position  (benchmarks/machine_reference.py)
 import realm_tf  # noqa: F401  pylint: disable=wrong-import-position,unused-import  (TF env before TF loads)
 import apache_beam as beam  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
@@ -67,18 +69,6 @@ def block_flops(n: np.ndarray, enc: config_lib.EncoderConfig, projection: int) -
     h, i = enc.hidden_size, enc.intermediate_size
     per_layer = 2.0 * n * (4 * h * h + 2 * h * i) + 4.0 * n * n * h
     return enc.num_layers * per_layer + 2.0 * h * projection
-
-
-def sgemm_gflops(size: int = 2048, repeats: int = 5) -> float:
-    a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
-    b = np.random.default_rng(1).standard_normal((size, size), dtype=np.float32)
-    a @ b  # warm-up  # pylint: disable=pointless-statement
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b  # pylint: disable=pointless-statement
-        best = min(best, time.perf_counter() - start)
-    return 2.0 * size ** 3 / best / 1e9
 
 
 def blocks_from_preprocess(cfg_path: str, workdir: str, num_blocks: int) -> list[tuple[str, str]]:
@@ -136,7 +126,7 @@ def main() -> None:
                                                f"index.index_dir={args.workdir}/index"])
     enc = cfg.model.encoder
     tok = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, cfg.model.lower_case)
-    gflops_sgemm_before = sgemm_gflops()
+    gflops_sgemm_before = machine_reference.sgemm_gflops()
 
     # ---- the export (MiniLM init weights) -------------------------------------------------------------
     start = time.time()
@@ -213,7 +203,7 @@ def main() -> None:
         sorted_seconds, sorted_out, sorted_padded = in_process(np.argsort(lengths, kind="stable"))
         assert np.abs(sorted_out - file_out).max() <= 1e-4
     max_diff = float(np.abs(published - file_out).max())
-    gflops_sgemm_after = sgemm_gflops()
+    gflops_sgemm_after = machine_reference.sgemm_gflops()
     load_end = os.getloadavg()
 
     n = len(pairs)

@@ -17,7 +17,9 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import machine_reference  # noqa: E402  (benchmarks/machine_reference.py)
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -25,15 +27,6 @@ import tensorflow as tf  # noqa: E402
 from realm_tf import config as config_lib  # noqa: E402
 from realm_tf.data import block_store  # noqa: E402
 from realm_tf.models import span_reader  # noqa: E402
-
-
-def sgemm_gflops(n: int = 2048, repeats: int = 5) -> float:
-    a, b = np.random.rand(n, n).astype(np.float32), np.random.rand(n, n).astype(np.float32)
-    a @ b
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    return 2 * n ** 3 * repeats / (time.perf_counter() - start) / 1e9
 
 
 def main() -> int:
@@ -52,7 +45,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     base = config_lib.load_config(args.config)
     seq = base.model.reader_seq_length
-    print(f"numpy sgemm: {sgemm_gflops():.0f} GFLOP/s; rows {args.questions} x {args.beam}, reader_seq_length {seq}",
+    print(f"numpy sgemm: {machine_reference.sgemm_gflops():.0f} GFLOP/s; rows {args.questions} x {args.beam}, reader_seq_length {seq}",
           flush=True)
     batches, static_batches = [], []
     for _ in range(args.repeats + 1):

@@ -33,6 +33,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import machine_reference  # noqa: E402  (benchmarks/machine_reference.py)
 import op_profile  # noqa: E402  (benchmarks/op_profile.py)
 
 SETTINGS = {
@@ -46,23 +47,6 @@ def _workspace_overrides(workdir: str) -> list[str]:
     return [f"data.blocks_dir={workdir}/blocks", f"data.pretraining_dir={workdir}/pretraining",
             f"index.index_dir={workdir}/index", f"refresh.export_dir={workdir}/export", "data.batch_size=4",
             "model.num_candidates=8"]
-
-
-def sgemm_gflops(n: int = 2048, repeats: int = 5) -> float:
-    import numpy as np
-
-    a, b = np.random.rand(n, n).astype(np.float32), np.random.rand(n, n).astype(np.float32)
-    a @ b
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    return 2 * n ** 3 * repeats / (time.perf_counter() - start) / 1e9
-
-
-def bert_forward_flops(lengths, layers: int, hidden: int, intermediate: int) -> float:
-    """FLOPs of a BERT forward pass over rows of these lengths: ``L·(2n(4H² + 2HI) + 4n²H)`` per row of n."""
-    return float(sum(layers * (2 * n * (4 * hidden ** 2 + 2 * hidden * intermediate) + 4 * n * n * hidden)
-                     for n in lengths))
 
 
 def step_flops(batch: dict, cfg, mode: str) -> float:
@@ -86,7 +70,7 @@ def step_flops(batch: dict, cfg, mode: str) -> float:
             lengths = [int(real[i:i + size].max()) for i in range(0, len(real), size) for _ in real[i:i + size]]
         else:
             lengths = real.tolist()
-        total += bert_forward_flops(lengths, e.num_layers, e.hidden_size, e.intermediate_size)
+        total += machine_reference.bert_forward_flops(lengths, e.num_layers, e.hidden_size, e.intermediate_size)
     return 3 * total
 
 
@@ -149,7 +133,7 @@ def run_setting(args: argparse.Namespace, name: str, path: str) -> dict:
                   {k: tf.TensorSpec([None] * v.ndim, tf.as_dtype(v.dtype)) for k, v in batches[0][1].items()})]
     step = tf.function(lambda inputs: task.train_step(inputs, model, optimizer), input_signature=signature,
                        autograph=False)
-    sgemm_before = sgemm_gflops()
+    sgemm_before = machine_reference.sgemm_gflops()
     start = time.perf_counter()
     step(batches[0])  # the trace and the first step
     first = time.perf_counter() - start
@@ -159,7 +143,7 @@ def run_setting(args: argparse.Namespace, name: str, path: str) -> dict:
         float(step(batch)["loss"])
     seconds = (time.perf_counter() - start) / (len(batches) - 1)
     after = resource.getrusage(resource.RUSAGE_SELF)
-    sgemm_after = sgemm_gflops()
+    sgemm_after = machine_reference.sgemm_gflops()
     result = {
         "setting": name, "seconds_per_step": seconds, "first_step_seconds": first,
         "user_seconds_per_step": (after.ru_utime - usage.ru_utime) / (len(batches) - 1),

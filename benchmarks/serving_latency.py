@@ -24,6 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import machine_reference  # noqa: E402  (benchmarks/machine_reference.py)
 import op_profile  # noqa: E402  (benchmarks/op_profile.py)
 
 
@@ -42,7 +43,7 @@ def run_child(args: argparse.Namespace) -> dict:
     from realm_tf.serving import answerer
 
     questions = _questions(args.questions, args.count + 3)
-    sgemm = sgemm_gflops()
+    sgemm = machine_reference.sgemm_gflops()
     model = answerer.Answerer(args.child_export)
     for question in questions[:3]:
         model.ask(question)  # the first calls allocate; the graph is already traced in the SavedModel
@@ -55,24 +56,13 @@ def run_child(args: argparse.Namespace) -> dict:
     after = resource.getrusage(resource.RUSAGE_SELF)
     ms = 1000 * np.asarray(latencies)
     result = {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)), "mean": float(ms.mean()),
-              "requests": len(ms), "sgemm": [sgemm, sgemm_gflops()],
+              "requests": len(ms), "sgemm": [sgemm, machine_reference.sgemm_gflops()],
               "user_ms": 1000 * (after.ru_utime - usage.ru_utime) / len(ms),
               "system_ms": 1000 * (after.ru_stime - usage.ru_stime) / len(ms),
               "minor_faults": (after.ru_minflt - usage.ru_minflt) / len(ms), "max_rss_gb": after.ru_maxrss / 1e6}
     if args.profile:
         result["ops"] = op_profile.profile(lambda: [model.ask(q) for q in questions[3:13]], args.top_ops)
     return result
-
-
-def sgemm_gflops(n: int = 2048, repeats: int = 5) -> float:
-    import numpy as np
-
-    a, b = np.random.rand(n, n).astype(np.float32), np.random.rand(n, n).astype(np.float32)
-    a @ b
-    start = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    return 2 * n ** 3 * repeats / (time.perf_counter() - start) / 1e9
 
 
 def _parse_env(text: str) -> tuple[str, dict[str, str]]:
