@@ -18,10 +18,8 @@ os.chdir(REPO)  # configs name bundled data by repo-relative paths
 
 from realm_tf import cli  # noqa: E402  (after TF_USE_LEGACY_KERAS is set)
 from realm_tf import library_logs  # noqa: E402
-from realm_tf import process_settings  # noqa: E402
 
 library_logs.show_on_stderr()  # as the command line does: the library's messages on (captured) stderr
-process_settings.apply()  # the command line's allocator, so that the tests run what users run
 
 TINY = "configs/tiny.yaml"
 

@@ -92,5 +92,9 @@ def test_length_buckets_change_neither_outputs_nor_gradients():
     np.testing.assert_allclose(out_three["retrieval_logits"].numpy(), out_one["retrieval_logits"].numpy(), atol=1e-4)
     np.testing.assert_allclose(loss_three, loss_one, rtol=1e-5)
     assert grads_one.keys() == grads_three.keys() and len(grads_one) > 50
+    # Float rounding, measured against the whole gradient's norm: a variable whose gradient nearly cancels (the
+    # query tower's, reached through p(z|x) alone) has a tiny norm of its own. A row read out of order would move
+    # the gradients by a share of order 1.
+    scale = np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in grads_one.values()))
     for name, grad in grads_one.items():
-        np.testing.assert_allclose(grads_three[name], grad, atol=1e-5, rtol=1e-3, err_msg=name)
+        assert np.linalg.norm(grads_three[name] - grad) < 1e-4 * scale, name
