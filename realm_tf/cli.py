@@ -72,19 +72,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     # Sizes not given on the command line keep demo.run's defaults (one place for them).
     sizes = {name: getattr(args, name) for name in ("pretrain_steps", "finetune_steps", "reader_steps",
                                                     "reader_minutes", "reader_negatives", "squad_paragraphs")}
-    return demo.run(_load(args), _run_in_child, workdir=args.workdir, num_questions=args.questions,
+    return demo.run(_load(args), main, workdir=args.workdir, num_questions=args.questions,
                     **{name: value for name, value in sizes.items() if value is not None})
-
-
-def _run_in_child(argv: list[str]) -> int:
-    """Runs one ``realm-tf`` subcommand in a child process and returns its exit code.
-
-    The demo runs each stage this way, as a user would run the commands one after the other: a stage starts
-    with nothing of the previous one in memory (its models, traced graphs and TensorFlow's allocator pool,
-    which keeps what it once mapped), so the demo's peak memory is its largest stage's, not their sum."""
-    import subprocess
-
-    return subprocess.call([sys.executable, "-m", "realm_tf.cli", *argv])
 
 
 def _add_beam_job_args(parser: argparse.ArgumentParser, adder: str) -> None:

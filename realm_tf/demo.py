@@ -67,9 +67,8 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
         squad_paragraphs: int = 100, samples: int = 3) -> int:
     """Runs every stage on a subset of the bundled data; returns 0 when the loop completed.
 
-    ``main`` runs one ``realm-tf`` subcommand from its arguments and returns its exit code: the command line
-    (``realm-tf demo``) passes one that runs it in a child process, so that each stage starts with a fresh
-    process (and this module does not import the command line back).
+    ``main`` runs one ``realm-tf`` subcommand from its arguments and returns its exit code: ``cli.main``, passed in
+    by the command line (``realm-tf demo``) so that this module does not import it back.
     """
     started = time.time()
     work = workdir.rstrip("/")
