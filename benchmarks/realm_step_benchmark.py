@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import machine_reference  # noqa: E402  (benchmarks/machine_reference.py)
 import op_profile  # noqa: E402  (benchmarks/op_profile.py)
+import setting_runs  # noqa: E402  (benchmarks/setting_runs.py)
 
 SETTINGS = {
     "before": (["model.reader_length_buckets=1", "model.candidate_length_buckets=1"], {"TF_CPU_ALLOCATOR_USE_BFC": "false"}),
@@ -174,7 +173,7 @@ def main() -> int:
     parser.add_argument("--child", default="", help="(internal) run this one setting and print its JSON")
     args = parser.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(run_setting(args, args.child, args.batches)), flush=True)
+        setting_runs.emit(run_setting(args, args.child, args.batches))
         return 0
     path = args.batches or os.path.join(tempfile.mkdtemp(prefix="realm_step_"), "batches.npz")
     if not args.batches:
@@ -188,12 +187,7 @@ def main() -> int:
                    "--top-ops", str(args.top_ops)] + sum((["--set", o] for o in args.overrides), [])
         if args.profile:
             command.append("--profile")
-        out = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True, check=False)
-        lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-        if out.returncode != 0 or not lines:
-            print(out.stderr[-3000:], file=sys.stderr)
-            raise SystemExit(f"setting {name}: exit {out.returncode}")
-        r = json.loads(lines[-1][len("RESULT "):])
+        r = setting_runs.run(command, env, f"setting {name}")
         sgemm = sum(r["sgemm_gflops"]) / 2
         print(f"{name:8s} {' '.join(overrides)} {r['env']}\n"
               f"  {r['seconds_per_step']:.2f} s/step (first step with its trace {r['first_step_seconds']:.1f} s); "

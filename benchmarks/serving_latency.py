@@ -14,10 +14,8 @@ with the largest share of op time over 10 more requests.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
-import subprocess
 import sys
 import time
 
@@ -26,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import machine_reference  # noqa: E402  (benchmarks/machine_reference.py)
 import op_profile  # noqa: E402  (benchmarks/op_profile.py)
+import setting_runs  # noqa: E402  (benchmarks/setting_runs.py)
 
 
 def _questions(path: str, count: int) -> list[str]:
@@ -86,7 +85,7 @@ def main() -> int:
     parser.add_argument("--child-export", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_export:
-        print("RESULT " + json.dumps(run_child(args)), flush=True)
+        setting_runs.emit(run_child(args))
         return 0
     envs = [_parse_env(e) for e in (args.env or ["default="])]
     print(f"{args.count} batch-1 requests after 3 warm-ups; questions: the last of {args.questions}; "
@@ -96,12 +95,7 @@ def main() -> int:
         for env_name, env in envs:
             command = [sys.executable, os.path.abspath(__file__), "--child-export", path, "--questions", args.questions,
                        "--count", str(args.count), "--top-ops", str(args.top_ops)] + (["--profile"] if args.profile else [])
-            out = subprocess.run(command, env={**os.environ, **env}, capture_output=True, text=True, check=False)
-            lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-            if out.returncode != 0 or not lines:
-                print(out.stderr[-3000:], file=sys.stderr)
-                raise SystemExit(f"{name} / {env_name}: exit {out.returncode}")
-            r = json.loads(lines[-1][len("RESULT "):])
+            r = setting_runs.run(command, env, f"{name} / {env_name}")
             print(f"{name:14s} {env_name:22s} p50 {r['p50']:6.0f} ms  p99 {r['p99']:6.0f} ms  mean {r['mean']:6.0f} ms  "
                   f"CPU/request user {r['user_ms']:.0f} ms system {r['system_ms']:.0f} ms; "
                   f"faults/request {r['minor_faults']:,.0f}; max RSS {r['max_rss_gb']:.2f} GB; "
