@@ -65,10 +65,8 @@ CORPUS = "data/open_qa/passages.jsonl.gz"
 
 def block_flops(n: np.ndarray, enc: config_lib.EncoderConfig, projection: int) -> np.ndarray:
     """Useful FLOPs of embedding blocks of ``n`` real wordpieces (int array) with the formula above."""
-    n = np.asarray(n, np.float64)
-    h, i = enc.hidden_size, enc.intermediate_size
-    per_layer = 2.0 * n * (4 * h * h + 2 * h * i) + 4.0 * n * n * h
-    return enc.num_layers * per_layer + 2.0 * h * projection
+    return (machine_reference.bert_row_flops(n, enc.num_layers, enc.hidden_size, enc.intermediate_size)
+            + 2.0 * enc.hidden_size * projection)
 
 
 def blocks_from_preprocess(cfg_path: str, workdir: str, num_blocks: int) -> list[tuple[str, str]]:

@@ -24,9 +24,14 @@ def sgemm_gflops(size: int = 2048, repeats: int = 5) -> float:
     return 2.0 * size ** 3 / best / 1e9
 
 
-def bert_forward_flops(lengths, layers: int, hidden: int, intermediate: int) -> float:
-    """FLOPs of a BERT forward pass over rows of these lengths: ``L·(2n(4H² + 2HI) + 4n²H)`` per row of n
+def bert_row_flops(lengths, layers: int, hidden: int, intermediate: int) -> np.ndarray:
+    """FLOPs of a BERT forward pass per row of these lengths: ``L·(2n(4H² + 2HI) + 4n²H)`` for a row of n
     wordpieces (the Q, K, V, output and feed-forward matmuls at 2 FLOPs a parameter a token, and QKᵀ and the
     attention-weighted values; embeddings, LayerNorm, softmax and activations are not counted)."""
     n = np.asarray(lengths, np.float64)
-    return float(np.sum(layers * (2.0 * n * (4 * hidden ** 2 + 2 * hidden * intermediate) + 4.0 * n * n * hidden)))
+    return layers * (2.0 * n * (4 * hidden ** 2 + 2 * hidden * intermediate) + 4.0 * n * n * hidden)
+
+
+def bert_forward_flops(lengths, layers: int, hidden: int, intermediate: int) -> float:
+    """FLOPs of a BERT forward pass over rows of these lengths (the sum of :func:`bert_row_flops`)."""
+    return float(np.sum(bert_row_flops(lengths, layers, hidden, intermediate)))
