@@ -24,6 +24,25 @@ library_logs.show_on_stderr()  # as the command line does: the library's message
 TINY = "configs/tiny.yaml"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def scratch_under_basetemp(tmp_path_factory):
+    """Scratch files the libraries make with :mod:`tempfile` (Beam's pipeline temp dirs, AutoGraph's generated
+    modules, child processes' temp files) go under pytest's base temp dir, which pytest rotates, instead of
+    piling up in the machine's ``/tmp`` run after run."""
+    import tempfile
+
+    scratch = str(tmp_path_factory.mktemp("scratch"))
+    previous = tempfile.tempdir, os.environ.get("TMPDIR")
+    tempfile.tempdir = scratch
+    os.environ["TMPDIR"] = scratch
+    yield scratch
+    tempfile.tempdir = previous[0]
+    if previous[1] is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = previous[1]
+
+
 @pytest.fixture(scope="session")
 def workspace_overrides():
     """``overrides(root, shared)``: a tiny config on the shared blocks/examples, per-test index/export/model."""
