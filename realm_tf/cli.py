@@ -189,19 +189,21 @@ def _cmd_export_retro(args: argparse.Namespace) -> int:
 
 
 def _cmd_export_retriever(args: argparse.Namespace) -> int:
-    """Exports embed_query / embed_block from the config's init_checkpoint, or a trained model_dir."""
+    """Exports embed_query / embed_block from the config's init_checkpoint, or a trained model_dir (an ICT,
+    REALM pre-training or Open-QA fine-tuning run: :func:`warm_start.restore_from_run` knows their layouts and
+    fails if the retriever's variables are not all in the checkpoint)."""
     import tensorflow as tf
 
     from realm_tf.models import knowledge_retriever
     from realm_tf.serving import retriever_export
+    from realm_tf.tasks import warm_start
 
     cfg = _load(args)
     model = knowledge_retriever.build_knowledge_retriever(cfg.model)
     step = 0
-    checkpoint = tf.train.latest_checkpoint(f"{args.model_dir or cfg.ict.model_dir}/checkpoints")
-    if checkpoint and not args.from_init:
-        status = tf.train.Checkpoint(model=model).read(checkpoint)
-        status.expect_partial()
+    run_dir = args.model_dir or cfg.ict.model_dir
+    if tf.train.latest_checkpoint(f"{run_dir}/checkpoints") and not args.from_init:
+        checkpoint = warm_start.restore_from_run(run_dir, retriever=model)
         step = int(checkpoint.rsplit("-", 1)[1])
         print(f"restored {checkpoint}")
     print(f"exported retriever to {retriever_export.export_retriever(model, cfg, args.step or step)}")

@@ -159,7 +159,23 @@ def test_finetune_then_evaluate_through_the_cli(qa, capsys):
             "--set", "finetune.warmup_steps=0", "--set", "data.qa_dev_fraction=0.3",
             "--set", f"qa.retriever_checkpoint={cfg.qa.retriever_checkpoint}"]
     assert cli.main(["finetune", "--config", TINY, *sets, "--train", str(path)]) == 0
-    assert tf.train.latest_checkpoint(str(root / "model" / "checkpoints")).endswith("-4")
+    checkpoint = tf.train.latest_checkpoint(str(root / "model" / "checkpoints"))
+    assert checkpoint.endswith("-4")
+    # export-retriever of the fine-tuned run serves the fine-tuned query tower (it once exported fresh weights
+    # from an Open-QA run without a word): the checkpoint's embeddings, not the starting retriever's.
+    assert cli.main(["export-retriever", "--config", TINY, *sets, "--model_dir", str(root / "model"),
+                     "--set", f"refresh.export_dir={root}/export_finetuned"]) == 0
+    exported = tf.saved_model.load(str(root / "export_finetuned" / "4")).signatures["embed_query_ids"]
+    tokenizer = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, cfg.model.lower_case)
+    packed = tokenizer.pack_single(tokenizer(tf.constant(QUESTIONS)), cfg.model.query_seq_length)
+    trained = knowledge_retriever.build_knowledge_retriever(cfg.model)
+    tf.train.Checkpoint(retriever=trained).read(checkpoint).assert_existing_objects_matched().expect_partial()
+    start = knowledge_retriever.build_knowledge_retriever(cfg.model)
+    tf.train.Checkpoint(model=start).read(tf.train.latest_checkpoint(str(root / "ict" / "checkpoints"))) \
+        .assert_existing_objects_matched().expect_partial()
+    served = exported(**packed)["embedding"].numpy()  # [questions, dim]
+    np.testing.assert_allclose(served, trained.embed_queries(packed).numpy(), atol=1e-5)
+    assert np.abs(served - start.embed_queries(packed).numpy()).max() > 1e-3
     capsys.readouterr()
     assert cli.main(["evaluate", "--config", TINY, *sets, "--questions", str(path), "--split", "dev"]) == 0
     metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
