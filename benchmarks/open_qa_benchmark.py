@@ -76,23 +76,40 @@ def format_latency(latencies_ms: np.ndarray) -> str:
             f"mean {latencies_ms.mean():.0f} ms")
 
 
+def error_category(prediction: dict[str, Any]) -> str:
+    """Why one wrong answer (a line of ``evaluate --predictions``) is wrong: a span that overlaps a reference
+    (F1 > 0), split into ``prediction_inside_reference`` (a shorter form of the answer: "Tim Allen" against
+    "actor and comedian Tim Allen", the annotation mismatch of issue #15 §0), ``reference_inside_prediction``
+    and ``other_overlap``; else ``answer_not_in_top_k`` (no read block holds an answer),
+    ``wrong_block_chosen`` (a read block held it, the reader chose another) or ``right_block_wrong_span``."""
+    from realm_tf.data import answer_normalization  # pylint: disable=import-outside-toplevel
+
+    if prediction["f1"] > 0:
+        said = answer_normalization.normalize_answer(prediction["prediction"])
+        references = [answer_normalization.normalize_answer(a) for a in prediction["answers"]]
+        if said and any(said in r for r in references):
+            return "prediction_inside_reference"
+        if any(r and r in said for r in references):
+            return "reference_inside_prediction"
+        return "other_overlap"
+    if not prediction["read_blocks_with_answer"]:
+        return "answer_not_in_top_k"
+    if prediction["predicted_block"] not in prediction["read_blocks_with_answer"]:
+        return "wrong_block_chosen"
+    return "right_block_wrong_span"
+
+
+ERROR_CATEGORIES = ("answer_not_in_top_k", "wrong_block_chosen", "right_block_wrong_span",
+                    "prediction_inside_reference", "reference_inside_prediction", "other_overlap")
+
+
 def error_categories(predictions_path: str, limit: int = 50) -> dict[str, int]:
-    """The first ``limit`` wrong answers (dev order) by cause: the answer was in no read block; a read block
-    held it but the reader chose another block; the chosen block held it but the span is wrong; a span that
-    overlaps the reference (F1 > 0: often a shorter or longer form of the same answer)."""
-    counts = {"answer_not_in_top_k": 0, "wrong_block_chosen": 0, "right_block_wrong_span": 0,
-              "partial_overlap_f1>0": 0}
+    """The first ``limit`` wrong answers (dev order) counted by :func:`error_category`."""
+    counts = dict.fromkeys(ERROR_CATEGORIES, 0)
     with open(predictions_path, encoding="utf-8") as f:
         wrong = [p for p in map(json.loads, f) if not p["exact_match"]][:limit]
     for p in wrong:
-        if p["f1"] > 0:
-            counts["partial_overlap_f1>0"] += 1
-        elif not p["read_blocks_with_answer"]:
-            counts["answer_not_in_top_k"] += 1
-        elif p["predicted_block"] not in p["read_blocks_with_answer"]:
-            counts["wrong_block_chosen"] += 1
-        else:
-            counts["right_block_wrong_span"] += 1
+        counts[error_category(p)] += 1
     return counts
 
 
