@@ -199,10 +199,14 @@ def _cmd_export_retriever(args: argparse.Namespace) -> int:
     from realm_tf.tasks import warm_start
 
     cfg = _load(args)
+    run_dir = args.model_dir or cfg.ict.model_dir
+    found = tf.train.latest_checkpoint(f"{run_dir}/checkpoints")
+    if args.model_dir and not found and not args.from_init:
+        raise errors.UserError(f"--model_dir {args.model_dir}: no checkpoint in {args.model_dir}/checkpoints "
+                               f"(--from-init exports model.init_checkpoint instead)")
     model = knowledge_retriever.build_knowledge_retriever(cfg.model)
     step = 0
-    run_dir = args.model_dir or cfg.ict.model_dir
-    if tf.train.latest_checkpoint(f"{run_dir}/checkpoints") and not args.from_init:
+    if found and not args.from_init:
         checkpoint = warm_start.restore_from_run(run_dir, retriever=model)
         step = int(checkpoint.rsplit("-", 1)[1])
         print(f"restored {checkpoint}")

@@ -28,3 +28,12 @@ def test_config_prints_overrides_and_bad_key_is_a_clean_error():
     result = _run("config", "--config", "configs/tiny.yaml", "--set", "trainer.nope=1")
     assert result.returncode == 2
     assert "unknown key 'trainer.nope'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_export_retriever_from_a_run_without_checkpoints_is_a_clean_error(tmp_path, capsys):
+    empty = tmp_path / "run"
+    empty.mkdir()
+    assert cli.main(["export-retriever", "--config", "configs/tiny.yaml", "--model_dir", str(empty),
+                     "--set", f"refresh.export_dir={tmp_path}/export"]) == 2
+    assert f"{empty}/checkpoints" in capsys.readouterr().err
+    assert not (tmp_path / "export").exists()
