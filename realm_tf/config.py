@@ -108,6 +108,9 @@ class ModelConfig:
         (TPU).
       candidate_length_buckets: the same for the retriever re-embedding a training step's ``batch × k``
         candidate blocks (REALM pre-training); 1 with ``data.static_padding``.
+      compiled_inference: the towers' and the span reader's BERT run their inference passes (embedding blocks
+        for the index, serving, evaluation) as XLA programs (``jit_compile``), one per length rounded up to a
+        multiple of 32; the same outputs up to float rounding. Training steps are not compiled.
       retriever_checkpoint: start the knowledge retriever from this training run's latest checkpoint (a
         ``model_dir`` or checkpoint prefix), e.g. the ICT warm start (REALM §3.4 "Initialization"); "" to
         start both towers from ``init_checkpoint``.
@@ -134,6 +137,7 @@ class ModelConfig:
     reader_block_title: bool = True
     reader_length_buckets: int = 4
     candidate_length_buckets: int = 4
+    compiled_inference: bool = False
     retriever_checkpoint: str = ""
 
 

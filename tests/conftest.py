@@ -28,13 +28,14 @@ TINY = "configs/tiny.yaml"
 def scratch_under_basetemp(tmp_path_factory):
     """Scratch files the libraries make with :mod:`tempfile` (Beam's pipeline temp dirs, AutoGraph's generated
     modules, child processes' temp files) go under pytest's base temp dir, which pytest rotates, instead of
-    piling up in the machine's ``/tmp`` run after run."""
+    piling up in the machine's ``/tmp`` run after run; so do compiled XLA programs (``process_settings``)."""
     import tempfile
 
     scratch = str(tmp_path_factory.mktemp("scratch"))
     previous = tempfile.tempdir, os.environ.get("TMPDIR")
     tempfile.tempdir = scratch
     os.environ["TMPDIR"] = scratch
+    os.environ.setdefault("TF_XLA_FLAGS", f"--tf_xla_persistent_cache_directory={scratch}/xla")
     yield scratch
     tempfile.tempdir = previous[0]
     if previous[1] is None:

@@ -7,12 +7,14 @@ from realm_tf import process_settings
 
 
 def test_defaults_fill_gaps_and_never_override_the_environment():
-    env = {"TF_CPU_ALLOCATOR_USE_BFC": "false", "OTHER": "1"}
-    assert process_settings.apply(env) == {"TF_CPU_ALLOCATOR_USE_BFC": "false"}  # the user's choice stays
+    env = {"TF_CPU_ALLOCATOR_USE_BFC": "false", "TF_XLA_FLAGS": "--tf_xla_auto_jit=2", "OTHER": "1"}
+    assert process_settings.apply(env) == {"TF_CPU_ALLOCATOR_USE_BFC": "false",  # the user's choices stay
+                                           "TF_XLA_FLAGS": "--tf_xla_auto_jit=2"}
     assert env["OTHER"] == "1"
     empty: dict[str, str] = {}
     assert process_settings.apply(empty) == process_settings.DEFAULTS
-    assert empty == {"TF_CPU_ALLOCATOR_USE_BFC": "true"}
+    assert empty == {"TF_CPU_ALLOCATOR_USE_BFC": "true",
+                     "TF_XLA_FLAGS": "--tf_xla_persistent_cache_directory=" + process_settings.XLA_CACHE_DIR}
 
 
 def test_the_command_line_runs_under_the_settings():
@@ -27,3 +29,21 @@ def test_the_command_line_runs_under_the_settings():
     out = subprocess.run([sys.executable, "-c", code], env={**env, "TF_CPU_ALLOCATOR_USE_BFC": "false"},
                          capture_output=True, text=True, check=True)
     assert "BFC=false" in out.stdout
+
+
+def test_compiled_programs_are_kept_on_disk_for_the_next_process(tmp_path):
+    """With the XLA cache flag, the first process compiles BERT's inference program and stores it; the second
+    finds it there and stores nothing new."""
+    code = ("import os; os.environ.setdefault('TF_USE_LEGACY_KERAS', '1'); import tensorflow as tf; "
+            "from realm_tf import config; from realm_tf.networks import bert_encoder, length_buckets; "
+            "enc = bert_encoder.build_bert_encoder(config.load_config('configs/tiny.yaml').model.encoder); "
+            "ids = tf.constant([[101, 7, 8, 102, 0]] * 2); "
+            "x = {'input_word_ids': ids, 'input_mask': tf.cast(ids > 0, tf.int32), 'input_type_ids': 0 * ids}; "
+            "print(length_buckets.compiled_forward(enc)(x)['pooled_output'].shape)")
+    cache = tmp_path / "xla"
+    env = {**os.environ, "TF_XLA_FLAGS": f"--tf_xla_persistent_cache_directory={cache}"}
+    subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    first = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
+    assert first  # the compiled program
+    subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == first  # read, neither added nor rewritten

@@ -128,7 +128,8 @@ def build_knowledge_retriever(cfg: config_lib.ModelConfig, restore: bool = True)
             bert_weight_import.restore_encoder(encoder, cfg.init_checkpoint)
         return embedder.Embedder(encoder, projection_size=cfg.projection_size, pooling=cfg.pooling,
                                  initializer_range=cfg.encoder.initializer_range,
-                                 layer_norm_epsilon=cfg.projection_layer_norm_epsilon, name=name)
+                                 layer_norm_epsilon=cfg.projection_layer_norm_epsilon,
+                                 compiled_inference=cfg.compiled_inference, name=name)
 
     query = tower("query_embedder")
     doc = query if cfg.share_embedders else tower("doc_embedder")

@@ -49,6 +49,8 @@ class SpanReader(tf_keras.Model):
         groups, each padded only to its own longest row (1: one group padded to the longest row). Outputs are
         the same up to float rounding (padding is masked out of attention); blocks vary in length (bundled
         corpus: median 133 wordpieces, 99th percentile 288), so the encoder reads far fewer padding positions.
+      compiled_inference: BERT's inference pass runs as XLA programs
+        (:func:`realm_tf.networks.length_buckets.encode`'s ``compiled``); training is not compiled.
 
     Inputs of :meth:`call`: ``input_word_ids`` / ``input_mask`` / ``input_type_ids``, each
     ``int32[batch, num_blocks, seq_len]``, with the block in segment 1 (``input_type_ids == 1``).
@@ -64,13 +66,14 @@ class SpanReader(tf_keras.Model):
 
     def __init__(self, encoder: tf_keras.layers.Layer, max_span_width: int, span_hidden_size: int,
                  initializer_range: float = 0.02, length_buckets: int = 1, span_layer_norm: bool = False,
-                 **kwargs: Any):
+                 compiled_inference: bool = False, **kwargs: Any):
         super().__init__(**kwargs)
         if max_span_width < 1 or span_hidden_size < 1 or length_buckets < 1:
             raise ValueError(f"max_span_width={max_span_width}, span_hidden_size={span_hidden_size} and "
                              f"length_buckets={length_buckets} must be positive")
         self.encoder = encoder
         self._length_buckets = length_buckets
+        self._compiled_inference = compiled_inference
         self._max_span_width = max_span_width
         self._span_hidden_size = span_hidden_size
         self._initializer_range = initializer_range
@@ -89,8 +92,8 @@ class SpanReader(tf_keras.Model):
         batch, num_blocks = _dim(word_ids, 0, shape), _dim(word_ids, 1, shape)
         seq_len = _dim(word_ids, 2, shape)
         flat = {k: tf.reshape(inputs[k], [-1, seq_len]) for k in bert_encoder.INPUT_KEYS}  # each [b * k, seq_len]
-        sequence = length_buckets.encode(self.encoder, flat, self._length_buckets,
-                                         training)["sequence_output"]  # [b * k, seq_len, hidden]
+        sequence = length_buckets.encode(self.encoder, flat, self._length_buckets, training,
+                                         compiled=self._compiled_inference)["sequence_output"]  # [b*k, len, hidden]
 
         num_spans = answer_spans.num_spans(seq_len, self._max_span_width)
         index = tf.range(num_spans)  # [num_spans]
@@ -131,7 +134,7 @@ class SpanReader(tf_keras.Model):
         return {"encoder": tf_keras.layers.serialize(self.encoder), "max_span_width": self._max_span_width,
                 "span_hidden_size": self._span_hidden_size, "initializer_range": self._initializer_range,
                 "length_buckets": self._length_buckets, "span_layer_norm": self.span_layer_norm is not None,
-                "name": self.name}
+                "compiled_inference": self._compiled_inference, "name": self.name}
 
     @classmethod
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> "SpanReader":
@@ -159,7 +162,8 @@ def build_span_reader(cfg: config_lib.ModelConfig, restore: bool = True) -> Span
         bert_weight_import.restore_encoder(encoder, cfg.init_checkpoint)
     model = SpanReader(encoder, max_span_width=cfg.max_span_width, span_hidden_size=cfg.span_hidden_size,
                        initializer_range=cfg.encoder.initializer_range, length_buckets=cfg.reader_length_buckets,
-                       span_layer_norm=cfg.span_layer_norm, name="span_reader")
+                       span_layer_norm=cfg.span_layer_norm, compiled_inference=cfg.compiled_inference,
+                       name="span_reader")
     dummy = tf.zeros([1, 1, 2], tf.int32)  # [batch, num_blocks, seq_len]
     model({"input_word_ids": dummy, "input_mask": tf.ones_like(dummy), "input_type_ids": dummy})
     return model

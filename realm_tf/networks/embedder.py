@@ -30,10 +30,13 @@ class Embedder(tf_keras.Model):
         ``"pooled"`` (BERT's pooler output, as the released REALM/ORQA embedders).
       initializer_range: stddev of the projection's truncated-normal initialiser.
       layer_norm_epsilon: ε of the LayerNorm after the projection (BERT's 1e-12).
+      compiled_inference: BERT's inference pass runs as XLA programs
+        (:func:`realm_tf.networks.length_buckets.encode`'s ``compiled``); training is not compiled.
     """
 
     def __init__(self, encoder: tf_keras.layers.Layer, projection_size: int = 128, pooling: str = "cls",
-                 initializer_range: float = 0.02, layer_norm_epsilon: float = 1e-12, **kwargs: Any):
+                 initializer_range: float = 0.02, layer_norm_epsilon: float = 1e-12,
+                 compiled_inference: bool = False, **kwargs: Any):
         super().__init__(**kwargs)
         poolings = config_lib.choices(config_lib.Pooling)
         if pooling not in poolings:
@@ -43,6 +46,7 @@ class Embedder(tf_keras.Model):
         self._pooling = pooling
         self._initializer_range = initializer_range
         self._layer_norm_epsilon = layer_norm_epsilon
+        self._compiled_inference = compiled_inference
         self.projection = tf_keras.layers.Dense(
             projection_size,
             # A fixed seed: a retriever built from the same pre-trained BERT gets the same projection in every
@@ -63,7 +67,8 @@ class Embedder(tf_keras.Model):
 
     def pool(self, inputs: dict[str, tf.Tensor], training: bool | None = None, length_buckets: int = 1) -> tf.Tensor:
         """The BERT summary before the projection, ``float32[batch, hidden]`` ([CLS], masked mean or pooler)."""
-        outputs = length_buckets_lib.encode(self.encoder, inputs, length_buckets, training)
+        outputs = length_buckets_lib.encode(self.encoder, inputs, length_buckets, training,
+                                            compiled=self._compiled_inference)
         if self._pooling == "pooled":
             return outputs["pooled_output"]  # [batch, hidden]: tanh(W·h_[CLS] + b)
         sequence = outputs["sequence_output"]  # [batch, seq_len, hidden]
@@ -82,6 +87,7 @@ class Embedder(tf_keras.Model):
             "pooling": self._pooling,
             "initializer_range": self._initializer_range,
             "layer_norm_epsilon": self._layer_norm_epsilon,
+            "compiled_inference": self._compiled_inference,
             "name": self.name,
         }
 

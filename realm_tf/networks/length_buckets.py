@@ -7,17 +7,49 @@ most of its FLOPs on padding, which attention masks out and which therefore chan
 outputs up to float rounding for a fraction of the work (issues #15 §2 and #20). The groups are fixed in number
 (not in length), so the function is traced once for any lengths, on CPU and GPU; TPUs need static shapes and
 use one group with ``data.static_padding``.
+
+With ``compiled`` (``model.compiled_inference``), inference (``training`` false) runs BERT as one XLA program
+(``jit_compile``): the layer norms, GELUs, softmaxes and bias additions around the matmuls are fused instead of
+being one kernel and one memory pass each, which on CPU is a quarter of BERT's forward time (issue #20). XLA
+compiles one program per input shape, so a compiled group's length is rounded up to a multiple of
+:data:`COMPILED_LENGTH_MULTIPLE` and every group has the same number of rows (the last one padded with empty
+rows): a few programs serve every batch. Training never compiles (dropout's random numbers are not cheaper
+under XLA, and a step's shapes vary more).
 """
 from __future__ import annotations
+
+import weakref
 
 import tensorflow as tf
 import tf_keras
 
 from realm_tf.networks import bert_encoder
 
+#: A compiled group's length is rounded up to a multiple of this (XLA compiles one program per shape).
+COMPILED_LENGTH_MULTIPLE = 32
+
+#: The XLA-compiled inference function of each encoder, made once and kept as long as the encoder lives.
+_COMPILED: "weakref.WeakKeyDictionary[tf_keras.layers.Layer, tf.types.experimental.GenericFunction]" = (
+    weakref.WeakKeyDictionary())
+
+
+def compiled_forward(encoder: tf_keras.layers.Layer) -> tf.types.experimental.GenericFunction:
+    """``encoder``'s inference pass (``training=False``) as one XLA program per input shape: a function of
+    :data:`bert_encoder.INPUT_KEYS` (each ``int32[rows, len]``) returning ``sequence_output`` ``[rows, len,
+    hidden]`` and ``pooled_output`` ``[rows, hidden]``."""
+    function = _COMPILED.get(encoder)
+    if function is None:
+        def forward(inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+            outputs = encoder(inputs, training=False)
+            return {"sequence_output": outputs["sequence_output"], "pooled_output": outputs["pooled_output"]}
+
+        function = tf.function(forward, jit_compile=True, autograph=False, reduce_retracing=True)
+        _COMPILED[encoder] = function
+    return function
+
 
 def encode(encoder: tf_keras.layers.Layer, inputs: dict[str, tf.Tensor], num_buckets: int,
-           training: bool | None = None) -> dict[str, tf.Tensor]:
+           training: bool | None = None, compiled: bool = False) -> dict[str, tf.Tensor]:
     """Runs ``encoder`` on ``inputs`` (each ``int32[rows, seq_len]``) in ``num_buckets`` length groups.
 
     Args:
@@ -28,6 +60,8 @@ def encode(encoder: tf_keras.layers.Layer, inputs: dict[str, tf.Tensor], num_buc
       num_buckets: groups of ``ceil(rows / num_buckets)`` rows, shortest first; 1 calls ``encoder`` once on the
         whole batch, unchanged.
       training: passed to ``encoder``.
+      compiled: when not ``training``, each group is read by :func:`compiled_forward` (XLA), its length rounded
+        up to a multiple of :data:`COMPILED_LENGTH_MULTIPLE` and its rows to the groups' common size.
 
     Returns:
       ``sequence_output`` ``[rows, seq_len, hidden]`` in the input's row order, zeros at positions past the
@@ -37,7 +71,8 @@ def encode(encoder: tf_keras.layers.Layer, inputs: dict[str, tf.Tensor], num_buc
     if num_buckets < 1:
         raise ValueError(f"num_buckets={num_buckets}: must be at least 1")
     flat = {k: inputs[k] for k in bert_encoder.INPUT_KEYS}  # each [rows, seq_len]
-    if num_buckets == 1:
+    compiled = compiled and not training
+    if num_buckets == 1 and not compiled:
         outputs = encoder(flat, training=training)
         return {"sequence_output": outputs["sequence_output"], "pooled_output": outputs["pooled_output"]}
     seq_len = tf.shape(flat["input_word_ids"])[1]
@@ -54,7 +89,10 @@ def encode(encoder: tf_keras.layers.Layer, inputs: dict[str, tf.Tensor], num_buc
         def read(members: tf.Tensor = members) -> tuple[tf.Tensor, tf.Tensor]:
             longest = tf.maximum(tf.reduce_max(tf.gather(lengths, members)), 1)
             part = {k: tf.gather(v, members)[:, :longest] for k, v in flat.items()}  # [group_rows, longest]
-            out = encoder(part, training=training)
+            if compiled:
+                out = _read_compiled(encoder, part, longest, size)
+            else:
+                out = encoder(part, training=training)
             sequence = tf.pad(out["sequence_output"],
                               [[0, 0], [0, seq_len - longest], [0, 0]])  # [group_rows, seq_len, hidden]
             return sequence, out["pooled_output"]  # [group_rows, hidden]
@@ -68,3 +106,17 @@ def encode(encoder: tf_keras.layers.Layer, inputs: dict[str, tf.Tensor], num_buc
     restore = tf.math.invert_permutation(order)  # [rows]: from length order back to the input's
     return {"sequence_output": tf.gather(tf.concat(sequences, axis=0), restore),  # [rows, seq_len, hidden]
             "pooled_output": tf.gather(tf.concat(pooled, axis=0), restore)}  # [rows, hidden]
+
+
+def _read_compiled(encoder: tf_keras.layers.Layer, part: dict[str, tf.Tensor], longest: tf.Tensor,
+                   size: tf.Tensor) -> dict[str, tf.Tensor]:
+    """:func:`compiled_forward` of one group (each ``int32[group_rows, longest]``), padded with zeros (mask 0:
+    outside attention) to ``[size, longest rounded up to COMPILED_LENGTH_MULTIPLE]`` and cut back to
+    ``sequence_output`` ``[group_rows, longest, hidden]`` and ``pooled_output`` ``[group_rows, hidden]``."""
+    multiple = COMPILED_LENGTH_MULTIPLE
+    group_rows = tf.shape(part["input_word_ids"])[0]
+    padded_length = (longest + multiple - 1) // multiple * multiple
+    padding = [[0, size - group_rows], [0, padded_length - longest]]
+    out = compiled_forward(encoder)({k: tf.pad(v, padding) for k, v in part.items()})  # [size, padded, hidden]
+    return {"sequence_output": out["sequence_output"][:group_rows, :longest],  # [group_rows, longest, hidden]
+            "pooled_output": out["pooled_output"][:group_rows]}  # [group_rows, hidden]
