@@ -28,6 +28,7 @@ if that job fails, from passages packed here with ``realm_tf.data.block_packer``
 sentence, cut at word boundaries).
 
 Usage: python benchmarks/embed_throughput.py [--num_blocks 800] [--batch_size 16] [--workdir /tmp/embed_bench]
+[--set model.compiled_inference=true]
 """
 from __future__ import annotations
 
@@ -117,11 +118,14 @@ def main() -> None:
     parser.add_argument("--config", default="configs/minilm.yaml")
     parser.add_argument("--workdir", default="/tmp/embed_bench")
     parser.add_argument("--skip_sorted", action="store_true", help="skip the in-process length-sorted pass")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="config overrides for the export (e.g. model.compiled_inference=true; use a new "
+                             "--workdir per setting: an export found there is reused)")
     args = parser.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     load_start = os.getloadavg()
     cfg = config_lib.load_config(args.config, [f"refresh.export_dir={args.workdir}/export",
-                                               f"index.index_dir={args.workdir}/index"])
+                                               f"index.index_dir={args.workdir}/index", *args.overrides])
     enc = cfg.model.encoder
     tok = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, cfg.model.lower_case)
     gflops_sgemm_before = machine_reference.sgemm_gflops()
@@ -210,7 +214,7 @@ def main() -> None:
         pad = f"{lengths.sum() / padded:9.1%}" if padded else f"{'':>9}"
         return (f"{name:<46}{seconds:9.1f}{n / seconds:10.2f}{total_gflop / seconds:13.1f}{pad}")
 
-    print(f"model: {args.config} (L={enc.num_layers}, H={enc.hidden_size}, I={enc.intermediate_size}, "
+    print(f"model: {args.config} {args.overrides} (L={enc.num_layers}, H={enc.hidden_size}, I={enc.intermediate_size}, "
           f"heads={enc.num_attention_heads}, projection={cfg.model.projection_size}), init weights, export "
           f"{'reused' if export_seconds < 5 else f'written in {export_seconds:.0f}s'}")
     print(f"blocks: {n} from {source}; wordpieces per block mean {lengths.mean():.1f}, min {lengths.min()}, "
@@ -224,7 +228,8 @@ def main() -> None:
     print(row("in-process embed_block, file order", file_seconds, file_padded))
     if sorted_seconds is not None:
         print(row("in-process embed_block, sorted by length", sorted_seconds, sorted_padded))
-    print(f"numpy sgemm 2048^3 float32: {gflops_sgemm_before:.1f} GFLOP/s before, {gflops_sgemm_after:.1f} after")
+    print(f"numpy sgemm 2048^3 float32 ({machine_reference.sgemm_kernel()}): {gflops_sgemm_before:.1f} GFLOP/s "
+          f"before, {gflops_sgemm_after:.1f} after")
     print(f"job / in-process (file order) blocks/s: {file_seconds / job_embed:.2f}x"
           + (f"; job / in-process (sorted): {sorted_seconds / job_embed:.2f}x" if sorted_seconds else ""))
     print(f"job counters: {json.dumps(counts, sort_keys=True)}; job wordpieces == useful wordpieces: "

@@ -12,7 +12,8 @@ the config, traces the task's own ``train_step`` once and times ``--steps`` upda
 
 Printed per setting: seconds per step, CPU user/system seconds and minor page faults over the timed steps,
 the FLOPs of the step as padded and as useful (real wordpieces only; forward + backward = 3 × forward), and
-numpy's sgemm rate measured in the same process, before and after, as the floor's reference. With
+numpy's sgemm rate (``machine_reference``: the cores' own kernel) measured in the same run, before and after, as
+the floor's reference. With
 ``--profile`` the TensorFlow profiler traces two more steps and the op types with the largest share of op time
 are printed (from the trace's executor events).
 
@@ -149,6 +150,7 @@ def run_setting(args: argparse.Namespace, name: str, path: str) -> dict:
         "system_seconds_per_step": (after.ru_stime - usage.ru_stime) / (len(batches) - 1),
         "minor_faults_per_step": (after.ru_minflt - usage.ru_minflt) / (len(batches) - 1),
         "max_rss_gb": after.ru_maxrss / 1e6, "sgemm_gflops": [sgemm_before, sgemm_after],
+        "sgemm_kernel": machine_reference.sgemm_kernel(),
         **{f"{mode}_tflop": sum(step_flops(b[0], cfg, mode) for b in batches[1:]) / (len(batches) - 1) / 1e12
            for mode in ("padded", "executed", "useful")},
         "env": {k: os.environ.get(k, "") for k in ("TF_CPU_ALLOCATOR_USE_BFC",)},
@@ -196,7 +198,7 @@ def main() -> int:
               f"minor faults/step {r['minor_faults_per_step']:,.0f}; max RSS {r['max_rss_gb']:.2f} GB\n"
               f"  FLOPs/step: padded {r['padded_tflop']:.3f} T, executed {r['executed_tflop']:.3f} T, "
               f"useful {r['useful_tflop']:.3f} T; "
-              f"sgemm {r['sgemm_gflops'][0]:.0f}/{r['sgemm_gflops'][1]:.0f} GFLOP/s -> floor {r['useful_tflop'] * 1e3 / sgemm:.2f} s "
+              f"sgemm {r['sgemm_gflops'][0]:.0f}/{r['sgemm_gflops'][1]:.0f} GFLOP/s ({r['sgemm_kernel']}) -> floor {r['useful_tflop'] * 1e3 / sgemm:.2f} s "
               f"(useful FLOPs at the sgemm rate; executed: {r['executed_tflop'] * 1e3 / sgemm:.2f} s); achieved {r['useful_tflop'] * 1e3 / r['seconds_per_step']:.0f} useful GFLOP/s "
               f"= {100 * r['useful_tflop'] * 1e3 / r['seconds_per_step'] / sgemm:.0f}% of sgemm", flush=True)
         if r.get("ops"):

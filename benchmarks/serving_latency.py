@@ -5,7 +5,8 @@ versions: the newest is served) is loaded by :class:`realm_tf.serving.answerer.A
 own for each ``--env NAME=VAR=VALUE[,VAR=VALUE]`` setting (TensorFlow reads its allocator and thread settings
 when it starts), warmed up with 3 questions, then asked ``--count`` held-out questions one at a time (tokenize,
 embed the question, search, read ``model.reader_beam_size`` blocks, decode: the whole request is one graph). The
-numpy sgemm rate is measured in the same process as the machine's reference. ``--profile`` prints the op types
+numpy sgemm rate (``machine_reference``: the cores' own kernel) is measured in the same run as the machine's
+reference. ``--profile`` prints the op types
 with the largest share of op time over 10 more requests.
 
     .venv/bin/python benchmarks/serving_latency.py --questions runs/demo/questions.jsonl \\
@@ -56,6 +57,7 @@ def run_child(args: argparse.Namespace) -> dict:
     ms = 1000 * np.asarray(latencies)
     result = {"p50": float(np.percentile(ms, 50)), "p99": float(np.percentile(ms, 99)), "mean": float(ms.mean()),
               "requests": len(ms), "sgemm": [sgemm, machine_reference.sgemm_gflops()],
+              "kernel": machine_reference.sgemm_kernel(),
               "user_ms": 1000 * (after.ru_utime - usage.ru_utime) / len(ms),
               "system_ms": 1000 * (after.ru_stime - usage.ru_stime) / len(ms),
               "minor_faults": (after.ru_minflt - usage.ru_minflt) / len(ms), "max_rss_gb": after.ru_maxrss / 1e6}
@@ -99,7 +101,7 @@ def main() -> int:
             print(f"{name:14s} {env_name:22s} p50 {r['p50']:6.0f} ms  p99 {r['p99']:6.0f} ms  mean {r['mean']:6.0f} ms  "
                   f"CPU/request user {r['user_ms']:.0f} ms system {r['system_ms']:.0f} ms; "
                   f"faults/request {r['minor_faults']:,.0f}; max RSS {r['max_rss_gb']:.2f} GB; "
-                  f"sgemm {r['sgemm'][0]:.0f}/{r['sgemm'][1]:.0f} GFLOP/s {env or ''}", flush=True)
+                  f"sgemm {r['sgemm'][0]:.0f}/{r['sgemm'][1]:.0f} GFLOP/s ({r['kernel']}) {env or ''}", flush=True)
             if r.get("ops"):
                 print(op_profile.format_breakdown(r["ops"]), flush=True)
     return 0
