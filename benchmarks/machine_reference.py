@@ -12,6 +12,7 @@ without those two variables, and :func:`sgemm_kernel` names the kernel it ran.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -30,8 +31,10 @@ def sgemm_gflops(size: int = 2048, repeats: int = 5) -> float:
     return float(_child_reference(size, repeats)["gflops"])
 
 
+@functools.lru_cache(maxsize=None)
 def sgemm_kernel() -> str:
-    """The BLAS and kernel the reference runs on, e.g. ``openblas SkylakeX, 2 threads``."""
+    """The BLAS and kernel the reference runs on, e.g. ``openblas SkylakeX, 2 threads`` (asked once per
+    process: the machine does not change between calls)."""
     return str(_child_reference(256, 1)["kernel"])
 
 
