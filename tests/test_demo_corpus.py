@@ -1,0 +1,64 @@
+"""``realm_tf.demo``'s corpus subset: which passages and questions the demo reads (the whole loop runs in
+tests/integration/test_demo.py)."""
+import gzip
+import json
+
+from realm_tf import config as config_lib
+from realm_tf import demo
+from realm_tf.data import question_split
+
+
+def _write_gz(path, rows):
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+def _bundle(tmp_path):
+    passages = [{"id": i, "title": f"t{i}", "text": f"passage {i}"} for i in range(40)]
+    questions = [{"id": f"q{i}", "question": f"q {i}?", "answers": ["a"], "gold_passage_ids": [i]}
+                 for i in range(10)]
+    # SQuAD: several questions per paragraph (10..15), one question whose paragraph spans two passages (16, 17).
+    squad = [{"id": f"s{i}", "question": f"s {i}?", "answers": ["a"], "gold_passage_ids": [10 + i // 3]}
+             for i in range(18)] + [{"id": "s18", "question": "s?", "answers": ["a"], "gold_passage_ids": [16, 17]}]
+    _write_gz(tmp_path / "passages.jsonl.gz", passages)
+    _write_gz(tmp_path / "qa_qed_train.jsonl.gz", questions)
+    _write_gz(tmp_path / "qa_squad_dev.jsonl.gz", squad)
+    return config_lib.load_config("configs/tiny.yaml", [
+        f"data.corpus_pattern={tmp_path}/passages.jsonl.gz", f"data.qa_train={tmp_path}/qa_qed_train.jsonl.gz"])
+
+
+def _read(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def _subset(tmp_path, cfg, num_questions, squad_paragraphs):
+    out = [str(tmp_path / name) for name in ("corpus.jsonl", "questions.jsonl", "squad.jsonl")]
+    stats = demo._subset(cfg, *out, num_questions, squad_paragraphs)  # pylint: disable=protected-access
+    return stats, *(_read(path) for path in out)
+
+
+def test_all_squad_paragraphs_by_default(tmp_path):
+    cfg = _bundle(tmp_path)
+    stats, corpus, questions, squad = _subset(tmp_path, cfg, 6, None)
+    assert [q["id"] for q in questions] == [f"q{i}" for i in range(6)]
+    assert len(squad) == 19 and stats["squad_questions"] == 19
+    ids = [p["id"] for p in corpus]
+    assert len(ids) == len(set(ids)) == stats["passages"]
+    # gold passages 0-5 and SQuAD paragraphs 10-17, then as many other passages as gold ones
+    assert set(range(6)) | set(range(10, 18)) <= set(ids)
+    assert len(ids) == 6 + 8 + 6
+    dev = sum(question_split.is_dev(q["id"], cfg.data.qa_dev_fraction) for q in questions)
+    assert stats["dev"] == dev
+
+
+def test_squad_paragraphs_caps_the_paragraphs(tmp_path):
+    cfg = _bundle(tmp_path)
+    stats, corpus, _, squad = _subset(tmp_path, cfg, 4, 2)
+    # the questions of paragraphs 10 and 11 (three each), and no more
+    assert [q["id"] for q in squad] == [f"s{i}" for i in range(6)]
+    assert stats["squad_questions"] == 6
+    ids = [p["id"] for p in corpus]
+    assert {0, 1, 2, 3, 10, 11} <= set(ids) and len(ids) == len(set(ids)) == 4 + 2 + 4
+    _, _, _, none = _subset(tmp_path, cfg, 4, 0)
+    assert none == []
