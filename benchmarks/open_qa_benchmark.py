@@ -46,6 +46,10 @@ from realm_tf.tasks import open_qa  # noqa: E402
 ROWS = ("exact_match", "f1", "regex_match", "reader_oracle", "accuracy@1", "accuracy@5", "accuracy@20",
         "accuracy@100")
 WEIGHTS = (0.0, 0.25, 0.5, 1.0, 2.0)
+# The reader warm start: 900 steps of 8 (question, gold block, 2 negatives) (benchmarks/reader_start_benchmark.py
+# trains its other starting point the same way).
+READER_OVERRIDES = ("reader.steps=900", "reader.learning_rate=1e-4", "reader.warmup_steps=60",
+                    "reader.checkpoint_every_steps=50", "reader.summary_every_steps=10", "reader.max_minutes=80")
 
 
 def evaluate(args: list[str], metrics_path: str) -> dict[str, Any]:
@@ -142,9 +146,7 @@ def main() -> int:
     overrides = [f"data.blocks_dir={args.blocks}", f"index.index_dir={out}/index", f"refresh.export_dir={out}/export",
                  f"reader.model_dir={out}/reader", f"finetune.model_dir={out}/finetune",
                  f"model.retriever_checkpoint={out}/retriever_init", f"qa.reader_checkpoint={out}/reader",
-                 # The reader warm start: batch 8 of (question, gold block, 2 negatives).
-                 "reader.steps=900", "reader.learning_rate=1e-4", "reader.warmup_steps=60",
-                 "reader.checkpoint_every_steps=50", "reader.summary_every_steps=10", "reader.max_minutes=80",
+                 *READER_OVERRIDES,
                  # Open-QA fine-tuning: batch 4 questions x 5 blocks; the retriever at a tenth of the rate.
                  "data.batch_size=4", "finetune.learning_rate=5e-5", "finetune.warmup_steps=30",
                  "finetune.steps=1500", "finetune.checkpoint_every_steps=25", "finetune.summary_every_steps=5",

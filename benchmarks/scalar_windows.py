@@ -28,6 +28,20 @@ def read_scalars(logdir: str) -> dict[str, dict[int, float]]:
     return scalars
 
 
+def window_means(values: dict[int, float], window: int) -> list[tuple[int, int, float, int]]:
+    """(first step, last step, mean, points) of ``values`` ({step: value}) over windows of ``window`` steps."""
+    points = sorted(values.items())
+    if not points:
+        return []
+    last = points[-1][0]
+    rows = []
+    for start in range(0, last, window):
+        inside = [v for s, v in points if start < s <= start + window]
+        if inside:
+            rows.append((start + 1, min(start + window, last), float(np.mean(inside)), len(inside)))
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("logdir", help="a run's train/ (or eval/) directory")
@@ -39,16 +53,12 @@ def main() -> int:
         print(f"{args.logdir}: no event files", file=sys.stderr)
         return 1
     for tag in args.tags:
-        points = sorted(scalars.get(tag, {}).items())
-        if not points:
+        rows = window_means(scalars.get(tag, {}), args.window)
+        if not rows:
             print(f"{tag}: not logged (tags: {', '.join(sorted(scalars))})")
             continue
-        last = points[-1][0]
-        for start in range(0, last, args.window):
-            values = [v for s, v in points if start < s <= start + args.window]
-            if values:
-                print(f"{tag:<20} steps {start + 1:>5}-{min(start + args.window, last):<5} mean {np.mean(values):.3f} "
-                      f"({len(values)} points)")
+        for first, last, mean, count in rows:
+            print(f"{tag:<20} steps {first:>5}-{last:<5} mean {mean:.3f} ({count} points)")
     return 0
 
 
