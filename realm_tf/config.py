@@ -284,6 +284,8 @@ class QaConfig:
         and tune splits are held out).
       reader_negatives: blocks without an answer read next to the gold block in ``train-reader``, so that the
         reader learns to rank blocks as well as spans (BM25's best-ranked blocks that hold no answer).
+      serving_warmup_requests: questions written into an Open-QA export's ``assets.extra`` for TF Serving to
+        replay before the version takes traffic (0: none).
     """
 
     question_seq_length: int = 64
@@ -295,6 +297,7 @@ class QaConfig:
     retrieval_score_weight: float = 1.0
     reader_questions: tuple[str, ...] = ("data/open_qa/qa_squad_dev.jsonl.gz", "data/open_qa/qa_qed_train.jsonl.gz")
     reader_negatives: int = 2
+    serving_warmup_requests: int = 8
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,10 @@ retrieved blocks, the span reader and span decoding. Signatures:
   float[B, k] (f(x, z)), ``block_id`` int[B, k];
 * ``embed_query(text: string[B])`` and ``embed_block(title, text: string[B])`` → ``embedding`` [B, dim].
 
+``assets.extra/tf_serving_warmup_requests`` holds ``qa.serving_warmup_requests`` questions about titles spread over
+the corpus (one request each, then one batch of all), which TF Serving replays before a version takes traffic
+(:mod:`realm_tf.serving.serving_warmup`).
+
 Requests are cleaned, not refused: invalid UTF-8 is replaced (U+FFFD), a question longer than
 ``qa.question_seq_length`` wordpieces is truncated to it, an empty question gets the answer "" with score 0,
 and any batch size works (cost grows linearly: k readings per question). Loading needs ``tensorflow``,
@@ -45,6 +49,7 @@ from realm_tf.index import in_graph_scann
 from realm_tf.index import index_publisher
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import open_qa_model
+from realm_tf.serving import serving_warmup
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +130,12 @@ def export_open_qa(cfg: config_lib.ExperimentConfig, model: open_qa_model.OpenQa
     with artifacts.staged(out, artifacts.OPEN_QA_EXPORT) as staging:
         tf.saved_model.save(module, staging.path, signatures={
             "serving_default": module.answer, "embed_query": module.embed_query, "embed_block": module.embed_block})
+        titles = tf.gather(model.corpus.titles, serving_warmup.spread(int(tf.shape(model.corpus.titles)[0]),
+                                                                      cfg.qa.serving_warmup_requests)).numpy()
+        questions = serving_warmup.warmup_questions([t.decode("utf-8", "replace") for t in titles],
+                                                    cfg.qa.question_seq_length)
+        if questions:
+            serving_warmup.write_warmup_requests(staging.path, questions)
         staging.metadata = {**(info or {}), "exported_at": time.time(), "config_hash": config_lib.config_hash(cfg),
                             "reader_beam_size": cfg.model.reader_beam_size, "vocab_hash": model.tokenizer.vocab_hash,
                             "export_seconds": round(time.time() - start, 3)}

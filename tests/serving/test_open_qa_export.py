@@ -81,6 +81,23 @@ print(json.dumps({{"answer": [a.decode() for a in out["answer"].numpy()], "score
     assert served["title"] == model.corpus.titles.numpy()[block_ids[0, 0]].decode()
 
 
+def test_warmup_records_replay_on_the_export(exported, parse_prediction_log):
+    cfg, path, _, model = exported
+    records = [parse_prediction_log(r.numpy()) for r in
+               tf.data.TFRecordDataset(os.path.join(path, "assets.extra", "tf_serving_warmup_requests"))]
+    count = min(cfg.qa.serving_warmup_requests, int(tf.shape(model.corpus.titles)[0]))
+    assert len(records) == count + 1 and count > 1
+    loaded = tf.saved_model.load(path)
+    answers = []
+    for signature, inputs in records:  # what TF Serving does before the version takes traffic
+        out = loaded.signatures[signature](**{k: tf.constant(v) for k, v in inputs.items()})
+        assert out["answer"].shape == (len(inputs["question"]),)
+        answers.append([a.decode() for a in out["answer"].numpy()])
+    assert answers[-1] == [a for single in answers[:-1] for a in single]  # the batch answers as one by one
+    titles = {t.decode() for t in model.corpus.titles.numpy()}
+    assert all(q.decode()[len("what is "):] in titles for q in records[0][1]["question"])
+
+
 def test_saved_model_cli_run(exported, tmp_path):
     _, path, _, _ = exported
     # saved_model_cli itself, in a process that has registered the custom ops first (as TF Serving must).

@@ -1,0 +1,38 @@
+"""TF Serving warm-up records: the wire format read back by message classes built from TF Serving's .proto
+fields (tests/conftest.py), and the questions chosen. The records of a real export are replayed in
+tests/serving/test_open_qa_export.py."""
+import numpy as np
+import tensorflow as tf
+
+from realm_tf.serving import serving_warmup
+
+
+def test_predict_log_reads_back_with_the_serving_protos(parse_prediction_log):
+    long_text = "é" * 300  # a payload above 127 bytes: multi-byte length varints
+    inputs = {"question": np.asarray(["who wrote it", long_text], dtype=object),
+              "k": np.arange(6, dtype=np.int32).reshape(2, 3)}
+    signature, decoded = parse_prediction_log(serving_warmup.predict_log(inputs, "serving_default", "realm"))
+    assert signature == "serving_default"
+    assert sorted(decoded) == ["k", "question"]
+    assert [q.decode() for q in decoded["question"]] == ["who wrote it", long_text]
+    np.testing.assert_array_equal(decoded["k"], inputs["k"])
+
+
+def test_write_warmup_requests_writes_one_per_question_then_a_batch(tmp_path, parse_prediction_log):
+    questions = ["what is a", "what is b", "what is c"]
+    path = serving_warmup.write_warmup_requests(str(tmp_path), questions)
+    assert path == str(tmp_path / "assets.extra" / "tf_serving_warmup_requests")
+    records = [parse_prediction_log(r.numpy()) for r in tf.data.TFRecordDataset(path)]
+    batches = [[q.decode() for q in inputs["question"]] for _, inputs in records]
+    assert batches == [["what is a"], ["what is b"], ["what is c"], questions]
+    assert {signature for signature, _ in records} == {"serving_default"}
+
+
+def test_questions_spread_over_titles_and_the_last_is_too_long():
+    np.testing.assert_array_equal(serving_warmup.spread(100, 5), [0, 24, 49, 74, 99])
+    np.testing.assert_array_equal(serving_warmup.spread(3, 8), [0, 1, 2])
+    assert serving_warmup.spread(10, 0).size == 0
+    questions = serving_warmup.warmup_questions(["Paris", "Kenya", "Mars"], max_words=64)
+    assert questions[:2] == ["what is Paris", "what is Kenya"]
+    assert len(questions[2].split()) > 64 and questions[2].endswith("Mars")
+    assert serving_warmup.warmup_questions([], 64) == []
