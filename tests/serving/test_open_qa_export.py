@@ -17,6 +17,9 @@ from realm_tf.serving import open_qa_export
 from realm_tf.serving import retriever_export
 from realm_tf.tasks import open_qa
 
+sys.path.insert(0, os.path.dirname(__file__))
+import serving_protos  # noqa: E402  (next to this file; tests are not a package)
+
 TINY = "configs/tiny.yaml"
 QUESTIONS = ["who wrote the lyrics of he ain't heavy he's my brother", "when did the oil crisis begin",
              "what is the capital of kenya", "who won the world cup in 1966", "how many moons does mars have"]
@@ -81,9 +84,9 @@ print(json.dumps({{"answer": [a.decode() for a in out["answer"].numpy()], "score
     assert served["title"] == model.corpus.titles.numpy()[block_ids[0, 0]].decode()
 
 
-def test_warmup_records_replay_on_the_export(exported, parse_prediction_log):
+def test_warmup_records_replay_on_the_export(exported):
     cfg, path, _, model = exported
-    records = [parse_prediction_log(r.numpy()) for r in
+    records = [serving_protos.parse_prediction_log(r.numpy()) for r in
                tf.data.TFRecordDataset(os.path.join(path, "assets.extra", "tf_serving_warmup_requests"))]
     count = min(cfg.qa.serving_warmup_requests, int(tf.shape(model.corpus.titles)[0]))
     assert len(records) == count + 1 and count > 1

@@ -1,28 +1,34 @@
 """TF Serving warm-up records: the wire format read back by message classes built from TF Serving's .proto
 fields (tests/conftest.py), and the questions chosen. The records of a real export are replayed in
 tests/serving/test_open_qa_export.py."""
+import os
+import sys
+
 import numpy as np
 import tensorflow as tf
 
 from realm_tf.serving import serving_warmup
 
+sys.path.insert(0, os.path.dirname(__file__))
+import serving_protos  # noqa: E402  (next to this file; tests are not a package)
 
-def test_predict_log_reads_back_with_the_serving_protos(parse_prediction_log):
+
+def test_predict_log_reads_back_with_the_serving_protos():
     long_text = "é" * 300  # a payload above 127 bytes: multi-byte length varints
     inputs = {"question": np.asarray(["who wrote it", long_text], dtype=object),
               "k": np.arange(6, dtype=np.int32).reshape(2, 3)}
-    signature, decoded = parse_prediction_log(serving_warmup.predict_log(inputs, "serving_default", "realm"))
+    signature, decoded = serving_protos.parse_prediction_log(serving_warmup.predict_log(inputs, "serving_default", "realm"))
     assert signature == "serving_default"
     assert sorted(decoded) == ["k", "question"]
     assert [q.decode() for q in decoded["question"]] == ["who wrote it", long_text]
     np.testing.assert_array_equal(decoded["k"], inputs["k"])
 
 
-def test_write_warmup_requests_writes_one_per_question_then_a_batch(tmp_path, parse_prediction_log):
+def test_write_warmup_requests_writes_one_per_question_then_a_batch(tmp_path):
     questions = ["what is a", "what is b", "what is c"]
     path = serving_warmup.write_warmup_requests(str(tmp_path), questions)
     assert path == str(tmp_path / "assets.extra" / "tf_serving_warmup_requests")
-    records = [parse_prediction_log(r.numpy()) for r in tf.data.TFRecordDataset(path)]
+    records = [serving_protos.parse_prediction_log(r.numpy()) for r in tf.data.TFRecordDataset(path)]
     batches = [[q.decode() for q in inputs["question"]] for _, inputs in records]
     assert batches == [["what is a"], ["what is b"], ["what is c"], questions]
     assert {signature for signature, _ in records} == {"serving_default"}
