@@ -90,6 +90,7 @@ def test_warmup_records_replay_on_the_export(exported):
                tf.data.TFRecordDataset(os.path.join(path, "assets.extra", "tf_serving_warmup_requests"))]
     count = min(cfg.qa.serving_warmup_requests, int(tf.shape(model.corpus.titles)[0]))
     assert len(records) == count + 1 and count > 1
+    assert json.load(open(os.path.join(path, artifacts.OPEN_QA_EXPORT)))["warmup_requests"] == len(records)
     loaded = tf.saved_model.load(path)
     answers = []
     for signature, inputs in records:  # what TF Serving does before the version takes traffic
