@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from realm_tf import artifacts
 from realm_tf import errors
+from realm_tf.serving import serving_warmup
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +59,15 @@ class Answerer:
             import scann  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import  (ScaNN's ops)
         self.model = tf.saved_model.load(path)
         self._serve = self.model.signatures["serving_default"]
+
+    def warm_up(self) -> int:
+        """Replays the export's TF Serving warm-up requests (``assets.extra``), as TF Serving does before a
+        version takes traffic, so that a long-lived server's first questions find the graph initialised and its
+        compiled programs built. Returns the number of requests replayed."""
+        requests = serving_warmup.read_warmup_requests(self.path)
+        for signature, inputs in requests:
+            self.model.signatures[signature](**{name: tf.constant(value) for name, value in inputs.items()})
+        return len(requests)
 
     def ask_batch(self, questions: Sequence[str]) -> list[Answer]:
         """Answers several questions in one call of the model."""

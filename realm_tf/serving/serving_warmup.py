@@ -12,6 +12,8 @@ PredictionLog.predict_log = 6, PredictLog.request = 1, PredictRequest.model_spec
 PredictRequest.inputs = 2 (map<string, TensorProto>: entries of key = 1, value = 2), ModelSpec.name = 1,
 ModelSpec.signature_name = 3. The TensorProto values are TensorFlow's own serialization.
 tests/serving/test_serving_warmup.py parses the file with a descriptor built from those .proto definitions.
+:func:`read_warmup_requests` reads them back, for a Python server (``Answerer.warm_up``) to replay them as TF
+Serving does.
 """
 from __future__ import annotations
 
@@ -20,11 +22,13 @@ from typing import Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
+from google.protobuf import message
+from tensorflow.core.framework import tensor_pb2
 
 #: Where TF Serving looks for the records, relative to a SavedModel version directory.
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
 
-_LENGTH_DELIMITED = 2
+_VARINT, _FIXED64, _LENGTH_DELIMITED, _FIXED32 = 0, 1, 2, 5
 
 
 def _varint(value: int) -> bytes:
@@ -39,6 +43,74 @@ def _varint(value: int) -> bytes:
 def _field(number: int, payload: bytes) -> bytes:
     """One length-delimited field (a string, bytes or an embedded message)."""
     return _varint(number << 3 | _LENGTH_DELIMITED) + _varint(len(payload)) + payload
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data):
+            raise ValueError("truncated varint")
+        byte = data[pos]
+        value |= (byte & 0x7F) << shift
+        pos, shift = pos + 1, shift + 7
+        if not byte & 0x80:
+            return value, pos
+
+
+def _fields(data: bytes) -> list[tuple[int, bytes]]:
+    """The length-delimited fields of one message, ``[(number, payload)]``; other wire types are skipped."""
+    fields, pos = [], 0
+    while pos < len(data):
+        key, pos = _read_varint(data, pos)
+        number, wire_type = key >> 3, key & 7
+        if wire_type == _LENGTH_DELIMITED:
+            size, pos = _read_varint(data, pos)
+            if pos + size > len(data):
+                raise ValueError(f"field {number}: {size} bytes past the end of the message")
+            fields.append((number, data[pos:pos + size]))
+            pos += size
+        elif wire_type == _VARINT:
+            _, pos = _read_varint(data, pos)
+        elif wire_type in (_FIXED64, _FIXED32):
+            pos += 8 if wire_type == _FIXED64 else 4
+        else:
+            raise ValueError(f"field {number}: unsupported wire type {wire_type}")
+    return fields
+
+
+def parse_predict_log(serialized: bytes) -> tuple[str, dict[str, np.ndarray]] | None:
+    """``(signature_name, {input: array})`` of a serialized ``PredictionLog``; None when it holds no
+    ``predict_log`` (TF Serving's other request kinds)."""
+    logs = [payload for number, payload in _fields(serialized) if number == 6]
+    if not logs:
+        return None
+    requests = [payload for number, payload in _fields(logs[-1]) if number == 1]
+    signature, inputs = "serving_default", {}
+    for number, payload in _fields(requests[-1] if requests else b""):
+        if number == 1:
+            names = [p for n, p in _fields(payload) if n == 3]
+            signature = names[-1].decode() if names and names[-1] else signature
+        elif number == 2:
+            entry = dict(_fields(payload))
+            inputs[entry.get(1, b"").decode()] = tf.make_ndarray(
+                tensor_pb2.TensorProto.FromString(entry.get(2, b"")))
+    return signature, inputs
+
+
+def read_warmup_requests(export_dir: str) -> list[tuple[str, dict[str, np.ndarray]]]:
+    """The predict requests of ``<export_dir>/assets.extra/tf_serving_warmup_requests`` ([] without the file)."""
+    path = os.path.join(export_dir, WARMUP_FILE)
+    if not tf.io.gfile.exists(path):
+        return []
+    requests = []
+    for index, record in enumerate(tf.data.TFRecordDataset(path).as_numpy_iterator()):
+        try:
+            parsed = parse_predict_log(record)
+        except (ValueError, message.DecodeError) as e:
+            raise ValueError(f"{path}: record {index}: not a PredictionLog ({e})") from e
+        if parsed is not None:
+            requests.append(parsed)
+    return requests
 
 
 def predict_log(inputs: Mapping[str, np.ndarray], signature_name: str, model_name: str = "") -> bytes:

@@ -13,6 +13,7 @@ from realm_tf import artifacts
 from realm_tf import config
 from realm_tf.index import index_refresher
 from realm_tf.models import knowledge_retriever
+from realm_tf.serving import answerer
 from realm_tf.serving import open_qa_export
 from realm_tf.serving import retriever_export
 from realm_tf.tasks import open_qa
@@ -98,6 +99,7 @@ def test_warmup_records_replay_on_the_export(exported):
         assert out["answer"].shape == (len(inputs["question"]),)
         answers.append([a.decode() for a in out["answer"].numpy()])
     assert answers[-1] == [a for single in answers[:-1] for a in single]  # the batch answers as one by one
+    assert answerer.Answerer(path).warm_up() == len(records)  # a Python server replays them alike
     titles = {t.decode() for t in model.corpus.titles.numpy()}
     assert all(q.decode()[len("what is "):] in titles for q in records[0][1]["question"])
 
@@ -136,7 +138,6 @@ def test_export_refuses_to_overwrite(exported):
 def test_ask_cli_and_python_api(exported, capsys):
     _, path, task, model = exported
     from realm_tf import cli
-    from realm_tf.serving import answerer
 
     result = answerer.Answerer(path).ask(QUESTIONS[0])
     answers, scores, block_ids = _keras_answers(task, model, QUESTIONS[:1])
@@ -152,8 +153,6 @@ def test_ask_cli_and_python_api(exported, capsys):
 def test_evaluate_and_the_export_pick_answers_with_the_same_score(exported, tmp_path):
     """qa.retrieval_score_weight w (answer score S_read + w·S_retr) is applied alike by `evaluate`, the exported
     model and `ask`; at another w the answers are those of a numpy argmax over the same outputs."""
-    from realm_tf.serving import answerer
-
     cfg, _, task, model = exported
     weighted = config.apply_override(cfg, "qa.retrieval_score_weight=0.25")
     path = _export(weighted, str(tmp_path / "served-w"))

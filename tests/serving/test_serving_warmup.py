@@ -5,6 +5,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from realm_tf.serving import serving_warmup
@@ -42,3 +43,26 @@ def test_questions_spread_over_titles_and_the_last_is_too_long():
     assert questions[:2] == ["what is Paris", "what is Kenya"]
     assert len(questions[2].split()) > 64 and questions[2].endswith("Mars")
     assert serving_warmup.warmup_questions([], 64) == []
+
+
+def test_records_read_back_as_the_reference_parser_reads_them(tmp_path):
+    questions = ["what is a", "é" * 200, "what is c"]
+    path = serving_warmup.write_warmup_requests(str(tmp_path), questions)
+    ours = serving_warmup.read_warmup_requests(str(tmp_path))
+    reference = [serving_protos.parse_prediction_log(r.numpy()) for r in tf.data.TFRecordDataset(path)]
+    assert len(ours) == len(reference) == 4
+    for (signature, inputs), (ref_signature, ref_inputs) in zip(ours, reference):
+        assert signature == ref_signature and sorted(inputs) == sorted(ref_inputs)
+        np.testing.assert_array_equal(inputs["question"], ref_inputs["question"])
+    assert serving_warmup.read_warmup_requests(str(tmp_path / "elsewhere")) == []
+
+
+def test_a_damaged_record_names_the_file_and_record(tmp_path):
+    good = serving_warmup.predict_log({"question": np.asarray(["q"], dtype=object)}, "serving_default")
+    path = tmp_path / "assets.extra" / "tf_serving_warmup_requests"
+    path.parent.mkdir()
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        writer.write(good)
+        writer.write(good[:-3])  # cut inside the tensor
+    with pytest.raises(ValueError, match=r"tf_serving_warmup_requests: record 1"):
+        serving_warmup.read_warmup_requests(str(tmp_path))
