@@ -9,6 +9,11 @@ numpy sgemm rate (``machine_reference``: the cores' own kernel) is measured in t
 reference. ``--profile`` prints the op types
 with the largest share of op time over 10 more requests.
 
+``--cold N`` times instead the first N questions of a fresh process, one at a time, right after the load: with
+``--replay`` after :meth:`Answerer.warm_up` has replayed the export's TF Serving warm-up records (what TF Serving
+does before a version takes traffic), without it as they come. Point ``TF_XLA_FLAGS`` at an empty cache with
+``--env`` to see a first start.
+
     .venv/bin/python benchmarks/serving_latency.py --questions runs/demo/questions.jsonl \\
         --export demo=runs/demo/export --env default= --env tf_default_allocator=TF_CPU_ALLOCATOR_USE_BFC=false
 """
@@ -19,6 +24,7 @@ import os
 import resource
 import sys
 import time
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -42,6 +48,8 @@ def run_child(args: argparse.Namespace) -> dict:
     process_settings.apply()
     from realm_tf.serving import answerer
 
+    if args.cold:
+        return cold_start(args, answerer)
     questions = _questions(args.questions, args.count + 3)
     sgemm = machine_reference.sgemm_gflops()
     model = answerer.Answerer(args.child_export)
@@ -66,6 +74,29 @@ def run_child(args: argparse.Namespace) -> dict:
     return result
 
 
+def cold_start(args: argparse.Namespace, answerer: Any) -> dict:
+    """Milliseconds of the load, of the warm-up replay (``--replay``) and of each of the first ``--cold``
+    questions."""
+    import numpy as np
+
+    questions = _questions(args.questions, args.cold)
+    start = time.perf_counter()
+    model = answerer.Answerer(args.child_export)
+    load_ms = 1000 * (time.perf_counter() - start)
+    start = time.perf_counter()
+    replayed = model.warm_up() if args.replay else 0
+    warmup_ms = 1000 * (time.perf_counter() - start)
+    latencies = []
+    for question in questions:
+        start = time.perf_counter()
+        model.ask(question)
+        latencies.append(1000 * (time.perf_counter() - start))
+    ms = np.asarray(latencies)
+    return {"load_ms": load_ms, "replayed": replayed, "warmup_ms": warmup_ms, "first_ms": float(ms[0]),
+            "p50": float(np.percentile(ms, 50)), "max": float(ms.max()), "requests": len(ms),
+            "over_500_ms": int((ms > 500).sum())}
+
+
 def _parse_env(text: str) -> tuple[str, dict[str, str]]:
     name, _, assignments = text.partition("=")
     env = {}
@@ -84,20 +115,35 @@ def main() -> int:
                         help="a process setting (repeatable; 'default=' for realm-tf's own)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--top-ops", type=int, default=10)
+    parser.add_argument("--cold", type=int, default=0, metavar="N",
+                        help="time the first N questions of a fresh process instead (see --replay)")
+    parser.add_argument("--replay", action="store_true",
+                        help="with --cold: replay the export's TF Serving warm-up records first")
     parser.add_argument("--child-export", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_export:
         setting_runs.emit(run_child(args))
         return 0
     envs = [_parse_env(e) for e in (args.env or ["default="])]
-    print(f"{args.count} batch-1 requests after 3 warm-ups; questions: the last of {args.questions}; "
-          f"os.cpu_count {os.cpu_count()}", flush=True)
+    if args.cold:
+        print(f"the first {args.cold} batch-1 requests of a fresh process, "
+              f"{'after replaying the warm-up records' if args.replay else 'no warm-up'}; questions: the last of "
+              f"{args.questions}; os.cpu_count {os.cpu_count()}", flush=True)
+    else:
+        print(f"{args.count} batch-1 requests after 3 warm-ups; questions: the last of {args.questions}; "
+              f"os.cpu_count {os.cpu_count()}", flush=True)
     for export in args.export:
         name, _, path = export.partition("=")
         for env_name, env in envs:
             command = [sys.executable, os.path.abspath(__file__), "--child-export", path, "--questions", args.questions,
-                       "--count", str(args.count), "--top-ops", str(args.top_ops)] + (["--profile"] if args.profile else [])
+                       "--count", str(args.count), "--top-ops", str(args.top_ops), "--cold", str(args.cold)] + (
+                           ["--profile"] if args.profile else []) + (["--replay"] if args.replay else [])
             r = setting_runs.run(command, env, f"{name} / {env_name}")
+            if args.cold:
+                print(f"{name:14s} {env_name:22s} load {r['load_ms']:6.0f} ms, warm-up {r['replayed']} requests "
+                      f"{r['warmup_ms']:6.0f} ms; first {r['requests']} questions: first {r['first_ms']:5.0f} ms, "
+                      f"p50 {r['p50']:5.0f} ms, max {r['max']:5.0f} ms, {r['over_500_ms']} over 500 ms", flush=True)
+                continue
             print(f"{name:14s} {env_name:22s} p50 {r['p50']:6.0f} ms  p99 {r['p99']:6.0f} ms  mean {r['mean']:6.0f} ms  "
                   f"CPU/request user {r['user_ms']:.0f} ms system {r['system_ms']:.0f} ms; "
                   f"faults/request {r['minor_faults']:,.0f}; max RSS {r['max_rss_gb']:.2f} GB; "
