@@ -73,6 +73,8 @@ def _fields(data: bytes) -> list[tuple[int, bytes]]:
             _, pos = _read_varint(data, pos)
         elif wire_type in (_FIXED64, _FIXED32):
             pos += 8 if wire_type == _FIXED64 else 4
+            if pos > len(data):
+                raise ValueError(f"field {number}: fixed-width value past the end of the message")
         else:
             raise ValueError(f"field {number}: unsupported wire type {wire_type}")
     return fields
