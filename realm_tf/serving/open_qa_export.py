@@ -138,7 +138,7 @@ def export_open_qa(cfg: config_lib.ExperimentConfig, model: open_qa_model.OpenQa
             serving_warmup.write_warmup_requests(staging.path, questions)
         staging.metadata = {**(info or {}), "exported_at": time.time(), "config_hash": config_lib.config_hash(cfg),
                             "reader_beam_size": cfg.model.reader_beam_size, "vocab_hash": model.tokenizer.vocab_hash,
-                            "warmup_requests": len(questions) + (len(questions) > 1),
+                            "warmup_requests": len(serving_warmup.warmup_batches(questions)),
                             "export_seconds": round(time.time() - start, 3)}
     return out
 

@@ -146,15 +146,19 @@ def warmup_questions(titles: Sequence[str], max_words: int) -> list[str]:
     return questions
 
 
+def warmup_batches(questions: Sequence[str]) -> list[list[str]]:
+    """The requests made of ``questions``: one batch-1 request each, then one with all of them (a batched call)."""
+    return [[q] for q in questions] + ([list(questions)] if len(questions) > 1 else [])
+
+
 def write_warmup_requests(export_dir: str, questions: Sequence[str], signature_name: str = "serving_default",
                           input_name: str = "question") -> str:
-    """Writes one batch-1 request per question, then one request with all of them (a batched call), to
-    ``<export_dir>/assets.extra/tf_serving_warmup_requests``. Call it on the staging directory of an export, so
-    that the records appear with the version. Returns the file's path."""
+    """Writes the requests of :func:`warmup_batches` to ``<export_dir>/assets.extra/tf_serving_warmup_requests``.
+    Call it on the staging directory of an export, so that the records appear with the version. Returns the
+    file's path."""
     path = os.path.join(export_dir, WARMUP_FILE)
     tf.io.gfile.makedirs(os.path.dirname(path))
-    batches = [[q] for q in questions] + ([list(questions)] if len(questions) > 1 else [])
     with tf.io.TFRecordWriter(path) as writer:
-        for batch in batches:
+        for batch in warmup_batches(questions):
             writer.write(predict_log({input_name: np.asarray(batch, dtype=object)}, signature_name))
     return path
