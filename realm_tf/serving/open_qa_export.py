@@ -130,7 +130,7 @@ def export_open_qa(cfg: config_lib.ExperimentConfig, model: open_qa_model.OpenQa
     with artifacts.staged(out, artifacts.OPEN_QA_EXPORT) as staging:
         tf.saved_model.save(module, staging.path, signatures={
             "serving_default": module.answer, "embed_query": module.embed_query, "embed_block": module.embed_block})
-        titles = tf.gather(model.corpus.titles, serving_warmup.spread(int(tf.shape(model.corpus.titles)[0]),
+        titles = tf.gather(model.corpus.titles, serving_warmup.spread(int(model.corpus.num_blocks),
                                                                       cfg.qa.serving_warmup_requests)).numpy()
         questions = serving_warmup.warmup_questions([t.decode("utf-8", "replace") for t in titles],
                                                     cfg.qa.question_seq_length)
