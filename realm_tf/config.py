@@ -284,6 +284,11 @@ class QaConfig:
         and tune splits are held out).
       reader_negatives: blocks without an answer read next to the gold block in ``train-reader``, so that the
         reader learns to rank blocks as well as spans (BM25's best-ranked blocks that hold no answer).
+      reader_source_temperature: T of the sampling between the ``reader_questions`` files in ``train-reader``:
+        file i is drawn with probability ∝ n_i^T (n_i: its questions), the temperature-based mixing of
+        multilingual and multi-task training (Arivazhagan et al., 2019; Conneau et al., 2020). 1: every question
+        alike (one shuffled pool, so a small in-domain file is read as rarely as its size); < 1 raises the
+        smaller files' share, which are read again once exhausted.
       serving_warmup_requests: questions written into an Open-QA export's ``assets.extra`` for TF Serving to
         replay before the version takes traffic (0: none).
     """
@@ -297,6 +302,7 @@ class QaConfig:
     retrieval_score_weight: float = 1.0
     reader_questions: tuple[str, ...] = ("data/open_qa/qa_squad_dev.jsonl.gz", "data/open_qa/qa_qed_train.jsonl.gz")
     reader_negatives: int = 2
+    reader_source_temperature: float = 1.0
     serving_warmup_requests: int = 8
 
 

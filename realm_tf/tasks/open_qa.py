@@ -186,28 +186,44 @@ class OpenQaTask(base_task.Task):
 
     def dataset(self, examples: Sequence[QaExample], batch_size: int, repeat: bool = False, shuffle: bool = False,
                 seed: int | None = None, drop_remainder: bool = False,
-                block_ids: np.ndarray | None = None) -> tf.data.Dataset:
+                block_ids: np.ndarray | None = None,
+                mixture: Sequence[tuple[np.ndarray, float]] | None = None) -> tf.data.Dataset:
         """Batches of ``question_*`` ``int32[batch, q_len]``, ``answer_ids`` ``int32[batch, max_answers,
         max_span_width]`` (-1 padded; answers longer than a span can be are left out) and ``index``
         ``int32[batch]`` (position in ``examples``); with ``block_ids`` ``int[len(examples), k]`` (the blocks to
-        read instead of searching: BM25's, or gold + negatives), also ``block_ids`` ``int32[batch, k]``."""
+        read instead of searching: BM25's, or gold + negatives), also ``block_ids`` ``int32[batch, k]``.
+
+        ``mixture`` (with ``repeat`` and ``shuffle``): groups of ``examples`` (their positions) and the probability
+        of drawing the next question from each; every group is shuffled and repeated on its own."""
         if not examples:
             raise ValueError("no questions")
         _ = self.tokenizer  # its lookup tables made eagerly, not inside the traced map below
         width, max_answers = self.cfg.model.max_span_width, self.cfg.qa.max_answers
         answers = [list(e.answers[:max_answers]) or [""] for e in examples]
-        columns = {"question": tf.constant([e.question for e in examples]),
-                   "answers": tf.ragged.constant(answers, dtype=tf.string),
-                   "index": tf.range(len(examples), dtype=tf.int32)}
-        if block_ids is not None:
-            if len(block_ids) != len(examples):
-                raise ValueError(f"{len(block_ids)} rows of block_ids for {len(examples)} questions")
-            columns["block_ids"] = tf.constant(np.asarray(block_ids, np.int32))  # [num_questions, k]
-        ds = tf.data.Dataset.from_tensor_slices(columns)
-        if repeat:
-            ds = ds.repeat()
-        if shuffle:
-            ds = ds.shuffle(max(len(examples), 1) if len(examples) < 100_000 else 100_000, seed=seed)
+        if block_ids is not None and len(block_ids) != len(examples):
+            raise ValueError(f"{len(block_ids)} rows of block_ids for {len(examples)} questions")
+
+        def rows(positions: np.ndarray) -> tf.data.Dataset:
+            columns = {"question": tf.constant([examples[i].question for i in positions]),
+                       "answers": tf.ragged.constant([answers[i] for i in positions], dtype=tf.string),
+                       "index": tf.constant(positions, dtype=tf.int32)}
+            if block_ids is not None:
+                columns["block_ids"] = tf.constant(np.asarray(block_ids, np.int32)[positions])  # [n, k]
+            return tf.data.Dataset.from_tensor_slices(columns)
+
+        if mixture is not None:
+            if not (repeat and shuffle):
+                raise ValueError("a mixture of question groups is sampled from repeated, shuffled groups only")
+            groups = [rows(np.asarray(positions)).repeat().shuffle(min(len(positions), 100_000),
+                                                                   seed=None if seed is None else seed + g)
+                      for g, (positions, _) in enumerate(mixture)]
+            ds = tf.data.Dataset.sample_from_datasets(groups, weights=[float(w) for _, w in mixture], seed=seed)
+        else:
+            ds = rows(np.arange(len(examples)))
+            if repeat:
+                ds = ds.repeat()
+            if shuffle:
+                ds = ds.shuffle(max(len(examples), 1) if len(examples) < 100_000 else 100_000, seed=seed)
         ds = ds.ragged_batch(batch_size, drop_remainder=drop_remainder)
 
         def pack(batch: Mapping[str, Any]) -> dict[str, tf.Tensor]:
@@ -312,8 +328,13 @@ class OpenQaTask(base_task.Task):
         if input_context is not None:
             batch_size = input_context.get_per_replica_batch_size(batch_size)
         dataset = self.dataset(examples, batch_size, repeat=True, shuffle=True, seed=seed, drop_remainder=True,
-                               block_ids=block_ids)
+                               block_ids=block_ids, mixture=self.mixture())
         return dataset.map(base_task.split_features(is_model_input))
+
+    def mixture(self) -> list[tuple[np.ndarray, float]] | None:
+        """Groups of training questions and the probability of drawing from each (``dataset``'s ``mixture``);
+        None: one shuffled pool."""
+        return None
 
     def initialize(self, model: open_qa_model.OpenQaModel, loop: training_loop.TrainingLoop) -> None:
         _, _, facts = self.training_set()

@@ -58,6 +58,7 @@ class ReaderWarmStartTask(open_qa.OpenQaTask):
     def __init__(self, cfg: config_lib.ExperimentConfig, question_paths: Sequence[str] = ()):
         super().__init__(cfg)
         self.question_paths = list(question_paths) or list(cfg.qa.reader_questions)
+        self.sources = np.zeros([0], np.int64)  # [num_questions]: the file of each training question
         if not self.question_paths:
             raise errors.UserError("train-reader needs question files (--questions or qa.reader_questions)")
 
@@ -77,18 +78,44 @@ class ReaderWarmStartTask(open_qa.OpenQaTask):
         if self._training_set is None:
             blocks = self.blocks or block_store_lib.BlockStore.load(
                 corpus_versions.current_pattern(self.cfg.data.blocks_dir))
-            examples = read_training_questions(self.cfg, self.question_paths)
+            examples, source_of = [], {}
+            for number, path in enumerate(self.question_paths):
+                from_file = read_training_questions(self.cfg, [path])
+                source_of.update((id(e), number) for e in from_file)
+                examples += from_file
             reading = reading_sets.gold_and_negatives(examples, blocks, self.cfg.qa.reader_negatives,
                                                       seed=self.cfg.reader.seed)
+            self.sources = np.array([source_of[id(e)] for e in reading.examples], np.int64)  # [num_questions]
             self._training_set = (reading.examples, reading.block_ids,
-                                  {"num_questions": len(reading.examples), "skipped": reading.skipped})
+                                  {"num_questions": len(reading.examples), "skipped": reading.skipped,
+                                   "questions_per_file": np.bincount(self.sources, minlength=len(
+                                       self.question_paths)).tolist()})
         return self._training_set
+
+    def mixture(self) -> list[tuple[np.ndarray, float]] | None:
+        """The question files as groups drawn with probability ∝ n_i^T (``qa.reader_source_temperature``) by
+        ``build_inputs``, or None for one shuffled pool (T = 1, or a single file with questions)."""
+        temperature = self.cfg.qa.reader_source_temperature
+        if not temperature > 0:
+            raise errors.UserError(f"qa.reader_source_temperature={temperature} must be > 0")
+        self.training_set()
+        groups = [np.flatnonzero(self.sources == i) for i in range(len(self.question_paths))]
+        groups = [g for g in groups if len(g)]
+        if temperature == 1.0 or len(groups) < 2:
+            return None
+        weights = np.array([len(g) for g in groups], np.float64) ** temperature
+        return [(g, w) for g, w in zip(groups, weights / weights.sum())]
 
     def initialize(self, model: open_qa_model.OpenQaModel, loop: training_loop.TrainingLoop) -> None:
         _, _, facts = self.training_set()
         logger.info("train-reader: %d questions from %d file(s), each read with its gold block and %d negatives; "
                     "skipped: %s", facts["num_questions"], len(self.question_paths), self.cfg.qa.reader_negatives,
                     facts["skipped"])
+        mixture = self.mixture()
+        for number, (path, count) in enumerate(zip(self.question_paths, facts["questions_per_file"])):
+            share = count / len(self.sources) if mixture is None else next(
+                (w for g, w in mixture if self.sources[g[0]] == number), 0.0)
+            logger.info("train-reader: %s: %d questions, drawn with probability %.3f", path, count, share)
 
 
 def train_reader(cfg: config_lib.ExperimentConfig, question_paths: Sequence[str] = ()) -> dict[str, Any]:

@@ -163,3 +163,45 @@ def test_length_buckets_change_neither_loss_nor_predictions(squad):
     assert np.all(loss_one > 0)
     np.testing.assert_allclose(loss_one, loss_three, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(decoded_one["answer"].numpy(), decoded_three["answer"].numpy())
+
+
+def test_source_temperature_draws_files_by_size_to_the_power_t(squad):
+    """Two question files, 4:1 in questions after the split: T = 1 reads one shuffled pool (each file in
+    proportion to its questions); T = 0.5 draws the small file with probability √n_b / (√n_a + √n_b) (a binomial check over 2,000
+    draws) and repeats it; T = 0 is refused."""
+    from realm_tf import errors
+    from realm_tf.tasks import reader_warm_start
+
+    root, path, _, sets = squad
+    rows = [json.loads(line) for line in path.read_text().splitlines()][:36]
+    small = root / "small.jsonl"
+    small.write_text("".join(json.dumps(r) + "\n" for r in rows[::5]))
+    overrides = [s for s in sets if s != "--set"]
+
+    def task(temperature):
+        cfg = config.load_config(TINY, overrides + [f"qa.reader_source_temperature={temperature}"])
+        return reader_warm_start.ReaderWarmStartTask(cfg, [str(path), str(small)])
+
+    def drawn(t, batches):
+        indices = [b["index"].numpy() for _, b in t.build_inputs(seed=3).take(batches)]
+        return np.concatenate(indices)  # [batches * 4]
+
+    pool = task(1.0)
+    _, _, facts = pool.training_set()
+    n_a, n_b = facts["questions_per_file"]
+    assert n_a > 2 * n_b > 0 and pool.mixture() is None
+
+    def share_close(t, expected):
+        indices = drawn(t, 500)
+        share = np.mean(t.sources[indices] == 1)
+        assert abs(share - expected) < 4 * np.sqrt(expected * (1 - expected) / len(indices)), (share, expected)
+        return indices
+
+    share_close(pool, n_b / (n_a + n_b))
+    warm = task(0.5)
+    expected = np.sqrt(n_b) / (np.sqrt(n_a) + np.sqrt(n_b))
+    assert expected > n_b / (n_a + n_b) + 0.05  # the smaller file's share is raised ...
+    indices = share_close(warm, expected)
+    assert set(indices[warm.sources[indices] == 1].tolist()) == set(np.flatnonzero(warm.sources == 1).tolist())
+    with pytest.raises(errors.UserError, match="reader_source_temperature"):
+        task(0.0).mixture()

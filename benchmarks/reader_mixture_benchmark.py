@@ -1,0 +1,109 @@
+"""Issue #15 §5: the demo's reader warm start with the question files mixed by temperature
+(``qa.reader_source_temperature``, p_i ∝ n_i^T: Arivazhagan et al., 2019; Conneau et al., 2020).
+
+The demo's warm start reads SQuAD (about 9,000 training questions) and the training split of its NQ sample (about
+700) from one shuffled pool, so 6% of what it reads is in the domain it is evaluated on. This script repeats a
+demo workspace's ``train-reader`` stage (its data, start and rates; step-capped, so the comparison does not depend
+on the machine's load) at each temperature, then measures every reader on **gold blocks of the benchmark's dev
+split** (``evaluate --retriever gold`` over the whole bundled corpus), leaving out the demo's own held-out
+questions, so that the choice is not made on the questions the demo reports.
+
+    .venv/bin/python benchmarks/reader_mixture_benchmark.py --workdir runs/demo --steps 786 \\
+        --temperatures 1.0 0.5 --reuse 1.0=runs/demo/reader --out runs/bench/mixture
+
+(``--reuse T=DIR``: a reader already trained with the workspace's stage at that temperature and step count, e.g. the
+demo's own at T = 1.) Stages resume (``<out>/stages.json``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
+from realm_tf import config as config_lib  # noqa: E402
+from realm_tf.data import question_split  # noqa: E402
+import open_qa_benchmark  # noqa: E402  (benchmarks/)
+import scalar_windows  # noqa: E402  (benchmarks/)
+import stages  # noqa: E402  (benchmarks/)
+
+
+def held_out_ids(questions_path: str, fraction: float) -> set[str]:
+    """The ids of a demo workspace's held-out questions (its `questions.jsonl`, dev split)."""
+    with open(questions_path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    return {str(r["id"]) for r in rows if question_split.is_dev(str(r["id"]), fraction)}
+
+
+def scores_without(predictions_path: str, excluded: set[str]) -> dict[str, float]:
+    """EM / F1 over a predictions file's questions not in ``excluded``."""
+    with open(predictions_path, encoding="utf-8") as f:
+        rows = [json.loads(line) for line in f]
+    kept = [r for r in rows if str(r["id"]) not in excluded]
+    return {"exact_match": sum(bool(r["exact_match"]) for r in kept) / len(kept),
+            "f1": sum(float(r["f1"]) for r in kept) / len(kept), "num_questions": len(kept),
+            "left_out": len(rows) - len(kept)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", required=True, help="a `realm-tf demo` workspace (its params.yaml and data)")
+    parser.add_argument("--steps", type=int, required=True, help="warm-start steps of every reader")
+    parser.add_argument("--temperatures", type=float, nargs="+", default=[1.0, 0.5])
+    parser.add_argument("--reuse", action="append", default=[], metavar="T=DIR",
+                        help="a reader trained before at temperature T (same stage, same steps)")
+    parser.add_argument("--blocks", default="runs/bench/blocks", help="the whole bundled corpus, preprocessed")
+    parser.add_argument("--baseline", default="runs/bench/qa4",
+                        help="an open_qa_benchmark.py run (its index and retriever initialisation build the model)")
+    parser.add_argument("--questions", default="data/open_qa/qa_qed_train.jsonl.gz")
+    parser.add_argument("--out", default="runs/bench/mixture")
+    parser.add_argument("--window", type=int, default=200, help="steps per progressive-validation window")
+    args = parser.parse_args()
+
+    work, out, base = args.workdir.rstrip("/"), args.out.rstrip("/"), args.baseline.rstrip("/")
+    params = os.path.join(work, "params.yaml")
+    cfg = config_lib.load_config(params, [])
+    reused = {float(t): d for t, d in (item.split("=", 1) for item in args.reuse)}
+    readers = {t: reused.get(t, f"{out}/reader_t{t:g}") for t in args.temperatures}
+    stage = stages.Stages(out)
+    for t, reader in readers.items():
+        if t in reused:
+            continue
+        # The demo's stage 6 (realm_tf/demo.py), with a step cap in place of its minutes.
+        stage(f"reader_t{t:g}", lambda t=t, reader=reader: stages.cli([
+            "train-reader", "--config", params, "--set", f"reader.model_dir={reader}",
+            "--set", f"qa.reader_checkpoint={cfg.trainer.model_dir}", "--set", "data.batch_size=8",
+            "--set", f"reader.steps={args.steps}", "--set", "reader.max_minutes=100000",
+            "--set", f"qa.reader_source_temperature={t}",
+            "--questions", f"{work}/squad.jsonl", f"{work}/questions.jsonl"]))
+    sets = ["--config", params, "--set", f"data.blocks_dir={args.blocks}", "--set", f"index.index_dir={base}/index",
+            "--set", f"model.retriever_checkpoint={base}/retriever_init"]
+    excluded = held_out_ids(f"{work}/questions.jsonl", cfg.data.qa_dev_fraction)
+    results = {}
+    for t, reader in readers.items():
+        predictions = f"{out}/predictions-dev-gold-t{t:g}.jsonl"
+        stage(f"dev_gold_t{t:g}", lambda reader=reader, predictions=predictions, t=t: open_qa_benchmark.evaluate(
+            [*sets, "--questions", args.questions, "--split", "dev", "--retriever", "gold", "--model", reader,
+             "--predictions", predictions], f"{out}/metrics-dev-gold-t{t:g}.json"))
+        results[t] = scores_without(predictions, excluded)
+
+    print(f"\n== the demo's reader warm start ({work}, {args.steps} steps of 8) by source temperature ==")
+    for tag in ("loss", "span_accuracy"):
+        print(f"{tag} on training batches (window means)")
+        curves = {t: scalar_windows.window_means(scalar_windows.read_scalars(os.path.join(d, "train")).get(tag, {}),
+                                                 args.window) for t, d in readers.items()}
+        for t, rows in curves.items():
+            print(f"  T={t:<4g} " + "  ".join(f"{first}-{last}: {mean:.3f}" for first, last, mean, _ in rows))
+    for t, r in results.items():
+        print(f"T={t:g}: dev gold blocks EM {r['exact_match']:.3f}, F1 {r['f1']:.3f} ({r['num_questions']} questions; "
+              f"the demo's {r['left_out']} held-out ones left out)")
+    print("stage minutes: " + stage.minutes())
+    print(json.dumps({f"{t:g}": r for t, r in results.items()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
