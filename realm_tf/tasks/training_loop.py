@@ -38,14 +38,8 @@ def minimize(loss_fn: LossFn, variables: Sequence[tf.Variable], optimizer: Any,
     The per-example loss is averaged over the *global* batch (``tf.nn.compute_average_loss``), so summing the
     replicas' gradients gives the full-batch gradient. Variables without a gradient (BERT's pooler, which
     REALM does not use) are left alone. Returns ``loss_fn``'s outputs.
-
-    The tape watches ``variables`` only: what ``loss_fn`` computes from other variables (the frozen retriever of
-    REALM pre-training's reader-alone phase, both of its towers over 8 candidates) is not recorded, so its
-    activations are freed as the forward pass goes instead of being held for a backward pass that never uses
-    them. The gradients are the same.
     """
-    with tf.GradientTape(watch_accessed_variables=False) as tape:
-        tape.watch(variables)
+    with tf.GradientTape() as tape:
         per_example, extras = loss_fn()
         loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
     grads = tape.gradient(loss, variables)
