@@ -28,7 +28,7 @@ if that job fails, from passages packed here with ``realm_tf.data.block_packer``
 sentence, cut at word boundaries).
 
 Usage: python benchmarks/embed_throughput.py [--num_blocks 800] [--batch_size 16] [--workdir /tmp/embed_bench]
-[--set model.compiled_inference=true]
+[--set model.compiled_inference=true] [--profile]
 """
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import machine_reference  # noqa: E402  pylint: disable=wrong-import-position  (benchmarks/machine_reference.py)
+import op_profile  # noqa: E402  pylint: disable=wrong-import-position  (benchmarks/op_profile.py)
 import realm_tf  # noqa: F401  pylint: disable=wrong-import-position,unused-import  (TF env before TF loads)
 import apache_beam as beam  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
@@ -118,6 +119,9 @@ def main() -> None:
     parser.add_argument("--config", default="configs/minilm.yaml")
     parser.add_argument("--workdir", default="/tmp/embed_bench")
     parser.add_argument("--skip_sorted", action="store_true", help="skip the in-process length-sorted pass")
+    parser.add_argument("--profile", action="store_true",
+                        help="also run the sorted pass under the TensorFlow profiler and print the op types' shares "
+                             "(the plain graph's ops; an XLA program is one op to the profiler)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="config overrides for the export (e.g. model.compiled_inference=true; use a new "
                              "--workdir per setting: an export found there is reused)")
@@ -204,6 +208,9 @@ def main() -> None:
     if not args.skip_sorted:
         sorted_seconds, sorted_out, sorted_padded = in_process(np.argsort(lengths, kind="stable"))
         assert np.abs(sorted_out - file_out).max() <= 1e-4
+    ops = None
+    if args.profile:
+        ops = op_profile.profile(lambda: in_process(np.argsort(lengths, kind="stable")))
     max_diff = float(np.abs(published - file_out).max())
     gflops_sgemm_after = machine_reference.sgemm_gflops()
     load_end = os.getloadavg()
@@ -238,6 +245,8 @@ def main() -> None:
           f"{summary['dim']}); max |job - in-process| = {max_diff:.2e}; seconds: embed {job_embed:.1f}, assemble "
           f"{summary['assemble_seconds']:.2f}, build {summary['build_seconds']:.2f}, publish "
           f"{summary['publish_seconds']:.2f}")
+    if ops:
+        print("op time of one profiled sorted pass, by op type:\n" + op_profile.format_breakdown(ops))
 
 
 if __name__ == "__main__":

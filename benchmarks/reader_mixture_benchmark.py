@@ -38,11 +38,11 @@ def held_out_ids(questions_path: str, fraction: float) -> set[str]:
     return {str(r["id"]) for r in rows if question_split.is_dev(str(r["id"]), fraction)}
 
 
-def scores_without(predictions_path: str, excluded: set[str]) -> dict[str, float]:
-    """EM / F1 over a predictions file's questions not in ``excluded``."""
+def scores(predictions_path: str, excluded: set[str], inside: bool = False) -> dict[str, float]:
+    """EM / F1 over a predictions file's questions not in ``excluded`` (``inside``: only those in it)."""
     with open(predictions_path, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]
-    kept = [r for r in rows if str(r["id"]) not in excluded]
+    kept = [r for r in rows if (str(r["id"]) in excluded) == inside]
     return {"exact_match": sum(bool(r["exact_match"]) for r in kept) / len(kept),
             "f1": sum(float(r["f1"]) for r in kept) / len(kept), "num_questions": len(kept),
             "left_out": len(rows) - len(kept)}
@@ -82,13 +82,14 @@ def main() -> int:
     sets = ["--config", params, "--set", f"data.blocks_dir={args.blocks}", "--set", f"index.index_dir={base}/index",
             "--set", f"model.retriever_checkpoint={base}/retriever_init"]
     excluded = held_out_ids(f"{work}/questions.jsonl", cfg.data.qa_dev_fraction)
-    results = {}
+    results, demo_held_out = {}, {}
     for t, reader in readers.items():
         predictions = f"{out}/predictions-dev-gold-t{t:g}.jsonl"
         stage(f"dev_gold_t{t:g}", lambda reader=reader, predictions=predictions, t=t: open_qa_benchmark.evaluate(
             [*sets, "--questions", args.questions, "--split", "dev", "--retriever", "gold", "--model", reader,
              "--predictions", predictions], f"{out}/metrics-dev-gold-t{t:g}.json"))
-        results[t] = scores_without(predictions, excluded)
+        results[t] = scores(predictions, excluded)
+        demo_held_out[t] = scores(predictions, excluded, inside=True)
 
     print(f"\n== the demo's reader warm start ({work}, {args.steps} steps of 8) by source temperature ==")
     for tag in ("loss", "span_accuracy"):
@@ -100,6 +101,16 @@ def main() -> int:
     for t, r in results.items():
         print(f"T={t:g}: dev gold blocks EM {r['exact_match']:.3f}, F1 {r['f1']:.3f} ({r['num_questions']} questions; "
               f"the demo's {r['left_out']} held-out ones left out)")
+    right = {t: {str(r["id"]) for r in map(json.loads, open(f"{out}/predictions-dev-gold-t{t:g}.jsonl",
+                                                               encoding="utf-8"))
+                 if r["exact_match"] and str(r["id"]) not in excluded} for t in readers}
+    first = args.temperatures[0]
+    for t in args.temperatures[1:]:  # the discordant pairs: what a paired (McNemar) comparison looks at
+        print(f"right at T={t:g} only: {len(right[t] - right[first])}; right at T={first:g} only: "
+              f"{len(right[first] - right[t])}")
+    for t, r in demo_held_out.items():  # not what the choice is made on: how hard the demo's own questions are
+        print(f"T={t:g}: the demo's own held-out questions on their gold blocks: EM {r['exact_match']:.3f}, "
+              f"F1 {r['f1']:.3f} ({r['num_questions']} questions)")
     print("stage minutes: " + stage.minutes())
     print(json.dumps({f"{t:g}": r for t, r in results.items()}))
     return 0
