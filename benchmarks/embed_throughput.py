@@ -71,6 +71,32 @@ def block_flops(n: np.ndarray, enc: config_lib.EncoderConfig, projection: int) -
             + 2.0 * enc.hidden_size * projection)
 
 
+def matmul_ceiling(enc: config_lib.EncoderConfig, rows: int, repeats: int = 5) -> list[tuple[str, float, float]]:
+    """TensorFlow's float32 GFLOP/s on the encoder's dense matmuls for ``rows`` token rows (a batch's wordpieces):
+    ``[(shape, GFLOP/s, share of a layer's dense FLOPs)]`` and, last, their FLOP-weighted rate ("all dense"). The
+    best any BERT pass with these shapes can do on this machine, before attention and elementwise ops."""
+    h, i = enc.hidden_size, enc.intermediate_size
+    shapes = [("Q, K, V, output", h, h, 4), ("FFN in", h, i, 1), ("FFN out", i, h, 1)]
+    out, total_flops, total_seconds = [], 0.0, 0.0
+    for name, k, n, count in shapes:
+        a, b = tf.random.normal([rows, k]), tf.random.normal([k, n])
+        product = tf.function(tf.linalg.matmul)
+        product(a, b).numpy()
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(10):
+                result = product(a, b)
+            result.numpy()
+            best = min(best, (time.perf_counter() - start) / 10)
+        flops = 2.0 * rows * k * n
+        out.append((f"{name} [{rows}x{k}]x[{k}x{n}]", flops / best / 1e9, count * flops))
+        total_flops, total_seconds = total_flops + count * flops, total_seconds + count * best
+    whole = sum(f for _, _, f in out)
+    out = [(name, rate, flops / whole) for name, rate, flops in out]
+    return out + [("all dense matmuls of a layer", total_flops / total_seconds / 1e9, 1.0)]
+
+
 def blocks_from_preprocess(cfg_path: str, workdir: str, num_blocks: int) -> list[tuple[str, str]]:
     """(title, text) of the first ``num_blocks`` blocks (by block_id) written by beam_jobs/preprocess_corpus."""
     from beam_jobs import preprocess_corpus  # pylint: disable=import-outside-toplevel
@@ -208,9 +234,13 @@ def main() -> None:
     if not args.skip_sorted:
         sorted_seconds, sorted_out, sorted_padded = in_process(np.argsort(lengths, kind="stable"))
         assert np.abs(sorted_out - file_out).max() <= 1e-4
-    ops = None
+    ops = ceiling = None
     if args.profile:
-        ops = op_profile.profile(lambda: in_process(np.argsort(lengths, kind="stable")))
+        # The matmuls by the layer they belong to (tf-models' names: query, key, value, attention_output,
+        # intermediate, output; self_attention/einsum is Q·Kᵀ and einsum_1 is the probabilities times V).
+        ops = op_profile.profile(lambda: in_process(np.argsort(lengths, kind="stable")), top=16, key=lambda name, op: (
+            "einsum " + "/".join(name.split("/")[-3:-1]) if op == "_MklEinsum" else op))
+        ceiling = matmul_ceiling(enc, int(round(args.batch_size * lengths.mean())))
     max_diff = float(np.abs(published - file_out).max())
     gflops_sgemm_after = machine_reference.sgemm_gflops()
     load_end = os.getloadavg()
@@ -246,7 +276,12 @@ def main() -> None:
           f"{summary['assemble_seconds']:.2f}, build {summary['build_seconds']:.2f}, publish "
           f"{summary['publish_seconds']:.2f}")
     if ops:
-        print("op time of one profiled sorted pass, by op type:\n" + op_profile.format_breakdown(ops))
+        print("op time of one profiled sorted pass, by op type (einsums by layer):\n" + op_profile.format_breakdown(ops))
+    if ceiling:
+        print("TensorFlow float32 matmul at the encoder's shapes (a batch's mean wordpieces as rows), best of 5:")
+        for name, rate, share in ceiling:
+            print(f"    {name:<42} {rate:7.1f} GFLOP/s ({rate / gflops_sgemm_after:.0%} of sgemm)  "
+                  f"{share:5.1%} of the dense FLOPs")
 
 
 if __name__ == "__main__":

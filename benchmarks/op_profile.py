@@ -15,8 +15,11 @@ import tempfile
 from typing import Callable
 
 
-def op_breakdown(logdir: str, top: int = 12) -> list[tuple[str, float, float]]:
-    """``[(op type, milliseconds, share of all op time)]`` of the traces under ``logdir``, largest first."""
+def op_breakdown(logdir: str, top: int = 12,
+                 key: Callable[[str, str], str] | None = None) -> list[tuple[str, float, float]]:
+    """``[(op type, milliseconds, share of all op time)]`` of the traces under ``logdir``, largest first.
+
+    ``key(op name, op type)`` groups the events another way (default: by op type)."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     totals: collections.Counter = collections.Counter()
@@ -31,12 +34,14 @@ def op_breakdown(logdir: str, top: int = 12) -> list[tuple[str, float, float]]:
                 for event in line.events:
                     name = plane.event_metadata[event.metadata_id].name
                     if ":" in name and "::" not in name:  # "name:OpType", not "ExecutorState::Process"
-                        totals[name.rsplit(":", 1)[1]] += event.duration_ps / 1e9
+                        op_name, op_type = name.rsplit(":", 1)
+                        totals[key(op_name, op_type) if key else op_type] += event.duration_ps / 1e9
     whole = sum(totals.values()) or 1.0
     return [(op, ms, ms / whole) for op, ms in totals.most_common(top)]
 
 
-def profile(fn: Callable[[], object], top: int = 12) -> list[tuple[str, float, float]]:
+def profile(fn: Callable[[], object], top: int = 12,
+            key: Callable[[str, str], str] | None = None) -> list[tuple[str, float, float]]:
     """Runs ``fn`` under the profiler and returns :func:`op_breakdown` of what it ran."""
     import tensorflow as tf
 
@@ -46,7 +51,7 @@ def profile(fn: Callable[[], object], top: int = 12) -> list[tuple[str, float, f
         fn()
     finally:
         tf.profiler.experimental.stop()
-    return op_breakdown(logdir, top)
+    return op_breakdown(logdir, top, key)
 
 
 def format_breakdown(ops: list[tuple[str, float, float]], indent: str = "    ") -> str:
