@@ -13,10 +13,12 @@ import tensorflow as tf
 
 from realm_tf import cli
 from realm_tf import config
+from realm_tf import errors
 from realm_tf.data import answer_normalization
 from realm_tf.data import block_store
 from realm_tf.data import knowledge_corpus
 from realm_tf.tasks import open_qa
+from realm_tf.tasks import reader_warm_start
 from realm_tf.tasks import reading_sets
 
 TINY = "configs/tiny.yaml"
@@ -169,9 +171,6 @@ def test_source_temperature_draws_files_by_size_to_the_power_t(squad):
     """Two question files, 4:1 in questions after the split: T = 1 reads one shuffled pool (each file in
     proportion to its questions); T = 0.5 draws the small file with probability √n_b / (√n_a + √n_b) (a binomial check over 2,000
     draws) and repeats it; T = 0 is refused."""
-    from realm_tf import errors
-    from realm_tf.tasks import reader_warm_start
-
     root, path, _, sets = squad
     rows = [json.loads(line) for line in path.read_text().splitlines()][:36]
     small = root / "small.jsonl"
