@@ -11,7 +11,8 @@ questions, so that the choice is not made on the questions the demo reports.
     .venv/bin/python benchmarks/reader_mixture_benchmark.py --workdir runs/demo --steps 786 \\
         --temperatures 1.0 0.5 --reuse 1.0=runs/demo/reader --out runs/bench/mixture
 
-(``--reuse T=DIR``: a reader already trained with the workspace's stage at that temperature and step count, e.g. the
+``--all-nq`` reads every bundled NQ training question (the benchmark's reading set) instead of the workspace's
+sample of them. (``--reuse T=DIR``: a reader already trained with the workspace's stage at that temperature and step count, e.g. the
 demo's own at T = 1.) Stages resume (``<out>/stages.json``).
 """
 from __future__ import annotations
@@ -61,6 +62,10 @@ def main() -> int:
     parser.add_argument("--questions", default="data/open_qa/qa_qed_train.jsonl.gz")
     parser.add_argument("--out", default="runs/bench/mixture")
     parser.add_argument("--window", type=int, default=200, help="steps per progressive-validation window")
+    parser.add_argument("--all-nq", action="store_true",
+                        help="read the training split of the whole --questions file over --blocks (every bundled "
+                             "NQ training question, as the benchmark's warm start does) instead of the workspace's "
+                             "NQ sample over its own blocks")
     args = parser.parse_args()
 
     work, out, base = args.workdir.rstrip("/"), args.out.rstrip("/"), args.baseline.rstrip("/")
@@ -78,7 +83,8 @@ def main() -> int:
             "--set", f"qa.reader_checkpoint={cfg.trainer.model_dir}", "--set", "data.batch_size=8",
             "--set", f"reader.steps={args.steps}", "--set", "reader.max_minutes=100000",
             "--set", f"qa.reader_source_temperature={t}",
-            "--questions", f"{work}/squad.jsonl", f"{work}/questions.jsonl"]))
+            *(["--set", f"data.blocks_dir={args.blocks}"] if args.all_nq else []),
+            "--questions", f"{work}/squad.jsonl", args.questions if args.all_nq else f"{work}/questions.jsonl"]))
     sets = ["--config", params, "--set", f"data.blocks_dir={args.blocks}", "--set", f"index.index_dir={base}/index",
             "--set", f"model.retriever_checkpoint={base}/retriever_init"]
     excluded = held_out_ids(f"{work}/questions.jsonl", cfg.data.qa_dev_fraction)
@@ -91,7 +97,8 @@ def main() -> int:
         results[t] = scores(predictions, excluded)
         demo_held_out[t] = scores(predictions, excluded, inside=True)
 
-    print(f"\n== the demo's reader warm start ({work}, {args.steps} steps of 8) by source temperature ==")
+    reading = f"SQuAD + every NQ training question of {args.questions}" if args.all_nq else "SQuAD + its NQ sample"
+    print(f"\n== the demo's reader warm start ({work}, {args.steps} steps of 8; {reading}) by source temperature ==")
     for tag in ("loss", "span_accuracy"):
         print(f"{tag} on training batches (window means)")
         curves = {t: scalar_windows.window_means(scalar_windows.read_scalars(os.path.join(d, "train")).get(tag, {}),

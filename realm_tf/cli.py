@@ -71,7 +71,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     # Sizes not given on the command line keep demo.run's defaults (one place for them).
     sizes = {name: getattr(args, name) for name in ("pretrain_steps", "finetune_steps", "reader_steps",
-                                                    "reader_minutes", "reader_negatives", "squad_paragraphs")}
+                                                    "reader_minutes", "reader_negatives", "squad_paragraphs",
+                                                    "reader_nq")}
     return demo.run(_load(args), main, workdir=args.workdir, num_questions=args.questions,
                     **{name: value for name, value in sizes.items() if value is not None})
 
@@ -401,6 +402,10 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                         p.add_argument("--squad-paragraphs", dest="squad_paragraphs", type=int,
                                        help="SQuAD paragraphs added to the corpus; their questions train the "
                                             "reader warm start (default: all 2,067 bundled ones)"),
+                        p.add_argument("--reader-nq", dest="reader_nq", choices=("all", "sample"),
+                                       help="NQ training questions of the reader warm start: every bundled one, on "
+                                            "the whole bundled corpus preprocessed for reading (default), or only "
+                                            "the demo's sample"),
                         p.add_argument("--finetune-steps", dest="finetune_steps", type=int,
                                        help="Open-QA fine-tuning steps"))),
     "preprocess": ("Beam job: corpus (JSONL/TSV/TFRecord) -> REALM blocks of <= 288 wordpieces + manifest",

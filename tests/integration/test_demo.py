@@ -30,6 +30,12 @@ def test_demo_runs_the_whole_loop_on_the_tiny_config(tmp_path):
     assert (work / "params.yaml").exists() and (work / "served" / "realm_qa.json").exists()
     assert 'model_checkpoint_path: "ckpt-2"' in (work / "reader" / "checkpoints" / "checkpoint").read_text()
     assert "SQuAD questions for the reader warm start" in result.stdout
+    # The warm start read every bundled NQ training question on the whole bundled corpus, preprocessed for reading
+    # only: the index holds the demo's own corpus.
+    reading = json.loads((work / "reading_blocks" / "manifest.json").read_text())
+    indexed = json.loads((work / "blocks" / "manifest.json").read_text())
+    assert reading["blocks"] > indexed["blocks"]
+    assert "qa_qed_train.jsonl.gz" in result.stderr and "SQuAD + every bundled NQ training question" in result.stdout
     # Pre-training kept the retriever frozen, so fine-tuning read the first index (no refresh was built).
     from realm_tf.index import index_publisher  # pylint: disable=import-outside-toplevel
     assert len(index_publisher.complete_versions(str(work / "index"))) == 1
