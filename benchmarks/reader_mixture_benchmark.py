@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -62,6 +63,10 @@ def main() -> int:
     parser.add_argument("--questions", default="data/open_qa/qa_qed_train.jsonl.gz")
     parser.add_argument("--out", default="runs/bench/mixture")
     parser.add_argument("--window", type=int, default=200, help="steps per progressive-validation window")
+    parser.add_argument("--against", metavar="PREDICTIONS.jsonl", action="append", default=[],
+                        help="another reader's dev gold-block predictions (repeatable): its EM on the same questions "
+                             "(outside the demo's held-out ones), the questions each gets right alone and the exact "
+                             "two-sided McNemar p of that split")
     parser.add_argument("--all-nq", action="store_true",
                         help="read the training split of the whole --questions file over --blocks (every bundled "
                              "NQ training question, as the benchmark's warm start does) instead of the workspace's "
@@ -115,6 +120,17 @@ def main() -> int:
     for t in args.temperatures[1:]:  # the discordant pairs: what a paired (McNemar) comparison looks at
         print(f"right at T={t:g} only: {len(right[t] - right[first])}; right at T={first:g} only: "
               f"{len(right[first] - right[t])}")
+    for path in args.against:
+        there = scores(path, excluded)
+        with open(path, encoding="utf-8") as f:
+            other = {str(r["id"]) for r in map(json.loads, f) if r["exact_match"] and str(r["id"]) not in excluded}
+        for t in args.temperatures:
+            alone, other_alone = len(right[t] - other), len(other - right[t])
+            n, low = alone + other_alone, min(alone, other_alone)
+            p = min(1.0, 2 * sum(math.comb(n, i) for i in range(low + 1)) / 2 ** n) if n else 1.0
+            print(f"T={t:g} vs {path} (EM {there['exact_match']:.3f}, F1 {there['f1']:.3f} on its "
+                  f"{there['num_questions']}): right here only {alone}, right there only {other_alone} "
+                  f"(exact McNemar p = {p:.3f})")
     for t, r in demo_held_out.items():  # not what the choice is made on: how hard the demo's own questions are
         print(f"T={t:g}: the demo's own held-out questions on their gold blocks: EM {r['exact_match']:.3f}, "
               f"F1 {r['f1']:.3f} ({r['num_questions']} questions)")
