@@ -70,15 +70,13 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
     ``main`` runs one ``realm-tf`` subcommand from its arguments and returns its exit code: ``cli.main``, passed in
     by the command line (``realm-tf demo``) so that this module does not import it back.
 
-    The reader warm start draws from every bundled SQuAD question (``squad_paragraphs=None``: 10,570) and the
-    training split of the NQ sample: 800 steps of 8 read 6,400 of them, none twice, so the reader does not learn a
-    small reading set by heart (with the SQuAD questions of 100 paragraphs it did, in 700 steps:
-    benchmarks/RESULTS.md). 800 bundled questions give 77 held-out ones.
-
-    ``reader_nq="all"``: the warm start also reads the training split of *every* bundled NQ question (about 6,000;
-    never a held-out one) on the gold blocks of the whole bundled corpus, preprocessed for reading only, as the
-    benchmark's warm start does; the demo's index still holds its own corpus. ``"sample"``: only the demo's
-    sample of NQ questions, on its corpus.
+    The reader warm start draws from every bundled SQuAD question (``squad_paragraphs=None``: 10,570) and, with
+    ``reader_nq="all"``, the training split of *every* bundled NQ question (about 6,000; never a held-out one), on
+    the gold blocks of the whole bundled corpus, preprocessed for reading only, as the benchmark's warm start does
+    (the demo's index still holds its own corpus). 800 steps of 8 read 6,400 of them, none twice, so the reader
+    does not learn a small reading set by heart (with the SQuAD questions of 100 paragraphs it did, in 700 steps:
+    benchmarks/RESULTS.md). ``reader_nq="sample"``: only the demo's sample of NQ questions, on its corpus.
+    800 bundled questions give 77 held-out ones.
     """
     if reader_nq not in ("all", "sample"):
         raise ValueError(f"reader_nq={reader_nq!r}: 'all' or 'sample'")
