@@ -40,10 +40,25 @@ def held_out_ids(questions_path: str, fraction: float) -> set[str]:
     return {str(r["id"]) for r in rows if question_split.is_dev(str(r["id"]), fraction)}
 
 
-def scores(predictions_path: str, excluded: set[str], inside: bool = False) -> dict[str, float]:
-    """EM / F1 over a predictions file's questions not in ``excluded`` (``inside``: only those in it)."""
-    with open(predictions_path, encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f]
+def read_predictions(path: str) -> list[dict]:
+    """The rows of an ``evaluate --predictions`` file."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def right_ids(rows: list[dict], excluded: set[str]) -> set[str]:
+    """The ids of the questions answered exactly, outside ``excluded``."""
+    return {str(r["id"]) for r in rows if r["exact_match"] and str(r["id"]) not in excluded}
+
+
+def mcnemar_p(alone: int, other_alone: int) -> float:
+    """Exact two-sided McNemar p of a paired comparison with these discordant counts."""
+    n, low = alone + other_alone, min(alone, other_alone)
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(low + 1)) / 2 ** n) if n else 1.0
+
+
+def scores(rows: list[dict], excluded: set[str], inside: bool = False) -> dict[str, float]:
+    """EM / F1 over the questions of ``rows`` not in ``excluded`` (``inside``: only those in it)."""
     kept = [r for r in rows if (str(r["id"]) in excluded) == inside]
     return {"exact_match": sum(bool(r["exact_match"]) for r in kept) / len(kept),
             "f1": sum(float(r["f1"]) for r in kept) / len(kept), "num_questions": len(kept),
@@ -93,14 +108,15 @@ def main() -> int:
     sets = ["--config", params, "--set", f"data.blocks_dir={args.blocks}", "--set", f"index.index_dir={base}/index",
             "--set", f"model.retriever_checkpoint={base}/retriever_init"]
     excluded = held_out_ids(f"{work}/questions.jsonl", cfg.data.qa_dev_fraction)
-    results, demo_held_out = {}, {}
+    results, demo_held_out, right = {}, {}, {}
     for t, reader in readers.items():
         predictions = f"{out}/predictions-dev-gold-t{t:g}.jsonl"
         stage(f"dev_gold_t{t:g}", lambda reader=reader, predictions=predictions, t=t: open_qa_benchmark.evaluate(
             [*sets, "--questions", args.questions, "--split", "dev", "--retriever", "gold", "--model", reader,
              "--predictions", predictions], f"{out}/metrics-dev-gold-t{t:g}.json"))
-        results[t] = scores(predictions, excluded)
-        demo_held_out[t] = scores(predictions, excluded, inside=True)
+        rows = read_predictions(predictions)
+        results[t], demo_held_out[t] = scores(rows, excluded), scores(rows, excluded, inside=True)
+        right[t] = right_ids(rows, excluded)
 
     reading = f"SQuAD + every NQ training question of {args.questions}" if args.all_nq else "SQuAD + its NQ sample"
     print(f"\n== the demo's reader warm start ({work}, {args.steps} steps of 8; {reading}) by source temperature ==")
@@ -113,21 +129,16 @@ def main() -> int:
     for t, r in results.items():
         print(f"T={t:g}: dev gold blocks EM {r['exact_match']:.3f}, F1 {r['f1']:.3f} ({r['num_questions']} questions; "
               f"the demo's {r['left_out']} held-out ones left out)")
-    right = {t: {str(r["id"]) for r in map(json.loads, open(f"{out}/predictions-dev-gold-t{t:g}.jsonl",
-                                                               encoding="utf-8"))
-                 if r["exact_match"] and str(r["id"]) not in excluded} for t in readers}
     first = args.temperatures[0]
     for t in args.temperatures[1:]:  # the discordant pairs: what a paired (McNemar) comparison looks at
         print(f"right at T={t:g} only: {len(right[t] - right[first])}; right at T={first:g} only: "
               f"{len(right[first] - right[t])}")
     for path in args.against:
-        there = scores(path, excluded)
-        with open(path, encoding="utf-8") as f:
-            other = {str(r["id"]) for r in map(json.loads, f) if r["exact_match"] and str(r["id"]) not in excluded}
+        rows = read_predictions(path)
+        there, other = scores(rows, excluded), right_ids(rows, excluded)
         for t in args.temperatures:
             alone, other_alone = len(right[t] - other), len(other - right[t])
-            n, low = alone + other_alone, min(alone, other_alone)
-            p = min(1.0, 2 * sum(math.comb(n, i) for i in range(low + 1)) / 2 ** n) if n else 1.0
+            p = mcnemar_p(alone, other_alone)
             print(f"T={t:g} vs {path} (EM {there['exact_match']:.3f}, F1 {there['f1']:.3f} on its "
                   f"{there['num_questions']}): right here only {alone}, right there only {other_alone} "
                   f"(exact McNemar p = {p:.3f})")

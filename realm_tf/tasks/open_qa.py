@@ -214,7 +214,7 @@ class OpenQaTask(base_task.Task):
         if mixture is not None:
             if not (repeat and shuffle):
                 raise ValueError("a mixture of question groups is sampled from repeated, shuffled groups only")
-            groups = [rows(np.asarray(positions)).repeat().shuffle(min(len(positions), 100_000),
+            groups = [rows(np.asarray(positions)).repeat().shuffle(_shuffle_buffer(len(positions)),
                                                                    seed=None if seed is None else seed + g)
                       for g, (positions, _) in enumerate(mixture)]
             ds = tf.data.Dataset.sample_from_datasets(groups, weights=[float(w) for _, w in mixture], seed=seed)
@@ -223,7 +223,7 @@ class OpenQaTask(base_task.Task):
             if repeat:
                 ds = ds.repeat()
             if shuffle:
-                ds = ds.shuffle(max(len(examples), 1) if len(examples) < 100_000 else 100_000, seed=seed)
+                ds = ds.shuffle(_shuffle_buffer(len(examples)), seed=seed)
         ds = ds.ragged_batch(batch_size, drop_remainder=drop_remainder)
 
         def pack(batch: Mapping[str, Any]) -> dict[str, tf.Tensor]:
@@ -355,6 +355,11 @@ class OpenQaTask(base_task.Task):
         and ``ask`` all decode there."""
         weight = self.cfg.qa.retrieval_score_weight if retrieval_weight is None else retrieval_weight
         return model.decode(outputs, weight)
+
+
+def _shuffle_buffer(num_examples: int) -> int:
+    """A whole-set shuffle for up to 100k questions (a window of 100k beyond)."""
+    return min(max(num_examples, 1), 100_000)
 
 
 def is_model_input(key: str) -> bool:

@@ -92,29 +92,29 @@ class ReaderWarmStartTask(open_qa.OpenQaTask):
                                        self.question_paths)).tolist()})
         return self._training_set
 
-    def mixture(self) -> list[tuple[np.ndarray, float]] | None:
-        """The question files as groups drawn with probability ∝ n_i^T (``qa.reader_source_temperature``) by
-        ``build_inputs``, or None for one shuffled pool (T = 1, or a single file with questions)."""
+    def file_shares(self) -> np.ndarray:
+        """``float[len(question_paths)]``: the probability that the next question comes from each file, ∝ n_i^T
+        (``qa.reader_source_temperature``; T = 1: each file's share of the pool, a file without questions 0)."""
         temperature = self.cfg.qa.reader_source_temperature
         if not temperature > 0:
             raise errors.UserError(f"qa.reader_source_temperature={temperature} must be > 0")
-        self.training_set()
-        groups = [np.flatnonzero(self.sources == i) for i in range(len(self.question_paths))]
-        groups = [g for g in groups if len(g)]
-        if temperature == 1.0 or len(groups) < 2:
+        weights = np.asarray(self.training_set()[2]["questions_per_file"], np.float64) ** temperature
+        return weights / weights.sum()
+
+    def mixture(self) -> list[tuple[np.ndarray, float]] | None:
+        """The question files as groups drawn by :meth:`file_shares` in ``build_inputs``, or None for one shuffled
+        pool (T = 1, or a single file with questions)."""
+        shares = self.file_shares()
+        if self.cfg.qa.reader_source_temperature == 1.0 or np.count_nonzero(shares) < 2:
             return None
-        weights = np.array([len(g) for g in groups], np.float64) ** temperature
-        return [(g, w) for g, w in zip(groups, weights / weights.sum())]
+        return [(np.flatnonzero(self.sources == i), share) for i, share in enumerate(shares) if share > 0]
 
     def initialize(self, model: open_qa_model.OpenQaModel, loop: training_loop.TrainingLoop) -> None:
         _, _, facts = self.training_set()
         logger.info("train-reader: %d questions from %d file(s), each read with its gold block and %d negatives; "
                     "skipped: %s", facts["num_questions"], len(self.question_paths), self.cfg.qa.reader_negatives,
                     facts["skipped"])
-        mixture = self.mixture()
-        for number, (path, count) in enumerate(zip(self.question_paths, facts["questions_per_file"])):
-            share = count / len(self.sources) if mixture is None else next(
-                (w for g, w in mixture if self.sources[g[0]] == number), 0.0)
+        for path, count, share in zip(self.question_paths, facts["questions_per_file"], self.file_shares()):
             logger.info("train-reader: %s: %d questions, drawn with probability %.3f", path, count, share)
 
 

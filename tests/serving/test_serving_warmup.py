@@ -1,5 +1,5 @@
 """TF Serving warm-up records: the wire format read back by message classes built from TF Serving's .proto
-fields (tests/conftest.py), and the questions chosen. The records of a real export are replayed in
+fields (tests/serving/serving_protos.py), and the questions chosen. The records of a real export are replayed in
 tests/serving/test_open_qa_export.py."""
 import os
 import sys
