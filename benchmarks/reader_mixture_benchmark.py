@@ -86,23 +86,28 @@ def main() -> int:
                         help="read the training split of the whole --questions file over --blocks (every bundled "
                              "NQ training question, as the benchmark's warm start does) instead of the workspace's "
                              "NQ sample over its own blocks")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting of every warm start trained here (repeatable), e.g. "
+                             "reader.precision=mixed_bfloat16; name the variant with --tag")
+    parser.add_argument("--tag", default="", help="appended to the readers' and stages' names (a variant of --set)")
     args = parser.parse_args()
 
     work, out, base = args.workdir.rstrip("/"), args.out.rstrip("/"), args.baseline.rstrip("/")
     params = os.path.join(work, "params.yaml")
     cfg = config_lib.load_config(params, [])
     reused = {float(t): d for t, d in (item.split("=", 1) for item in args.reuse)}
-    readers = {t: reused.get(t, f"{out}/reader_t{t:g}") for t in args.temperatures}
+    tag = args.tag
+    readers = {t: reused.get(t, f"{out}/reader_t{t:g}{tag}") for t in args.temperatures}
     stage = stages.Stages(out)
     for t, reader in readers.items():
         if t in reused:
             continue
         # The demo's stage 6 (realm_tf/demo.py), with a step cap in place of its minutes.
-        stage(f"reader_t{t:g}", lambda t=t, reader=reader: stages.cli([
+        stage(f"reader_t{t:g}{tag}", lambda t=t, reader=reader: stages.cli([
             "train-reader", "--config", params, "--set", f"reader.model_dir={reader}",
             "--set", f"qa.reader_checkpoint={cfg.trainer.model_dir}", "--set", "data.batch_size=8",
             "--set", f"reader.steps={args.steps}", "--set", "reader.max_minutes=100000",
-            "--set", f"qa.reader_source_temperature={t}",
+            "--set", f"qa.reader_source_temperature={t}", *(x for item in args.sets for x in ("--set", item)),
             *(["--set", f"data.blocks_dir={args.blocks}"] if args.all_nq else []),
             "--questions", f"{work}/squad.jsonl", args.questions if args.all_nq else f"{work}/questions.jsonl"]))
     sets = ["--config", params, "--set", f"data.blocks_dir={args.blocks}", "--set", f"index.index_dir={base}/index",
@@ -110,16 +115,18 @@ def main() -> int:
     excluded = held_out_ids(f"{work}/questions.jsonl", cfg.data.qa_dev_fraction)
     results, demo_held_out, right = {}, {}, {}
     for t, reader in readers.items():
-        predictions = f"{out}/predictions-dev-gold-t{t:g}.jsonl"
-        stage(f"dev_gold_t{t:g}", lambda reader=reader, predictions=predictions, t=t: open_qa_benchmark.evaluate(
+        predictions = f"{out}/predictions-dev-gold-t{t:g}{tag}.jsonl"
+        stage(f"dev_gold_t{t:g}{tag}", lambda reader=reader, predictions=predictions, t=t: open_qa_benchmark.evaluate(
             [*sets, "--questions", args.questions, "--split", "dev", "--retriever", "gold", "--model", reader,
-             "--predictions", predictions], f"{out}/metrics-dev-gold-t{t:g}.json"))
+             "--predictions", predictions], f"{out}/metrics-dev-gold-t{t:g}{tag}.json"))
         rows = read_predictions(predictions)
         results[t], demo_held_out[t] = scores(rows, excluded), scores(rows, excluded, inside=True)
         right[t] = right_ids(rows, excluded)
 
     reading = f"SQuAD + every NQ training question of {args.questions}" if args.all_nq else "SQuAD + its NQ sample"
-    print(f"\n== the demo's reader warm start ({work}, {args.steps} steps of 8; {reading}) by source temperature ==")
+    settings = f"; {', '.join(args.sets)}" if args.sets else ""
+    print(f"\n== the demo's reader warm start ({work}, {args.steps} steps of 8; {reading}{settings}) by source "
+          "temperature ==")
     for tag in ("loss", "span_accuracy"):
         print(f"{tag} on training batches (window means)")
         curves = {t: scalar_windows.window_means(scalar_windows.read_scalars(os.path.join(d, "train")).get(tag, {}),

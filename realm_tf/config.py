@@ -39,6 +39,7 @@ SpanAnnotator = Literal["rules", "spacy"]
 IndexKind = Literal["scann", "brute_force"]
 RefreshMode = Literal["process", "thread", "external"]
 Strategy = Literal["default", "mirrored", "multi_worker", "tpu"]
+Precision = Literal["float32", "mixed_bfloat16"]
 
 
 def choices(literal: Any) -> tuple[str, ...]:
@@ -227,6 +228,8 @@ class RefreshConfig:
 class TrainerConfig:
     """Optimisation and bookkeeping of a training job (REALM Appendix A).
 
+    ``precision``: ``mixed_bfloat16`` computes the layers in bfloat16 with float32 variables, optimizer and losses
+    (``tasks/precision``); checkpoints are float32 either way.
     ``max_minutes`` > 0 stops a run (with a checkpoint) once it has trained that long, before ``steps`` if
     need be; ``eval_examples`` caps the held-out evaluation at the end of ``realm-tf pretrain``.
     ``learning_rate_scales``: ``"REGEX=SCALE"`` items; variables whose name matches REGEX (first match wins)
@@ -246,6 +249,7 @@ class TrainerConfig:
 
     model_dir: str = "/tmp/realm_tf/model"
     strategy: Strategy = "default"
+    precision: Precision = "float32"
     steps: int = 1000
     learning_rate: float = 3e-5
     warmup_steps: int = 100
@@ -280,6 +284,9 @@ class QaConfig:
       retrieval_score_weight: w in the answer score S_read(z, s) + w·S_retr(z, x) used to pick the answer
         (``evaluate``, ``export``, ``ask``); ORQA/REALM add the retrieval score as is (w = 1). Training always
         uses ORQA's joint score.
+      answer_aggregation_spans: N, the best spans whose probabilities are summed by answer text before the
+        answer is picked (``evaluate``, ``export``, ``ask``): 1 is ORQA/REALM's argmax over spans; N > 1 lets an
+        answer that several blocks or spans agree on win (``OpenQaModel.decode``).
       reader_questions: {question, answers, gold_passage_ids} files of ``realm-tf train-reader`` (their dev
         and tune splits are held out).
       reader_negatives: blocks without an answer read next to the gold block in ``train-reader``, so that the
@@ -300,6 +307,7 @@ class QaConfig:
     recompute_doc_embeddings: bool = False
     eval_ks: tuple[int, ...] = (1, 5, 20, 100)
     retrieval_score_weight: float = 1.0
+    answer_aggregation_spans: int = 1
     reader_questions: tuple[str, ...] = ("data/open_qa/qa_squad_dev.jsonl.gz", "data/open_qa/qa_qed_train.jsonl.gz")
     reader_negatives: int = 2
     reader_source_temperature: float = 1.0
@@ -420,6 +428,9 @@ def load_config(path: str | os.PathLike[str] | None = None,
         cfg = apply_override(cfg, item)
     _check_lengths(cfg, source, lines)
     _check_index(cfg, source, lines)
+    if cfg.qa.answer_aggregation_spans < 1:
+        raise ConfigError(f"{_where(source, lines, 'qa.answer_aggregation_spans')}: qa.answer_aggregation_spans must "
+                          f"be >= 1 (1: the best span), got {cfg.qa.answer_aggregation_spans}")
     return cfg
 
 

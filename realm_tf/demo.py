@@ -35,7 +35,7 @@ STAGES = ("corpus", "preprocess", "pretraining-data", "init-retriever", "pretrai
 
 
 def _overrides(work: str, pretrain_steps: int, finetune_steps: int, reader_steps: int, reader_minutes: float,
-               reader_negatives: int) -> list[str]:
+               reader_negatives: int, reader_precision: str) -> list[str]:
     return [
         f"data.blocks_dir={work}/blocks", f"data.pretraining_dir={work}/pretraining",
         f"index.index_dir={work}/index", f"refresh.export_dir={work}/export",
@@ -52,6 +52,7 @@ def _overrides(work: str, pretrain_steps: int, finetune_steps: int, reader_steps
         # higher rate than the benchmark's long run (1e-4): in 100 steps of 8 questions on the demo's data the
         # training span accuracy reached 0.06 at 1e-4, 0.12-0.13 at 3e-4 and 6e-4 (benchmarks/RESULTS.md).
         f"reader.steps={reader_steps}", f"reader.max_minutes={reader_minutes:g}", "reader.learning_rate=3e-4",
+        f"reader.precision={reader_precision}",
         "reader.warmup_steps=5", "reader.summary_every_steps=5", "reader.checkpoint_every_steps=1000",
         f"qa.reader_negatives={reader_negatives}",
         # Fine-tuning: the retriever from the pre-training run, the reader from its warm start; a short schedule.
@@ -64,7 +65,8 @@ def _overrides(work: str, pretrain_steps: int, finetune_steps: int, reader_steps
 def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], workdir: str = "runs/demo",
         num_questions: int = 800, pretrain_steps: int = 2, finetune_steps: int = 10, reader_steps: int = 800,
         reader_minutes: float = 7.5, reader_negatives: int = 0, reader_batch_size: int = 8,
-        squad_paragraphs: int | None = None, reader_nq: str = "all", samples: int = 3) -> int:
+        squad_paragraphs: int | None = None, reader_nq: str = "all", samples: int = 3,
+        pretrain_batch_size: int = 1, reader_precision: str = "mixed_bfloat16") -> int:
     """Runs every stage on a subset of the bundled data; returns 0 when the loop completed.
 
     ``main`` runs one ``realm-tf`` subcommand from its arguments and returns its exit code: ``cli.main``, passed in
@@ -85,7 +87,8 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
     if os.path.isdir(work):
         shutil.rmtree(work)
     os.makedirs(work)
-    for item in _overrides(work, pretrain_steps, finetune_steps, reader_steps, reader_minutes, reader_negatives):
+    for item in _overrides(work, pretrain_steps, finetune_steps, reader_steps, reader_minutes, reader_negatives,
+                           reader_precision):
         cfg = config_lib.apply_override(cfg, item)
     params = config_lib.save_params(cfg, work)
     sets = ["--config", params]
@@ -112,7 +115,11 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
     stage(3, "pretraining-data", "salient-span masked queries", lambda: call("generate-pretraining-data", *sets))
     stage(4, "init-retriever", "the import's projection fitted to the corpus (model.projection_init)", lambda: call(
         "init-retriever", *sets, "--out", f"{work}/retriever_init", "--blocks", "256"))
-    stage(5, "pretrain", "first index, then REALM pre-training steps", lambda: call("pretrain", *sets))
+    # One query a step, each BERT in one length group: the demo's two steps show the loop, and the stage stays
+    # under 4 GB and traces its step in seconds (6.8 GB and about a minute at 4 queries in 4 groups; RESULTS.md).
+    small_step = ["--set", f"data.batch_size={pretrain_batch_size}", "--set", "model.reader_length_buckets=1",
+                  "--set", "model.candidate_length_buckets=1"]
+    stage(5, "pretrain", "first index, then REALM pre-training steps", lambda: call("pretrain", *sets, *small_step))
 
     def warm_start() -> None:
         reading: list[str] = []

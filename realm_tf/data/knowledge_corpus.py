@@ -116,7 +116,10 @@ class KnowledgeCorpus(tf.Module):
         ends = tf.where(in_title, _at(self.title_ends, title_base + last),
                         _at(self.body_ends, body_base + last))  # [n] bytes
         text = tf.where(in_title, tf.gather(self.titles, block_ids), tf.gather(self.texts, block_ids))  # [n]
-        return tf.strings.substr(text, starts, tf.maximum(ends - starts, 0))
+        # Pieces past the block's end (a masked span's) take another block's offsets: keep them inside the text.
+        size = tf.cast(tf.strings.length(text), tf.int64)  # [n] bytes
+        starts = tf.clip_by_value(starts, 0, size)  # [n]
+        return tf.strings.substr(text, starts, tf.clip_by_value(ends - starts, 0, size - starts))
 
     def swap_embeddings(self, embeddings: np.ndarray | tf.Tensor) -> None:
         """Replaces Embed_doc of every block (same number of blocks and dim), e.g. from a refreshed index."""

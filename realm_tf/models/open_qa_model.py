@@ -20,6 +20,7 @@ Everything runs in the graph, so the same model exports as one TF Serving signat
 """
 from __future__ import annotations
 
+import string
 from typing import Any, Mapping
 
 import tensorflow as tf
@@ -140,43 +141,95 @@ class OpenQaModel(tf_keras.Model):
             "question_length": tf.cast(question_ids.row_lengths(), tf.int32),  # [batch]
         }
 
-    def decode(self, outputs: Mapping[str, tf.Tensor], retrieval_weight: float = 1.0) -> dict[str, tf.Tensor]:
+    def decode(self, outputs: Mapping[str, tf.Tensor], retrieval_weight: float = 1.0,
+               aggregate_spans: int = 1) -> dict[str, tf.Tensor]:
         """The best answer per question: ``answer`` string[batch] (cut from the block's original text),
         ``score`` (its probability among all spans of the k blocks), ``block`` (its position in the beam).
 
-        Spans are ranked by S_read(z, s) + w·S_retr(z, x), w = ``retrieval_weight`` (ORQA/REALM: 1)."""
+        Spans are ranked by S_read(z, s) + w·S_retr(z, x), w = ``retrieval_weight`` (ORQA/REALM: 1), and
+        normalised over every span of the k blocks. ``aggregate_spans`` = 1 answers with the best span (ORQA and
+        REALM's argmax). N > 1 takes the N best spans and sums the probability of those whose text is the same
+        answer (SQuAD-normalised, :func:`normalize_answers`), so that an answer several blocks or spans agree on
+        outranks a single slightly stronger span: the evidence aggregation of Wang et al. (2018, "Evidence
+        Aggregation for Answer Re-Ranking in Open-Domain Question Answering"). The answer is then the best span
+        of the best group and ``score`` the group's probability.
+        """
         joint = retrieval_weight * outputs["retrieval_logits"][:, :, None] + outputs["span_logits"]
         # joint: [batch, k, num_spans]
         joint = tf.where(outputs["span_mask"], joint, span_reader.MASKED_SPAN_LOGIT)
         shape = tf.shape(joint)
         flat = tf.reshape(joint, [shape[0], -1])  # [batch, k * num_spans]
-        best = tf.argmax(flat, axis=-1, output_type=tf.int32)  # [batch]
-        score = tf.exp(tf.reduce_max(flat, -1) - tf.reduce_logsumexp(flat, -1))  # [batch]
-        position, span = best // shape[2], best % shape[2]  # [batch] each
-        index = tf.stack([position, span], -1)  # [batch, 2]
-        start = tf.gather_nd(outputs["span_starts"], index, batch_dims=1)  # [batch]
-        end = tf.gather_nd(outputs["span_ends"], index, batch_dims=1)  # [batch]
-        block = tf.gather(outputs["block_ids"], position, batch_dims=1)  # [batch]
-        word_ids = tf.gather(outputs["reader_input_word_ids"], position, batch_dims=1)  # [batch, len]
-        type_ids = tf.gather(outputs["reader_input_type_ids"], position, batch_dims=1)  # [batch, len]
-        question_len = tf.reduce_sum(tf.cast(tf.equal(type_ids, 0) & tf.not_equal(word_ids, self.tokenizer.pad_id),
-                                             tf.int32), -1) - 2  # [batch]: x as read (after any truncation)
-        title_start = question_len + 2  # [batch]
-        if self.reader_block_title:
-            title_len = tf.cast(self.corpus.title_ids(block).row_lengths(), tf.int32)  # [batch]
-            body_start = title_start + title_len + 1  # [batch]
+        log_probs = flat - tf.reduce_logsumexp(flat, -1, keepdims=True)  # [batch, k * num_spans]
+        top_log_probs, top = tf.math.top_k(log_probs, tf.minimum(max(aggregate_spans, 1), tf.shape(flat)[1]))
+        # top_log_probs, top: [batch, n], best first
+        texts, blocks = self._span_answers(outputs, top // shape[2], top % shape[2])  # [batch, n] each
+        probs = tf.exp(top_log_probs)  # [batch, n]
+        if aggregate_spans > 1:
+            valid = tf.gather(tf.reshape(outputs["span_mask"], [shape[0], -1]), top, batch_dims=1)  # [batch, n]
+            norms = tf.where(valid, normalize_answers(texts), "")  # [batch, n]: a masked span is not an answer
+            n = tf.shape(norms)[1]
+            same = tf.equal(norms[:, :, None], norms[:, None, :]) & tf.not_equal(norms, "")[:, :, None]
+            same |= tf.eye(n, dtype=tf.bool)[None]  # [batch, n, n]: an empty answer is its own group
+            group_probs = tf.reduce_sum(tf.where(same, probs[:, None, :], 0.0), -1)  # [batch, n]
+            # Each group is represented by its first (best) member; its members' sums are equal up to rounding.
+            first = tf.argmax(tf.cast(same, tf.int32), axis=-1, output_type=tf.int32)  # [batch, n]
+            best_member = tf.argmax(group_probs, -1, output_type=tf.int32)  # [batch]
+            pick = tf.gather(first, best_member, batch_dims=1)  # [batch]
+            score = tf.gather(group_probs, pick, batch_dims=1)  # [batch]
         else:
-            body_start = title_start  # [batch]: no title read
-        in_title = start < body_start  # [batch]
-        offset = tf.where(in_title, title_start, body_start)  # [batch]
-        answer = self.corpus.span_text(block, in_title, start - offset, end - offset)  # [batch]
-        return {"answer": answer, "score": score, "block": position, "block_id": block}
+            pick = tf.zeros([shape[0]], tf.int32)  # [batch]
+            score = probs[:, 0]  # [batch]
+        position = tf.gather(top // shape[2], pick, batch_dims=1)  # [batch]
+        return {"answer": tf.gather(texts, pick, batch_dims=1), "score": score, "block": position,
+                "block_id": tf.gather(blocks, pick, batch_dims=1)}
+
+    def _span_answers(self, outputs: Mapping[str, tf.Tensor], position: tf.Tensor,
+                      span: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """The text of span ``span`` of beam position ``position`` (both ``int32[batch, n]``), cut from the
+        block's original title or body, and that block's id: ``(string[batch, n], int32[batch, n])``."""
+        batch, n = tf.shape(position)[0], tf.shape(position)[1]
+        index = tf.stack([position, span], -1)  # [batch, n, 2]
+        start = tf.reshape(tf.gather_nd(outputs["span_starts"], index, batch_dims=1), [-1])  # [batch * n]
+        end = tf.reshape(tf.gather_nd(outputs["span_ends"], index, batch_dims=1), [-1])  # [batch * n]
+        block = tf.gather(outputs["block_ids"], position, batch_dims=1)  # [batch, n]
+        flat_block = tf.reshape(block, [-1])  # [batch * n]
+        length = tf.shape(outputs["reader_input_word_ids"])[-1]
+        word_ids = tf.reshape(tf.gather(outputs["reader_input_word_ids"], position, batch_dims=1),
+                              [-1, length])  # [batch * n, len]
+        type_ids = tf.reshape(tf.gather(outputs["reader_input_type_ids"], position, batch_dims=1),
+                              [-1, length])  # [batch * n, len]
+        question_len = tf.reduce_sum(tf.cast(tf.equal(type_ids, 0) & tf.not_equal(word_ids, self.tokenizer.pad_id),
+                                             tf.int32), -1) - 2  # [batch * n]: x as read (after any truncation)
+        title_start = question_len + 2  # [batch * n]
+        if self.reader_block_title:
+            title_len = tf.cast(self.corpus.title_ids(flat_block).row_lengths(), tf.int32)  # [batch * n]
+            body_start = title_start + title_len + 1  # [batch * n]
+        else:
+            body_start = title_start  # [batch * n]: no title read
+        in_title = start < body_start  # [batch * n]
+        offset = tf.where(in_title, title_start, body_start)  # [batch * n]
+        text = self.corpus.span_text(flat_block, in_title, start - offset, end - offset)  # [batch * n]
+        return tf.reshape(text, [batch, n]), block
 
     def get_config(self) -> dict[str, Any]:
         return {"reader_beam_size": self.reader_beam_size, "reader_seq_length": self.reader_seq_length,
                 "block_seq_length": self.block_seq_length,
                 "recompute_doc_embeddings": self.recompute_doc_embeddings,
                 "reader_block_title": self.reader_block_title, "name": self.name}
+
+
+def normalize_answers(texts: tf.Tensor) -> tf.Tensor:
+    """SQuAD's answer normalisation in the graph (``answer_normalization.normalize_answer``): lower case, ASCII
+    punctuation removed, the articles a/an/the dropped as words, whitespace collapsed. ``string[...]`` in and out.
+    (RE2's word boundary is ASCII-only where Python's is Unicode-aware; this only groups answers.)"""
+    texts = tf.strings.lower(texts, encoding="utf-8")
+    texts = tf.strings.regex_replace(texts, _PUNCTUATION, "")
+    texts = tf.strings.regex_replace(texts, r"\b(a|an|the)\b", " ")
+    texts = tf.strings.regex_replace(texts, r"\s+", " ")
+    return tf.strings.strip(texts)
+
+
+_PUNCTUATION = "[" + "".join("\\" + c for c in string.punctuation) + "]"
 
 
 def _unpack(packed: dict[str, tf.Tensor]) -> tf.RaggedTensor:

@@ -63,7 +63,7 @@ class Embedder(tf_keras.Model):
         (:mod:`realm_tf.networks.length_buckets`): the same embeddings up to float rounding, for less work when
         the rows' lengths vary (a training step's retrieved candidates)."""
         pooled = self.pool(inputs, training=training, length_buckets=length_buckets)  # [batch, hidden]
-        return self.layer_norm(self.projection(pooled))  # [batch, projection_size]
+        return tf.cast(self.layer_norm(self.projection(pooled)), tf.float32)  # [batch, projection_size]
 
     def pool(self, inputs: dict[str, tf.Tensor], training: bool | None = None, length_buckets: int = 1) -> tf.Tensor:
         """The BERT summary before the projection, ``float32[batch, hidden]`` ([CLS], masked mean or pooler)."""

@@ -63,7 +63,7 @@ def encode(encoder: tf_keras.layers.Layer, inputs: dict[str, tf.Tensor], num_buc
       compiled: when not ``training``, each group is read by :func:`compiled_forward` (XLA), its length rounded
         up to a multiple of :data:`COMPILED_LENGTH_MULTIPLE` and its rows to the groups' common size.
 
-    Returns:
+    Returns (float32 whatever the encoder's compute precision):
       ``sequence_output`` ``[rows, seq_len, hidden]`` in the input's row order, zeros at positions past the
       longest row of a row's group (padding, masked out of attention in every case), and ``pooled_output``
       ``[rows, hidden]``.
@@ -74,14 +74,14 @@ def encode(encoder: tf_keras.layers.Layer, inputs: dict[str, tf.Tensor], num_buc
     compiled = compiled and not training
     if num_buckets == 1 and not compiled:
         outputs = encoder(flat, training=training)
-        return {"sequence_output": outputs["sequence_output"], "pooled_output": outputs["pooled_output"]}
+        return {"sequence_output": _float32(outputs["sequence_output"]),
+                "pooled_output": _float32(outputs["pooled_output"])}
     seq_len = tf.shape(flat["input_word_ids"])[1]
     lengths = tf.reduce_sum(tf.cast(tf.not_equal(flat["input_mask"], 0), tf.int32), axis=-1)  # [rows]
     rows = tf.shape(lengths)[0]
     order = tf.argsort(lengths, stable=True)  # [rows]: shortest first
     size = (rows + num_buckets - 1) // num_buckets
     hidden = encoder.get_config()["hidden_size"]
-    dtype = encoder.compute_dtype
     sequences, pooled = [], []
     for group in range(num_buckets):
         members = order[group * size:(group + 1) * size]  # [group_rows] (empty past the end)
@@ -95,10 +95,10 @@ def encode(encoder: tf_keras.layers.Layer, inputs: dict[str, tf.Tensor], num_buc
                 out = encoder(part, training=training)
             sequence = tf.pad(out["sequence_output"],
                               [[0, 0], [0, seq_len - longest], [0, 0]])  # [group_rows, seq_len, hidden]
-            return sequence, out["pooled_output"]  # [group_rows, hidden]
+            return _float32(sequence), _float32(out["pooled_output"])  # [group_rows, hidden]
 
         def nothing() -> tuple[tf.Tensor, tf.Tensor]:
-            return tf.zeros([0, seq_len, hidden], dtype), tf.zeros([0, hidden], dtype)
+            return tf.zeros([0, seq_len, hidden], tf.float32), tf.zeros([0, hidden], tf.float32)
 
         sequence, pool = tf.cond(tf.size(members) > 0, read, nothing)
         sequences.append(sequence)
@@ -106,6 +106,12 @@ def encode(encoder: tf_keras.layers.Layer, inputs: dict[str, tf.Tensor], num_buc
     restore = tf.math.invert_permutation(order)  # [rows]: from length order back to the input's
     return {"sequence_output": tf.gather(tf.concat(sequences, axis=0), restore),  # [rows, seq_len, hidden]
             "pooled_output": tf.gather(tf.concat(pooled, axis=0), restore)}  # [rows, hidden]
+
+
+def _float32(tensor: tf.Tensor) -> tf.Tensor:
+    """BERT's output in float32 whatever its compute precision (``mixed_bfloat16`` training computes in bfloat16;
+    its last LayerNorm may return either), so that every group, and every consumer, sees one dtype."""
+    return tf.cast(tensor, tf.float32)
 
 
 def _read_compiled(encoder: tf_keras.layers.Layer, part: dict[str, tf.Tensor], longest: tf.Tensor,

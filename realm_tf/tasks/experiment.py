@@ -17,6 +17,7 @@ from realm_tf import config as config_lib
 from realm_tf.tasks import base_task
 from realm_tf.tasks import distribution
 from realm_tf.tasks import optimizer as optimizer_lib
+from realm_tf.tasks import precision
 from realm_tf.tasks import training_loop
 
 logger = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ def run_experiment(task: base_task.Task, strategy: tf.distribute.Strategy | None
     # The tokenizer's lookup tables: after the strategy (MultiWorkerMirroredStrategy must precede every op),
     # eagerly (not first inside a traced input or step function, whose graph would own them).
     _ = task.tokenizer
-    with strategy.scope():
+    with strategy.scope(), precision.policy_scope(trainer.precision):
         model = task.build_model()
         optimizer = optimizer_lib.build_optimizer(trainer, model)
     loop = training_loop.TrainingLoop(trainer, strategy, {**task.checkpoint_items(model), "optimizer": optimizer},

@@ -349,12 +349,14 @@ class OpenQaTask(base_task.Task):
         return dict(facts)
 
     def decode(self, model: open_qa_model.OpenQaModel, outputs: Mapping[str, tf.Tensor],
-               retrieval_weight: float | None = None) -> dict[str, tf.Tensor]:
+               retrieval_weight: float | None = None, aggregate_spans: int | None = None) -> dict[str, tf.Tensor]:
         """The best answer per question (:meth:`OpenQaModel.decode`), ranked by S_read(z, s) + w·S_retr(z, x)
-        with w = ``retrieval_weight`` (default ``qa.retrieval_score_weight``); ``evaluate``, the exported model
-        and ``ask`` all decode there."""
+        with w = ``retrieval_weight`` (default ``qa.retrieval_score_weight``), the probabilities of the best
+        ``aggregate_spans`` spans summed by answer text (default ``qa.answer_aggregation_spans``); ``evaluate``,
+        the exported model and ``ask`` all decode there."""
         weight = self.cfg.qa.retrieval_score_weight if retrieval_weight is None else retrieval_weight
-        return model.decode(outputs, weight)
+        spans = self.cfg.qa.answer_aggregation_spans if aggregate_spans is None else aggregate_spans
+        return model.decode(outputs, weight, spans)
 
 
 def _shuffle_buffer(num_examples: int) -> int:
@@ -449,7 +451,7 @@ RETRIEVERS = ("dense", "bm25", "gold")
 
 def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str = "all", model_dir: str | None = None,
              index_dir: str | None = None, predictions_path: str | None = None, retriever: str = "dense",
-             score_weights: Sequence[float] = ()) -> dict[str, Any]:
+             score_weights: Sequence[float] = (), aggregations: Sequence[int] = ()) -> dict[str, Any]:
     """``realm-tf evaluate``: exact match, F1, regex match, retrieval accuracy@k, reader oracle; writes predictions.
 
     Args:
@@ -462,6 +464,8 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
         counted and left out). Metrics, predictions and TensorBoard scalars of ``bm25`` / ``gold`` get a
         ``-bm25`` / ``_bm25`` (``gold``) suffix.
       score_weights: also report ``exact_match@w=W`` / ``f1@w=W`` with answers picked by S_read + W·S_retr.
+      aggregations: also report ``exact_match@agg=N`` / ``f1@agg=N`` with the probabilities of the best N spans
+        summed by answer text (``qa.answer_aggregation_spans``).
     """
     from realm_tf.tasks import reading_sets  # pylint: disable=import-outside-toplevel
     from realm_tf.tasks import retrieval_metrics  # pylint: disable=import-outside-toplevel
@@ -493,11 +497,12 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
     elif retriever == "gold":
         reading = reading_sets.gold_only(examples, blocks)
         examples, given, top_given, skipped = reading.examples, reading.block_ids, reading.block_ids, reading.skipped
-    weights = [None, *score_weights]
+    variants = [(f"w={w:g}", {"retrieval_weight": w}) for w in score_weights]
+    variants += [(f"agg={n}", {"aggregate_spans": n}) for n in aggregations]
 
     def run(batch):
         outputs = model(model_inputs(batch), training=False)
-        decoded = [task.decode(model, outputs, w) for w in weights]
+        decoded = [task.decode(model, outputs)] + [task.decode(model, outputs, **kw) for _, kw in variants]
         oracle = tf.reduce_any(task.answer_span_mask(outputs, batch["answer_ids"]), axis=[1, 2])  # [batch]
         if "block_ids" in batch:
             top = batch["block_ids"]  # [batch, k]: ranked outside (BM25 / gold); replaced below
@@ -508,8 +513,8 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
 
     predictions, retrieved = [], []
     totals = {"exact_match": 0.0, "f1": 0.0, "regex_match": 0.0, "reader_oracle": 0.0}
-    for w in score_weights:
-        totals[f"exact_match@w={w:g}"] = totals[f"f1@w={w:g}"] = 0.0
+    for name, _ in variants:
+        totals[f"exact_match@{name}"] = totals[f"f1@{name}"] = 0.0
     matcher = retrieval_metrics.AnswerMatcher(blocks.texts)
     progress = tqdm.tqdm(total=len(examples), desc=f"evaluate {retriever}", unit="question", file=sys.stderr,
                          mininterval=10.0)
@@ -528,9 +533,9 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
             totals["f1"] += hit_f1
             totals["regex_match"] += regex_match(answer, example.answers)
             totals["reader_oracle"] += bool(oracle[i])
-            for w, other in zip(score_weights, answers[1:]):
-                totals[f"exact_match@w={w:g}"] += exact_match(other, example.answers)
-                totals[f"f1@w={w:g}"] += f1(other, example.answers)
+            for (name, _), other in zip(variants, answers[1:]):
+                totals[f"exact_match@{name}"] += exact_match(other, example.answers)
+                totals[f"f1@{name}"] += f1(other, example.answers)
             rows = top_given[index] if top_given is not None else top[i].numpy()
             retrieved.append(rows)
             normalized = retrieval_metrics.normalized_answers(example.answers)

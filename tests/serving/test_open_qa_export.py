@@ -174,3 +174,24 @@ def test_evaluate_and_the_export_pick_answers_with_the_same_score(exported, tmp_
     num_spans = outputs["span_logits"].shape[2]
     np.testing.assert_array_equal(decoded["block"].numpy(), np.argmax(joint, axis=1) // num_spans)
     assert [a.decode() for a in decoded["answer"].numpy()] == asked
+
+
+def test_evaluate_and_the_export_aggregate_answers_alike(exported, tmp_path):
+    """qa.answer_aggregation_spans N (the best N spans' probabilities summed by answer text) is applied alike by
+    `evaluate` and the exported model, and the served score is the task's decoded group probability."""
+    cfg, _, task, model = exported
+    summed = config.apply_override(cfg, "qa.answer_aggregation_spans=30")
+    served = answerer.Answerer(_export(summed, str(tmp_path / "served-agg")))
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text("".join(json.dumps({"id": f"q{i}", "question": q, "answers": ["unused"]}) + "\n"
+                                 for i, q in enumerate(QUESTIONS)))
+    open_qa.evaluate(summed, str(questions), predictions_path=str(tmp_path / "predictions.jsonl"))
+    evaluated = [json.loads(line) for line in open(tmp_path / "predictions.jsonl")]
+    asked = [served.ask(q) for q in QUESTIONS]
+    assert [p["prediction"] for p in evaluated] == [a.answer for a in asked] and all(a.answer for a in asked)
+    packed = task.tokenizer.pack_single(task.tokenizer(tf.constant(QUESTIONS)), cfg.qa.question_seq_length,
+                                        pad_to_seq_length=False)
+    outputs = model({"question_" + k: v for k, v in packed.items()})
+    decoded = open_qa.OpenQaTask(summed).decode(model, outputs)
+    np.testing.assert_allclose([a.score for a in asked], decoded["score"].numpy(), rtol=1e-4)
+    np.testing.assert_allclose([p["score"] for p in evaluated], decoded["score"].numpy(), rtol=1e-4)

@@ -17,6 +17,7 @@ from realm_tf.index import bm25_retriever
 from realm_tf.layers import bert_tokenizer
 from realm_tf.index import index_refresher
 from realm_tf.models import knowledge_retriever
+from realm_tf.models import open_qa_model
 from realm_tf.serving import retriever_export
 from realm_tf.tasks import open_qa
 
@@ -126,6 +127,103 @@ def test_decoded_answer_is_the_span_in_the_original_text(qa):
         assert squash(answer) == squash(wordpieces), (answer, wordpieces)
         probs = np.exp(joint[i] - np.logaddexp.reduce(joint[i][np.isfinite(joint[i])]))
         assert decoded["score"].numpy()[i] == pytest.approx(probs.max(), rel=1e-4)
+
+
+def _aggregation_reference(outputs, texts, weight, n):
+    """numpy: probabilities over every valid (block, span) of S_read + w·S_retr, the best n, summed by SQuAD-normalised
+    text; returns (answer, score, beam position) of the best group's best span, per question."""
+    joint = weight * outputs["retrieval_logits"][:, :, None] + outputs["span_logits"]
+    joint = np.where(outputs["span_mask"], joint, -np.inf).reshape(len(joint), -1)  # [batch, k * num_spans]
+    num_spans = outputs["span_logits"].shape[2]
+    results = []
+    for i, row in enumerate(joint):
+        probs = np.exp(row - np.logaddexp.reduce(row[np.isfinite(row)]))
+        order = np.argsort(-probs, kind="stable")[:n]
+        groups: dict[str, float] = {}
+        for j in order:
+            norm = answer_normalization.normalize_answer(texts[i][j])
+            key = norm if norm else f"empty-{j}"
+            groups[key] = groups.get(key, 0.0) + probs[j]
+        for j in order:  # the first (best) span of the best group
+            norm = answer_normalization.normalize_answer(texts[i][j])
+            if groups[norm if norm else f"empty-{j}"] == max(groups.values()):
+                results.append((texts[i][j], groups[norm if norm else f"empty-{j}"], j // num_spans))
+                break
+    return results
+
+
+def _all_span_texts(model, outputs):
+    """The text of every (block, span) of every question, flat in [k * num_spans] order."""
+    batch, k, num_spans = outputs["span_logits"].shape
+    flat = np.arange(k * num_spans)
+    position = tf.constant(np.tile(flat // num_spans, [batch, 1]), tf.int32)  # [batch, k * num_spans]
+    span = tf.constant(np.tile(flat % num_spans, [batch, 1]), tf.int32)
+    texts, _ = model._span_answers(outputs, position, span)  # pylint: disable=protected-access
+    return [[t.decode() for t in row] for row in texts.numpy()]
+
+
+def test_aggregated_answers_match_the_numpy_reference(qa):
+    """qa.answer_aggregation_spans N > 1: the best N spans' probabilities summed by normalised answer text, the best
+    group's best span answered, against a numpy re-implementation on the same outputs (blocks read twice, so that
+    equal texts exist at different beam positions)."""
+    _, _, task, model, _, examples = qa
+    batch = next(iter(task.dataset(examples, len(examples))))
+    question = {k: v for k, v in batch.items() if k.startswith("question_")}
+    chosen = tf.constant([[2 * i, 2 * i, 2 * i + 1] for i in range(len(examples))], tf.int32)
+    outputs = dict(model({**question, "block_ids": chosen}))
+    rng = np.random.default_rng(0)
+    outputs["retrieval_logits"] = tf.constant(rng.normal(size=chosen.shape), tf.float32)  # [batch, k]
+    logits = rng.normal(size=outputs["span_logits"].shape) * 0.5  # [batch, k, num_spans]
+    logits[:, 1] = logits[:, 0] + rng.normal(size=logits[:, 0].shape) * 0.1  # the block read twice agrees
+    outputs["span_logits"] = tf.constant(logits, tf.float32)
+    texts = _all_span_texts(model, outputs)
+    numpy_outputs = {k: v.numpy() for k, v in outputs.items()}
+    changed = 0
+    for n in (1, 7, 60):
+        for weight in (1.0, 0.5):
+            decoded = task.decode(model, outputs, weight, n)
+            expected = _aggregation_reference(numpy_outputs, texts, weight, n)
+            for i, (answer, score, position) in enumerate(expected):
+                assert decoded["answer"].numpy()[i].decode() == answer, (n, weight, i)
+                assert decoded["score"].numpy()[i] == pytest.approx(score, rel=1e-4)
+                assert decoded["block"].numpy()[i] == position
+                assert decoded["block_id"].numpy()[i] == chosen.numpy()[i, position]
+            base = task.decode(model, outputs, weight, 1)["answer"].numpy()
+            changed += int((decoded["answer"].numpy() != base).sum())
+    assert changed > 0  # the grouping did change some answers
+
+
+def test_an_answer_read_twice_outranks_a_stronger_single_span(qa):
+    """Two spans with the same text (the same block read at two beam positions) at logit 1.5 each beat a single
+    span at 2.0 once aggregated (2·e^1.5 > e^2); the argmax picks the single span."""
+    _, _, task, model, _, examples = qa
+    batch = next(iter(task.dataset(examples[:1], 1)))
+    question = {k: v for k, v in batch.items() if k.startswith("question_")}
+    outputs = dict(model({**question, "block_ids": tf.constant([[0, 0, 1]], tf.int32)}))
+    mask = outputs["span_mask"].numpy()[0]  # [k, num_spans]
+    texts = _all_span_texts(model, outputs)[0]
+    num_spans = mask.shape[1]
+    norms = [answer_normalization.normalize_answer(t) for t in texts]
+    single = next(s for s in range(num_spans) if mask[2, s] and norms[2 * num_spans + s]
+                  and norms[2 * num_spans + s] not in norms[:2 * num_spans])
+    twice = next(s for s in range(num_spans) if mask[0, s] and norms[s] and norms[s] != norms[2 * num_spans + single])
+    logits = np.full(mask.shape, -5.0, np.float32)
+    logits[2, single], logits[0, twice], logits[1, twice] = 2.0, 1.5, 1.5
+    outputs["span_logits"] = tf.constant(logits[None])
+    outputs["retrieval_logits"] = tf.zeros([1, 3], tf.float32)
+    argmax, aggregated = task.decode(model, outputs, 1.0, 1), task.decode(model, outputs, 1.0, 10)
+    assert argmax["answer"].numpy()[0].decode() == texts[2 * num_spans + single] and argmax["block"].numpy()[0] == 2
+    assert aggregated["answer"].numpy()[0].decode() == texts[twice] and aggregated["block"].numpy()[0] == 0
+    total = np.exp(logits)[mask].sum()  # masked spans have no probability
+    assert aggregated["score"].numpy()[0] == pytest.approx(2 * np.exp(1.5) / total, rel=1e-5)
+    assert argmax["score"].numpy()[0] == pytest.approx(np.exp(2.0) / total, rel=1e-5)
+
+
+def test_answer_normalisation_in_the_graph_matches_squads():
+    texts = ["The Beatles!", "  a  U.S.  Army ", "Kevin's \"cat\"", "Éclair THE an", "(1990–1995)", "back\\slash[x]^",
+             "", "an", "Theatre the", "A.B.C. (band)"]
+    graph = [t.decode() for t in open_qa_model.normalize_answers(tf.constant(texts)).numpy()]
+    assert graph == [answer_normalization.normalize_answer(t) for t in texts]
 
 
 def test_reader_without_the_title_reads_and_cuts_the_body(qa):

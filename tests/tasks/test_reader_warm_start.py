@@ -10,6 +10,7 @@ import string
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from realm_tf import cli
 from realm_tf import config
@@ -18,6 +19,7 @@ from realm_tf.data import answer_normalization
 from realm_tf.data import block_store
 from realm_tf.data import knowledge_corpus
 from realm_tf.tasks import open_qa
+from realm_tf.tasks import precision
 from realm_tf.tasks import reader_warm_start
 from realm_tf.tasks import reading_sets
 
@@ -204,3 +206,46 @@ def test_source_temperature_draws_files_by_size_to_the_power_t(squad):
     assert set(indices[warm.sources[indices] == 1].tolist()) == set(np.flatnonzero(warm.sources == 1).tolist())
     with pytest.raises(errors.UserError, match="reader_source_temperature"):
         task(0.0).mixture()
+
+
+def test_mixed_bfloat16_reader_computes_in_bfloat16_and_trains_float32_checkpoints(squad, capsys):
+    """reader.precision=mixed_bfloat16: the same weights give the float32 loss up to bfloat16 rounding, the
+    variables (and so the checkpoint) stay float32 and load into a float32 model, and the global policy is
+    float32 again after the run."""
+    root, path, blocks, sets = squad
+    overrides = [s for s in sets if s != "--set"]
+    examples = open_qa.read_questions(str(path))
+    reading = reading_sets.gold_and_negatives(examples, blocks, 2)
+    cfg = config.load_config(TINY, overrides)
+    task = open_qa.OpenQaTask(cfg)
+    corpus = knowledge_corpus.KnowledgeCorpus(np.zeros([len(blocks), 1], np.float32), blocks, task.tokenizer)
+    full = task.build_model(corpus)
+    with precision.policy_scope("mixed_bfloat16"):
+        mixed = task.build_model(corpus)
+    assert tf_keras.mixed_precision.global_policy().name == "float32"
+    mixed.reader.set_weights(full.reader.get_weights())
+    assert {v.dtype for v in mixed.reader.variables} == {tf.float32}
+    assert mixed.reader.encoder.compute_dtype == "bfloat16" and full.reader.encoder.compute_dtype == "float32"
+    batch = next(iter(task.dataset(reading.examples, 7, block_ids=reading.block_ids)))
+    losses = []
+    for model in (full, mixed):
+        outputs = model(open_qa.model_inputs(batch), training=False)
+        assert outputs["span_logits"].dtype == tf.float32
+        losses.append(task.build_losses(batch, outputs)[0].numpy())
+    assert np.all(np.isfinite(losses[1])) and not np.array_equal(losses[0], losses[1])  # computed apart
+    np.testing.assert_allclose(losses[1], losses[0], rtol=0.05, atol=0.05)
+
+    model_dir = root / "reader-bf16"
+    assert cli.main(["train-reader", "--config", TINY, *sets, "--set", f"reader.model_dir={model_dir}",
+                     "--set", "reader.precision=mixed_bfloat16", "--questions", str(path)]) == 0
+    capsys.readouterr()
+    assert tf_keras.mixed_precision.global_policy().name == "float32"
+    checkpoint = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
+    reader = tf.train.load_checkpoint(checkpoint)
+    dtypes = reader.get_variable_to_dtype_map()
+    assert dtypes["reader/span_hidden/kernel/.ATTRIBUTES/VARIABLE_VALUE"] == tf.float32
+    loaded = open_qa.OpenQaTask(config.load_config(TINY, overrides + [f"qa.reader_checkpoint={model_dir}"]))
+    restored = loaded.build_model(corpus)
+    np.testing.assert_array_equal(restored.reader.span_hidden.kernel.numpy(),
+                                  reader.get_tensor("reader/span_hidden/kernel/.ATTRIBUTES/VARIABLE_VALUE"))
+    assert not np.allclose(restored.reader.span_hidden.kernel.numpy(), full.reader.span_hidden.kernel.numpy())
