@@ -407,9 +407,10 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                                             "the whole bundled corpus preprocessed for reading (default), or only "
                                             "the demo's sample"),
                         p.add_argument("--reader-precision", dest="reader_precision",
-                                       choices=("float32", "mixed_bfloat16"),
-                                       help="the reader warm start's reader.precision (default: mixed_bfloat16, "
-                                            "about 1.2x the steps a minute on a CPU with AVX-512 BF16)"),
+                                       choices=("auto", "float32", "mixed_bfloat16"),
+                                       help="the reader warm start's reader.precision; auto (default): "
+                                            "mixed_bfloat16 on a CPU with AVX-512 BF16 or AMX (about 1.2x the "
+                                            "steps a minute), float32 elsewhere"),
                         p.add_argument("--finetune-steps", dest="finetune_steps", type=int,
                                        help="Open-QA fine-tuning steps"))),
     "preprocess": ("Beam job: corpus (JSONL/TSV/TFRecord) -> REALM blocks of <= 288 wordpieces + manifest",

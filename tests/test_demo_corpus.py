@@ -41,12 +41,18 @@ def _subset(tmp_path, cfg, num_questions, squad_paragraphs):
 def test_all_squad_paragraphs_by_default(tmp_path):
     cfg = _bundle(tmp_path)
     stats, corpus, questions, squad = _subset(tmp_path, cfg, 6, None)
-    assert [q["id"] for q in questions] == [f"q{i}" for i in range(6)]
+    numbers = [int(q["id"][1:]) for q in questions]
+    assert len(numbers) == len(set(numbers)) == 6 and numbers == sorted(numbers)  # in file order, no repeats
+    assert numbers != list(range(6))  # a sample of the whole file, not its first questions
+    again = tmp_path / "again"
+    again.mkdir()
+    assert _subset(again, cfg, 6, None)[2] == questions  # the same sample every run
+    gold = set(numbers)
     assert len(squad) == 19 and stats["squad_questions"] == 19
     ids = [p["id"] for p in corpus]
     assert len(ids) == len(set(ids)) == stats["passages"]
-    # gold passages 0-5 and SQuAD paragraphs 10-17, then as many other passages as gold ones
-    assert set(range(6)) | set(range(10, 18)) <= set(ids)
+    # the sample's gold passages and SQuAD paragraphs 10-17, then as many other passages as gold ones
+    assert gold | set(range(10, 18)) <= set(ids)
     assert len(ids) == 6 + 8 + 6
     dev = sum(question_split.is_dev(q["id"], cfg.data.qa_dev_fraction) for q in questions)
     assert stats["dev"] == dev
@@ -59,6 +65,6 @@ def test_squad_paragraphs_caps_the_paragraphs(tmp_path):
     assert [q["id"] for q in squad] == [f"s{i}" for i in range(6)]
     assert stats["squad_questions"] == 6
     ids = [p["id"] for p in corpus]
-    assert {0, 1, 2, 3, 10, 11} <= set(ids) and len(ids) == len(set(ids)) == 4 + 2 + 4
+    assert {10, 11} <= set(ids) and len(ids) == len(set(ids)) == 4 + 2 + 4
     _, _, _, none = _subset(tmp_path, cfg, 4, 0)
     assert none == []
