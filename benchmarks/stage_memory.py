@@ -1,7 +1,7 @@
 """Where a ``realm-tf`` stage's memory goes over time (issue #20: the demo's peak RSS).
 
-Runs one ``realm-tf`` command in a child process, samples its resident set (``VmRSS``, the child alone) every
-``--interval`` seconds, and stamps each line it logs. Prints the log lines that match ``--marks`` with the RSS at
+Runs one ``realm-tf`` command in a child process, samples its resident set (``VmRSS`` of the child and of every
+process it started, summed: ``realm-tf demo`` runs each stage in a process of its own) every ``--interval`` seconds, and stamps each line it logs. Prints the log lines that match ``--marks`` with the RSS at
 that moment, the RSS timeline, the peak and when it came, and the child's CPU and page-fault totals
 (``getrusage``), so that a peak can be put on a phase of the stage (start-up, tracing, the first step).
 
@@ -32,6 +32,28 @@ def rss_gb(pid: int) -> float | None:
     except OSError:
         return None
     return None
+
+
+def tree_rss_gb(pid: int) -> float | None:
+    """The summed resident set of ``pid`` and all its descendants in GB, or None once ``pid`` is gone."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="utf-8") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])  # the field after the state
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    own = rss_gb(pid)
+    if own is None:
+        return None
+    total, stack = own, list(children.get(pid, []))
+    while stack:
+        child = stack.pop()
+        total += rss_gb(child) or 0.0
+        stack.extend(children.get(child, []))
+    return total
 
 
 def main() -> int:
@@ -66,7 +88,7 @@ def main() -> int:
     reader = threading.Thread(target=read_log, daemon=True)
     reader.start()
     while child.poll() is None:
-        gb = rss_gb(child.pid)
+        gb = tree_rss_gb(child.pid)
         if gb is not None:
             samples.append((time.time() - start, gb))
         time.sleep(args.interval)
@@ -78,7 +100,7 @@ def main() -> int:
         return before[-1] if before else 0.0
 
     print(f"realm-tf {' '.join(command)}  (cwd {args.cwd}; exit {child.returncode}; {time.time() - start:.0f} s)")
-    print("log lines, with the RSS at their time:")
+    print("log lines, with the RSS (the command and its child processes) at their time:")
     seen = set()
     for t, line in marks:
         key = line[:40]

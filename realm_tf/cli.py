@@ -73,8 +73,22 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     sizes = {name: getattr(args, name) for name in ("pretrain_steps", "finetune_steps", "reader_steps",
                                                     "reader_minutes", "reader_negatives", "squad_paragraphs",
                                                     "reader_nq", "reader_precision")}
-    return demo.run(_load(args), main, workdir=args.workdir, num_questions=args.questions,
+    runner = main if args.one_process else run_in_child
+    return demo.run(_load(args), runner, workdir=args.workdir, num_questions=args.questions,
                     **{name: value for name, value in sizes.items() if value is not None})
+
+
+def run_in_child(argv: Sequence[str]) -> int:
+    """Runs ``realm-tf <argv>`` in a child process and returns its exit code (its output goes to ours).
+
+    ``realm-tf demo`` runs each stage this way: TensorFlow's BFC allocator keeps every region a process once
+    mapped, so stages run in one process hold the sum of their peaks, and in children only the largest
+    (issue #20, benchmarks/RESULTS.md)."""
+    import subprocess
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return subprocess.run([sys.executable, "-m", "realm_tf.cli", *argv], check=False).returncode
 
 
 def _add_beam_job_args(parser: argparse.ArgumentParser, adder: str) -> None:
@@ -412,7 +426,10 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                                             "mixed_bfloat16 on a CPU with AVX-512 BF16 or AMX (about 1.2x the "
                                             "steps a minute), float32 elsewhere"),
                         p.add_argument("--finetune-steps", dest="finetune_steps", type=int,
-                                       help="Open-QA fine-tuning steps"))),
+                                       help="Open-QA fine-tuning steps"),
+                        p.add_argument("--one-process", dest="one_process", action="store_true",
+                                       help="run every stage in this process (faster to start; the process then "
+                                            "holds the sum of the stages' memory) instead of each in its own"))),
     "preprocess": ("Beam job: corpus (JSONL/TSV/TFRecord) -> REALM blocks of <= 288 wordpieces + manifest",
                    _cmd_beam_job, lambda p: _add_beam_job_args(p, "add_preprocess_args")),
     "generate-pretraining-data": ("Beam job: blocks -> salient-span-masked pre-training examples (REALM 3.4)",

@@ -3,10 +3,15 @@
 The loop of Guu et al. (2020), each stage the real subcommand's code: a corpus subset (the gold passages of a
 sample of the bundled questions, the bundled SQuAD paragraphs, and as many other passages as gold ones) →
 ``preprocess`` into blocks → ``generate-pretraining-data`` (salient spans) → ``init-retriever`` (the import's
-projection fitted to the corpus) → ``pretrain`` (which exports Embed_doc, embeds every block and publishes the
-first ScaNN index, then trains REALM a few steps) → ``train-reader`` (the reader warm start on gold blocks, from
-the pre-trained reader) → ``finetune`` on the training questions → ``evaluate`` on held-out questions →
-``export`` the serving SavedModel → ``ask`` it sample questions.
+projection fitted to the corpus) → ``export-retriever`` + ``refresh-index`` (Embed_doc exported, every block
+embedded by the Beam job, the first ScaNN index published) → ``pretrain`` (REALM, a few steps) →
+``train-reader`` (the reader warm start on gold blocks, from the pre-trained reader) → ``finetune`` on the
+training questions → ``evaluate`` on held-out questions → ``export`` the serving SavedModel → ``ask`` it sample
+questions.
+
+``realm-tf demo`` runs each stage in a process of its own (``cli.run_in_child``; ``--one-process``: all in
+one), so the demo holds one stage's memory at a time, under 4 GB (issue #20): TensorFlow's BFC allocator keeps
+what a process once took.
 
 The demo's few pre-training steps are all in REALM's reader-only phase (``trainer.freeze_retriever_steps``, the
 first 150 of ``configs/minilm.yaml``'s 500): the retriever does not change, so the first index stays current and
@@ -28,11 +33,11 @@ import time
 from typing import Any, Callable
 
 from realm_tf import config as config_lib
+from realm_tf import process_settings
 from realm_tf.data import question_split
-from realm_tf.tasks import precision
 
-STAGES = ("corpus", "preprocess", "pretraining-data", "init-retriever", "pretrain", "train-reader", "finetune",
-          "evaluate", "export", "ask")
+STAGES = ("corpus", "preprocess", "pretraining-data", "init-retriever", "index", "pretrain", "train-reader",
+          "finetune", "evaluate", "export", "ask")
 
 
 def _overrides(work: str, pretrain_steps: int, finetune_steps: int, reader_steps: int, reader_minutes: float,
@@ -67,7 +72,7 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
         num_questions: int = 800, pretrain_steps: int = 2, finetune_steps: int = 10, reader_steps: int = 800,
         reader_minutes: float = 7.5, reader_negatives: int = 0, reader_batch_size: int = 8,
         squad_paragraphs: int | None = None, reader_nq: str = "all", samples: int = 3,
-        pretrain_batch_size: int = 1, reader_precision: str = "auto") -> int:
+        pretrain_batch_size: int = 1, finetune_batch_size: int = 2, reader_precision: str = "auto") -> int:
     """Runs every stage on a subset of the bundled data; returns 0 when the loop completed.
 
     ``main`` runs one ``realm-tf`` subcommand from its arguments and returns its exit code: ``cli.main``, passed in
@@ -84,7 +89,7 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
     if reader_nq not in ("all", "sample"):
         raise ValueError(f"reader_nq={reader_nq!r}: 'all' or 'sample'")
     if reader_precision == "auto":  # bfloat16 where the CPU has it (1.2x the steps a minute), else float32
-        reader_precision = "mixed_bfloat16" if precision.native_bfloat16() else "float32"
+        reader_precision = "mixed_bfloat16" if process_settings.native_bfloat16() else "float32"
     started = time.time()
     work = workdir.rstrip("/")
     if os.path.isdir(work):
@@ -118,26 +123,35 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
     stage(3, "pretraining-data", "salient-span masked queries", lambda: call("generate-pretraining-data", *sets))
     stage(4, "init-retriever", "the import's projection fitted to the corpus (model.projection_init)", lambda: call(
         "init-retriever", *sets, "--out", f"{work}/retriever_init", "--blocks", "256"))
-    # One query a step, each BERT in one length group: the demo's two steps show the loop, and the stage stays
-    # under 4 GB and traces its step in seconds (6.8 GB and about a minute at 4 queries in 4 groups; RESULTS.md).
-    small_step = ["--set", f"data.batch_size={pretrain_batch_size}", "--set", "model.reader_length_buckets=1",
-                  "--set", "model.candidate_length_buckets=1"]
-    stage(5, "pretrain", "first index, then REALM pre-training steps", lambda: call("pretrain", *sets, *small_step))
+    # Small steps, each BERT in one length group: the demo's few pre-training and fine-tuning steps show the loop,
+    # and each stage stays under 4 GB and traces its step in seconds (pre-training: 6.8 GB and about a minute at 4
+    # queries in 4 groups; fine-tuning: 5.6 GB at 4 questions; RESULTS.md).
+    one_group = ["--set", "model.reader_length_buckets=1", "--set", "model.candidate_length_buckets=1"]
+
+    def first_index() -> None:  # pre-training finds it and builds none (in its own process it would keep the memory)
+        call("export-retriever", *sets, "--model_dir", f"{work}/retriever_init")
+        call("refresh-index", *sets)
+
+    stage(5, "index", "Embed_doc exported, every block embedded, the first ScaNN index published", first_index)
+    stage(6, "pretrain", "REALM pre-training steps", lambda: call(
+        "pretrain", *sets, "--set", f"data.batch_size={pretrain_batch_size}", *one_group))
 
     def warm_start() -> None:
         reading: list[str] = []
         if reader_nq == "all":  # the gold blocks of every bundled question, for reading (not indexed)
             call("preprocess", *sets, "--input", cfg.data.corpus_pattern, "--output", f"{work}/reading_blocks")
             reading = ["--set", f"data.blocks_dir={work}/reading_blocks"]
+        # Two length groups: 3.6 GB and 2.0 steps/s here, against 4.0-4.2 GB and 2.2 with four (RESULTS.md).
         call("train-reader", *sets, "--set", f"qa.reader_checkpoint={cfg.trainer.model_dir}", "--set",
-             f"data.batch_size={reader_batch_size}", *reading, "--questions", squad,
+             f"data.batch_size={reader_batch_size}", "--set", "model.reader_length_buckets=2", *reading,
+             "--questions", squad,
              cfg.data.qa_train if reader_nq == "all" else questions)
 
     nq = "every bundled NQ training question" if reader_nq == "all" else "the sample's NQ training questions"
-    stage(6, "train-reader", f"the reader warm start on gold blocks, SQuAD + {nq} (at most {reader_minutes:g} min)",
+    stage(7, "train-reader", f"the reader warm start on gold blocks, SQuAD + {nq} (at most {reader_minutes:g} min)",
           warm_start)
-    stage(7, "finetune", "Open-QA fine-tuning (retriever + span reader)", lambda: call(
-        "finetune", *sets, "--train", questions))
+    stage(8, "finetune", "Open-QA fine-tuning (retriever + span reader)", lambda: call(
+        "finetune", *sets, "--set", f"data.batch_size={finetune_batch_size}", *one_group, "--train", questions))
     metrics_path = f"{work}/metrics.json"
 
     def evaluate() -> dict[str, Any]:
@@ -145,12 +159,12 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
         with open(metrics_path, encoding="utf-8") as f:
             return json.load(f)
 
-    metrics = stage(8, "evaluate", "held-out questions: EM, retrieval accuracy@k", evaluate)
+    metrics = stage(9, "evaluate", "held-out questions: EM, retrieval accuracy@k", evaluate)
     served = f"{work}/served"
-    stage(9, "export", "one SavedModel: tokenize, embed, ScaNN search, read, decode", lambda: call(
+    stage(10, "export", "one SavedModel: tokenize, embed, ScaNN search, read, decode", lambda: call(
         "export", *sets, "--out", served))
     sample = _dev_questions(questions, cfg.data.qa_dev_fraction)[:samples]
-    stage(10, "ask", "sample held-out questions", lambda: call("ask", *sample, "--model", served, "--snippet", "100"))
+    stage(11, "ask", "sample held-out questions", lambda: call("ask", *sample, "--model", served, "--snippet", "100"))
 
     minutes = (time.time() - started) / 60
     print(f"\nrealm-tf demo finished in {minutes:.1f} min on {stats['passages']} passages; "

@@ -41,3 +41,17 @@ def apply(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
     for name, value in DEFAULTS.items():
         environ.setdefault(name, value)
     return {name: environ[name] for name in DEFAULTS}
+
+
+def native_bfloat16(cpuinfo: str = "/proc/cpuinfo") -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX), where ``mixed_bfloat16`` training
+    (``tasks/precision``) is faster than float32; elsewhere oneDNN emulates it. False when ``cpuinfo`` cannot be
+    read (not Linux). Reads no TensorFlow, so a parent process (``realm-tf demo``) can decide without loading it."""
+    if not os.path.exists(cpuinfo):
+        return False
+    with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                return bool(flags & {"avx512_bf16", "amx_bf16"})
+    return False

@@ -37,3 +37,12 @@ def test_export_retriever_from_a_run_without_checkpoints_is_a_clean_error(tmp_pa
                      "--set", f"refresh.export_dir={tmp_path}/export"]) == 2
     assert f"{empty}/checkpoints" in capsys.readouterr().err
     assert not (tmp_path / "export").exists()
+
+
+def test_a_stage_in_a_child_process_returns_its_exit_code(capfd):
+    """`realm-tf demo` runs each stage with `run_in_child`: a child `realm-tf` whose output reaches ours and whose
+    exit code is the stage's, so a failing stage stops the demo."""
+    assert cli.run_in_child(["config", "--config", "configs/tiny.yaml", "--set", "trainer.steps=78"]) == 0
+    assert "steps: 78" in capfd.readouterr().out
+    assert cli.run_in_child(["config", "--config", "configs/tiny.yaml", "--set", "trainer.nope=1"]) == 2
+    assert "unknown key 'trainer.nope'" in capfd.readouterr().err

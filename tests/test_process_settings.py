@@ -47,3 +47,14 @@ def test_compiled_programs_are_kept_on_disk_for_the_next_process(tmp_path):
     assert first  # the compiled program
     subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert {p.name: p.stat().st_mtime_ns for p in cache.iterdir()} == first  # read, neither added nor rewritten
+
+
+def test_native_bfloat16_reads_the_cpu_flags(tmp_path):
+    path = tmp_path / "cpuinfo"
+    path.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 fma\n\nprocessor\t: 1\n")
+    assert process_settings.native_bfloat16(str(path))
+    path.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f fma\n")
+    assert not process_settings.native_bfloat16(str(path))
+    path.write_text("processor\t: 0\nflags\t\t: fpu amx_bf16 amx_tile\n")
+    assert process_settings.native_bfloat16(str(path))
+    assert not process_settings.native_bfloat16(str(tmp_path / "missing"))

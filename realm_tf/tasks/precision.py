@@ -11,7 +11,6 @@ embeddings stay float32.
 from __future__ import annotations
 
 import contextlib
-import os
 from typing import Iterator
 
 import tf_keras
@@ -34,15 +33,3 @@ def policy_scope(precision: str) -> Iterator[None]:
     finally:
         tf_keras.mixed_precision.set_global_policy(previous)
 
-
-def native_bfloat16(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX), where ``mixed_bfloat16`` is faster
-    than float32; elsewhere oneDNN emulates it. False when ``cpuinfo`` cannot be read (not Linux)."""
-    if not os.path.exists(cpuinfo):
-        return False
-    with open(cpuinfo, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                return bool(flags & {"avx512_bf16", "amx_bf16"})
-    return False

@@ -20,7 +20,7 @@ def test_demo_runs_the_whole_loop_on_the_tiny_config(tmp_path):
     result = _run("demo", "--config", "configs/tiny.yaml", "--workdir", str(work), "--questions", "40",
                   "--pretrain-steps", "2", "--finetune-steps", "4", "--reader-steps", "2", "--squad-paragraphs", "4")
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
-    for name in ("corpus", "preprocess", "pretraining-data", "init-retriever", "pretrain", "train-reader",
+    for name in ("corpus", "preprocess", "pretraining-data", "init-retriever", "index", "pretrain", "train-reader",
                  "finetune", "evaluate", "export", "ask"):
         assert f"] {name}:" in result.stdout and f"=== {name} done" in result.stdout, name
     last = result.stdout.strip().splitlines()[-1]

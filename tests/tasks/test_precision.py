@@ -1,5 +1,5 @@
-"""Training precision: the Keras policy scope restores the previous policy (also on an error), an unknown
-precision is refused, and native bfloat16 is read from the CPU flags."""
+"""Training precision: the Keras policy scope restores the previous policy (also on an error), and an unknown
+precision is refused."""
 import pytest
 import tensorflow as tf
 import tf_keras
@@ -21,13 +21,3 @@ def test_policy_scope_builds_bfloat16_layers_and_restores_the_policy():
         with precision.policy_scope("mixed_float16"):
             pass
 
-
-def test_native_bfloat16_reads_the_cpu_flags(tmp_path):
-    path = tmp_path / "cpuinfo"
-    path.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 fma\n\nprocessor\t: 1\n")
-    assert precision.native_bfloat16(str(path))
-    path.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f fma\n")
-    assert not precision.native_bfloat16(str(path))
-    path.write_text("processor\t: 0\nflags\t\t: fpu amx_bf16 amx_tile\n")
-    assert precision.native_bfloat16(str(path))
-    assert not precision.native_bfloat16(str(tmp_path / "missing"))
