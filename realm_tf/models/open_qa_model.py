@@ -162,7 +162,8 @@ class OpenQaModel(tf_keras.Model):
         log_probs = flat - tf.reduce_logsumexp(flat, -1, keepdims=True)  # [batch, k * num_spans]
         top_log_probs, top = tf.math.top_k(log_probs, tf.minimum(max(aggregate_spans, 1), tf.shape(flat)[1]))
         # top_log_probs, top: [batch, n], best first
-        texts, blocks = self._span_answers(outputs, top // shape[2], top % shape[2])  # [batch, n] each
+        positions = top // shape[2]  # [batch, n]: each span's place in the beam
+        texts, blocks = self._span_answers(outputs, positions, top % shape[2])  # [batch, n] each
         probs = tf.exp(top_log_probs)  # [batch, n]
         if aggregate_spans > 1:
             valid = tf.gather(tf.reshape(outputs["span_mask"], [shape[0], -1]), top, batch_dims=1)  # [batch, n]
@@ -179,8 +180,8 @@ class OpenQaModel(tf_keras.Model):
         else:
             pick = tf.zeros([shape[0]], tf.int32)  # [batch]
             score = probs[:, 0]  # [batch]
-        position = tf.gather(top // shape[2], pick, batch_dims=1)  # [batch]
-        return {"answer": tf.gather(texts, pick, batch_dims=1), "score": score, "block": position,
+        return {"answer": tf.gather(texts, pick, batch_dims=1), "score": score,
+                "block": tf.gather(positions, pick, batch_dims=1),
                 "block_id": tf.gather(blocks, pick, batch_dims=1)}
 
     def _span_answers(self, outputs: Mapping[str, tf.Tensor], position: tf.Tensor,

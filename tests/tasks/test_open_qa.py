@@ -139,16 +139,13 @@ def _aggregation_reference(outputs, texts, weight, n):
     for i, row in enumerate(joint):
         probs = np.exp(row - np.logaddexp.reduce(row[np.isfinite(row)]))
         order = np.argsort(-probs, kind="stable")[:n]
+        # An empty normalised answer is a group of its own.
+        keys = {j: answer_normalization.normalize_answer(texts[i][j]) or f"empty-{j}" for j in order}
         groups: dict[str, float] = {}
         for j in order:
-            norm = answer_normalization.normalize_answer(texts[i][j])
-            key = norm if norm else f"empty-{j}"
-            groups[key] = groups.get(key, 0.0) + probs[j]
-        for j in order:  # the first (best) span of the best group
-            norm = answer_normalization.normalize_answer(texts[i][j])
-            if groups[norm if norm else f"empty-{j}"] == max(groups.values()):
-                results.append((texts[i][j], groups[norm if norm else f"empty-{j}"], j // num_spans))
-                break
+            groups[keys[j]] = groups.get(keys[j], 0.0) + probs[j]
+        best = next(j for j in order if groups[keys[j]] == max(groups.values()))  # the best group's best span
+        results.append((texts[i][best], groups[keys[best]], best // num_spans))
     return results
 
 
