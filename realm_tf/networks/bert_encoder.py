@@ -2,17 +2,19 @@
 
 REALM's knowledge retriever (Embed_input, Embed_doc) and knowledge-augmented encoder are each a BERT; here
 each is tf-models' :class:`official.nlp.modeling.networks.BertEncoderV2`, configured from
-:class:`realm_tf.config.EncoderConfig`.
+:class:`realm_tf.config.EncoderConfig`, with its layers' attention products computed head-major
+(:class:`BertEncoder`).
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from official.nlp.modeling import networks
 import tensorflow as tf
 import tf_keras
 
 from realm_tf import config as config_lib
+from realm_tf.layers import head_major_encoder_block
 
 #: The packed inputs every BERT here takes, each ``int32[batch, seq_len]``.
 INPUT_KEYS = ("input_word_ids", "input_mask", "input_type_ids")
@@ -30,6 +32,23 @@ def activation(hidden_act: str) -> str | Callable[[tf.Tensor], tf.Tensor]:
     return activations[hidden_act]
 
 
+@tf_keras.utils.register_keras_serializable(package="realm_tf")
+class BertEncoder(networks.BertEncoderV2):
+    """tf-models' ``BertEncoderV2`` (Devlin et al., 2019) whose transformer layers are
+    :class:`realm_tf.layers.head_major_encoder_block.HeadMajorEncoderBlock`: attention products as batched
+    matmuls, projections as oneDNN matmuls with their bias and GELU fused (issue #20; ``benchmarks/RESULTS.md``,
+    "Close to the machine's limit, part 6"). Same arguments, variables, checkpoint keys and config as
+    ``BertEncoderV2``; outputs equal to float rounding."""
+
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        for layer in self._transformer_layers:
+            # Not built yet, and HeadMajorEncoderBlock adds a build step, no state. The objects stay the ones
+            # BertEncoderV2 made and tracks: replacing them would move their variables in the encoder's weight
+            # order, and a tracked list whose items were replaced cannot be checkpointed.
+            layer.__class__ = head_major_encoder_block.HeadMajorEncoderBlock
+
+
 def build_bert_encoder(cfg: config_lib.EncoderConfig, name: str = "bert") -> networks.BertEncoderV2:
     """Builds an (untrained) BertEncoderV2 matching ``cfg``.
 
@@ -39,7 +58,7 @@ def build_bert_encoder(cfg: config_lib.EncoderConfig, name: str = "bert") -> net
     if cfg.hidden_size % cfg.num_attention_heads:
         raise ValueError(f"encoder.hidden_size={cfg.hidden_size} is not divisible by "
                          f"encoder.num_attention_heads={cfg.num_attention_heads}")
-    return networks.BertEncoderV2(
+    return BertEncoder(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.hidden_size,
         num_layers=cfg.num_layers,

@@ -1,0 +1,69 @@
+"""Multi-head dot-product attention (Vaswani et al., 2017, §3.2.2) with its two products as batched matmuls.
+
+Every BERT of REALM (Guu et al., 2020, §3.2: Embed_input, Embed_doc and the knowledge-augmented encoder) spends
+its attention FLOPs in two products per head, softmax(Q Kᵀ / √d) V. Keras' ``MultiHeadAttention`` writes them
+as ``tf.einsum`` over the projections' ``[batch, seq_len, heads, head_size]`` layout. On CPU, TensorFlow's
+oneDNN einsum moves that layout into and out of a head-major one inside the op, and the op costs several times
+its matmul: at MiniLM's shapes (32 blocks of 160 wordpieces, 12 heads of 32) the scores product took 17 ms for
+2 ms of oneDNN matmul, and the attention products were 27% of block embedding's op time for 6% of its FLOPs
+(issue #20, ``benchmarks/RESULTS.md``).
+
+:class:`HeadMajorAttention` transposes Q, K and V to ``[batch, heads, seq_len, head_size]`` once and multiplies
+with ``tf.matmul`` (oneDNN's batched matmul). Its four projections are
+:class:`realm_tf.layers.matmul_einsum_dense.MatmulEinsumDense`: one matmul with its bias each. The weights, their
+names, the masking, the dropout on the attention probabilities and the returned scores are Keras' own; only the
+order of the floating-point work differs, so the outputs agree with ``MultiHeadAttention``'s to float rounding.
+"""
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+import tf_keras
+
+from realm_tf.layers import matmul_einsum_dense
+
+
+class HeadMajorAttention(tf_keras.layers.MultiHeadAttention):
+    """``tf_keras.layers.MultiHeadAttention`` with the products computed head-major (see the module docstring).
+
+    Takes the same arguments and weights. Self- and cross-attention over one attention axis (``[batch, seq_len,
+    width]`` inputs, the only kind a BERT has) take the batched-matmul path; any other layout falls back to
+    Keras' einsum.
+    """
+
+    def _build_from_signature(self, query: tf.Tensor, value: tf.Tensor, key: tf.Tensor | None = None) -> None:
+        """Keras' projections, each computed as one matmul with its bias (same weights)."""
+        super()._build_from_signature(query, value, key)
+        for dense in (self._query_dense, self._key_dense, self._value_dense, self._output_dense):
+            if type(dense) is tf_keras.layers.EinsumDense:  # pylint: disable=unidiomatic-typecheck
+                dense.__class__ = matmul_einsum_dense.MatmulEinsumDense  # adds no state: only `call` differs
+
+    def _compute_attention(self, query: tf.Tensor, key: tf.Tensor, value: tf.Tensor,
+                           attention_mask: tf.Tensor | None = None,
+                           training: bool | None = None) -> tuple[tf.Tensor, tf.Tensor]:
+        """softmax(Q Kᵀ / √key_dim + mask) V per head.
+
+        Args:
+          query: ``[batch, target_len, heads, key_dim]``, projected.
+          key: ``[batch, source_len, heads, key_dim]``, projected.
+          value: ``[batch, source_len, heads, value_dim]``, projected.
+          attention_mask: ``[batch, target_len, source_len]``, 1 where a query may attend a key, or None.
+          training: applies dropout to the attention probabilities.
+
+        Returns:
+          ``(attention_output [batch, target_len, heads, value_dim], attention_scores [batch, heads, target_len,
+          source_len])``, the scores being the probabilities before dropout, as Keras returns them.
+        """
+        if query.shape.rank != 4 or tuple(self._attention_axes) != (1,):
+            return super()._compute_attention(query, key, value, attention_mask, training)
+        # The scale on the smaller operand, as Keras does.
+        query = tf.multiply(query, 1.0 / math.sqrt(float(self._key_dim)))
+        query = tf.transpose(query, [0, 2, 1, 3])  # [batch, heads, target_len, key_dim]
+        key = tf.transpose(key, [0, 2, 1, 3])  # [batch, heads, source_len, key_dim]
+        value = tf.transpose(value, [0, 2, 1, 3])  # [batch, heads, source_len, value_dim]
+        scores = tf.matmul(query, key, transpose_b=True)  # [batch, heads, target_len, source_len]
+        scores = self._masked_softmax(scores, attention_mask)  # [batch, heads, target_len, source_len]
+        dropped = self._dropout_layer(scores, training=training)  # [batch, heads, target_len, source_len]
+        output = tf.matmul(dropped, value)  # [batch, heads, target_len, value_dim]
+        return tf.transpose(output, [0, 2, 1, 3]), scores  # [batch, target_len, heads, value_dim]

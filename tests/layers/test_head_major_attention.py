@@ -1,0 +1,111 @@
+"""HeadMajorAttention (issue #20): the attention products as batched matmuls give Keras' MultiHeadAttention's
+outputs, scores and gradients, and match a float64 numpy softmax(Q Kᵀ / √d + mask) V that reads the layer's
+own weights."""
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from realm_tf.layers import head_major_attention
+
+BATCH, T, S, D, HEADS, KEY_DIM = 3, 7, 9, 12, 3, 4
+
+
+def _pair(dropout=0.0, rank=3, **kwargs):
+    """A HeadMajorAttention and a Keras MultiHeadAttention, built and holding the same random weights."""
+    rng = np.random.default_rng(0)
+    query, value = _inputs(rank)
+    ours = head_major_attention.HeadMajorAttention(HEADS, KEY_DIM, dropout=dropout, **kwargs)
+    keras = tf_keras.layers.MultiHeadAttention(HEADS, KEY_DIM, dropout=dropout, **kwargs)
+    for layer in (ours, keras):
+        layer(query, value)
+    weights = [rng.normal(scale=0.5, size=w.shape).astype(np.float32) for w in keras.get_weights()]
+    keras.set_weights(weights)
+    ours.set_weights(weights)
+    return ours, keras
+
+
+def _inputs(rank=3):
+    rng = np.random.default_rng(1)
+    shape = (BATCH, T, D) if rank == 3 else (BATCH, 2, T, D)
+    query = tf.constant(rng.normal(size=shape).astype(np.float32))  # [batch, t, d]
+    value = tf.constant(rng.normal(size=shape[:-2] + (S, D)).astype(np.float32))  # [batch, s, d]
+    return query, value
+
+
+def _mask():
+    """[batch, t, s]: each row attends a prefix of the keys, of a different length per example."""
+    lengths = np.array([S, 4, 1])
+    return tf.constant(np.broadcast_to(np.arange(S)[None, None, :] < lengths[:, None, None], (BATCH, T, S)))
+
+
+def _numpy_attention(layer, query, value, mask):
+    w = [x.astype(np.float64) for x in layer.get_weights()]  # query, key, value, output: kernel then bias
+    q = np.einsum("btd,dnh->btnh", query, w[0]) + w[1]  # [batch, t, heads, key_dim]
+    k = np.einsum("bsd,dnh->bsnh", value, w[2]) + w[3]  # [batch, s, heads, key_dim]
+    v = np.einsum("bsd,dnh->bsnh", value, w[4]) + w[5]  # [batch, s, heads, key_dim]
+    logits = np.einsum("btnh,bsnh->bnts", q, k) / np.sqrt(KEY_DIM)  # [batch, heads, t, s]
+    logits = np.where(mask[:, None], logits, -np.inf)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    context = np.einsum("bnts,bsnh->btnh", probs, v)  # [batch, t, heads, key_dim]
+    return np.einsum("btnh,nhd->btd", context, w[6]) + w[7], probs
+
+
+def _op_types(layer, query, value):
+    """The op types of ``layer``'s traced inference graph, with their counts."""
+    graph = tf.function(lambda q, v: layer(q, v)).get_concrete_function(query, value).graph
+    types = [op.type for op in graph.get_operations()]
+    return {t: types.count(t) for t in set(types)}
+
+
+def test_products_are_batched_matmuls():
+    ours, keras = _pair()
+    query, value = _inputs()
+    ops = _op_types(ours, query, value)
+    assert ops.get("BatchMatMulV2") == 2 and ops.get("MatMul") == 4  # the 4 projections: MatmulEinsumDense
+    assert "Einsum" not in ops
+    assert "BatchMatMulV2" not in _op_types(keras, query, value)
+
+
+def test_matches_numpy_and_keras():
+    ours, keras = _pair()
+    query, value = _inputs()
+    mask = _mask()
+    out, scores = ours(query, value, attention_mask=mask, return_attention_scores=True)
+    ref_out, ref_scores = _numpy_attention(ours, query.numpy(), value.numpy(), mask.numpy())
+    np.testing.assert_allclose(out.numpy(), ref_out, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(scores.numpy(), ref_scores, atol=1e-5)
+    keras_out, keras_scores = keras(query, value, attention_mask=mask, return_attention_scores=True)
+    np.testing.assert_allclose(out.numpy(), keras_out.numpy(), atol=1e-5)
+    np.testing.assert_allclose(scores.numpy(), keras_scores.numpy(), atol=1e-6)
+
+
+def test_gradients_match_keras():
+    ours, keras = _pair()
+    query, value = _inputs()
+    grads = []
+    for layer in (ours, keras):
+        with tf.GradientTape() as tape:
+            tape.watch([query, value])
+            loss = tf.reduce_sum(tf.sin(layer(query, value, attention_mask=_mask(), training=True)))
+        grads.append(tape.gradient(loss, [query, value] + layer.trainable_weights))
+    assert len(grads[0]) == 2 + 8
+    for a, b in zip(*grads):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_dropout_on_probabilities_in_training_only():
+    ours, _ = _pair(dropout=0.5)
+    query, value = _inputs()
+    plain = ours(query, value, training=False).numpy()
+    np.testing.assert_allclose(ours(query, value, training=False).numpy(), plain)
+    dropped, scores = ours(query, value, training=True, return_attention_scores=True)
+    assert np.abs(dropped.numpy() - plain).max() > 1e-2
+    np.testing.assert_allclose(scores.numpy().sum(-1), 1.0, rtol=1e-5)  # the probabilities before dropout
+
+
+def test_other_attention_axes_fall_back_to_keras():
+    ours, keras = _pair(rank=4, attention_axes=(2,))
+    query, value = _inputs(rank=4)  # [batch, 2, t, d]: attention over axis 2
+    assert "BatchMatMulV2" not in _op_types(ours, query, value)
+    np.testing.assert_allclose(ours(query, value).numpy(), keras(query, value).numpy(), atol=1e-6)
