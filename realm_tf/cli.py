@@ -7,7 +7,6 @@ Run ``realm-tf SUBCOMMAND --help`` for the options of one subcommand.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import time
@@ -38,10 +37,7 @@ def _load(args: argparse.Namespace) -> config_lib.ExperimentConfig:
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    """Prints the resolved config as YAML, after the process settings in force as YAML comments."""
-    settings = {**{name: os.environ.get(name, "(unset)") for name in process_settings.START_DEFAULTS},
-                **process_settings.apply()}
-    print("".join(f"# {name}={value}\n" for name, value in settings.items()), end="")
+    """Prints the resolved config as YAML."""
     print(config_lib.to_yaml(_load(args)), end="")
     return 0
 
@@ -601,14 +597,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``realm-tf`` console script (``argv`` None: ``sys.argv``). As the process's entry point,
-    it first starts itself again under :data:`process_settings.START_DEFAULTS` when they are missing."""
-    if argv is None:
-        environ = process_settings.restart_environment()
-        if environ is not None:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.execve(sys.executable, [sys.executable, "-m", "realm_tf.cli", *sys.argv[1:]], environ)
+    """Entry point of the ``realm-tf`` console script."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):

@@ -12,21 +12,13 @@ With ``model.compiled_inference`` BERT's inference pass is compiled by XLA, once
 on disk (keyed by the program, not by the weights), so the next process (the next ``embed-blocks`` of a refresh,
 a restarted server, ``evaluate``) loads them instead of compiling again.
 
-The BFC pool still grows in ``malloc``'d regions, and oneDNN takes its scratch buffers from ``malloc``: each 4 kB
-page of them is a page fault the first time it is touched (a REALM pre-training step took 76,000). glibc's
-``glibc.malloc.hugetlb=1`` tunable has ``malloc`` ask the kernel for transparent huge pages (``madvise``) for
-those regions, so one fault maps 2 MB: 3,300 faults a step, half the kernel time, 8% faster steps. glibc reads its
-tunables when a process starts, so these settings (:data:`START_DEFAULTS`) cannot be applied in-process:
-``realm-tf`` starts itself again with them (:func:`restart_environment`), before anything else runs.
-
 Every setting is a default: a variable already in the environment wins (``TF_CPU_ALLOCATOR_USE_BFC=false``
 restores TensorFlow's default allocator; any ``TF_XLA_FLAGS`` replaces the cache flag).
 """
 from __future__ import annotations
 
 import os
-import sys
-from typing import Mapping, MutableMapping
+from typing import MutableMapping
 
 #: Where compiled XLA programs are kept between processes: ``$XDG_CACHE_HOME/realm_tf/xla``.
 XLA_CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "realm_tf", "xla")
@@ -37,24 +29,6 @@ DEFAULTS: dict[str, str] = {
     "TF_CPU_ALLOCATOR_USE_BFC": "true",
     "TF_XLA_FLAGS": f"--tf_xla_persistent_cache_directory={XLA_CACHE_DIR}",
 }
-
-
-#: Read by glibc at process start (Linux): ``realm-tf`` execs itself with them when they are missing.
-START_DEFAULTS: dict[str, str] = {
-    "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1",
-}
-
-
-def restart_environment(environ: Mapping[str, str] | None = None, platform: str = sys.platform
-                        ) -> dict[str, str] | None:
-    """The environment to start this process again with: ``environ`` (default ``os.environ``) plus every
-    :data:`START_DEFAULTS` entry it lacks; None when nothing is missing (or not on Linux), so there is no
-    restart loop and a user's own ``GLIBC_TUNABLES`` is never touched."""
-    environ = os.environ if environ is None else environ
-    missing = {name: value for name, value in START_DEFAULTS.items() if name not in environ}
-    if not missing or not platform.startswith("linux"):
-        return None
-    return {**environ, **missing}
 
 
 def apply(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:

@@ -31,27 +31,6 @@ def test_the_command_line_runs_under_the_settings():
     assert "BFC=false" in out.stdout
 
 
-def test_start_settings_restart_only_when_missing_and_on_linux():
-    env = {"PATH": "/bin"}
-    assert process_settings.restart_environment(env, "linux") == {"PATH": "/bin", **process_settings.START_DEFAULTS}
-    assert env == {"PATH": "/bin"}  # a new mapping; the given one is untouched
-    mine = {"PATH": "/bin", "GLIBC_TUNABLES": "glibc.malloc.check=0"}
-    assert process_settings.restart_environment(mine, "linux") is None  # the user's tunables win: no restart
-    assert process_settings.restart_environment(env, "darwin") is None
-
-
-def test_the_command_line_restarts_itself_under_the_start_settings():
-    """``realm-tf`` as a process (``python -m realm_tf.cli``) execs itself with GLIBC_TUNABLES once; ``config``
-    prints the settings in force; a user's own value is kept."""
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    command = [sys.executable, "-m", "realm_tf.cli", "config", "--config", "configs/tiny.yaml"]
-    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
-    assert "# GLIBC_TUNABLES=glibc.malloc.hugetlb=1\n" in out and "\nname: tiny\n" in out
-    out = subprocess.run(command, env={**env, "GLIBC_TUNABLES": "glibc.malloc.check=0"}, capture_output=True,
-                         text=True, check=True).stdout
-    assert "# GLIBC_TUNABLES=glibc.malloc.check=0\n" in out
-
-
 def test_compiled_programs_are_kept_on_disk_for_the_next_process(tmp_path):
     """With the XLA cache flag, the first process compiles BERT's inference program and stores it; the second
     finds it there and stores nothing new."""
