@@ -1,4 +1,4 @@
-"""A BERT layer (tf-models' ``TransformerEncoderBlock``) whose self-attention is :class:`HeadMajorAttention`.
+"""A BERT layer (tf-models' ``TransformerEncoderBlock``) with head-major attention and fused projections.
 
 ``TransformerEncoderBlock`` makes its ``tf_keras.layers.MultiHeadAttention`` and its feed-forward network's two
 ``EinsumDense`` layers in ``build``. This block turns the attention layer, before it has any weights, into a
