@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -41,14 +40,7 @@ from realm_tf.networks import bert_encoder  # noqa: E402  pylint: disable=wrong-
 
 def best_seconds(function, repeats: int) -> float:
     """The fastest of ``repeats`` calls of ``function`` (its result read back to numpy), after two warm-ups."""
-    for _ in range(2):
-        _read(function())
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        _read(function())
-        best = min(best, time.perf_counter() - start)
-    return best
+    return machine_reference.best_seconds(lambda: _read(function()), repeats, warmups=2)
 
 
 def _read(outputs):

@@ -18,6 +18,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any, Callable
 
 import numpy as np
 
@@ -57,17 +58,24 @@ def kernel_here() -> str:
     return ", ".join(f"{i['internal_api']} {i.get('architecture', '?')}, {i['num_threads']} threads" for i in blas)
 
 
+def best_seconds(call: Callable[[], Any], repeats: int, warmups: int = 1) -> float:
+    """The fastest of ``repeats`` timed ``call()``s, after ``warmups`` untimed ones (tracing, caches, first-touch
+    of memory). ``call`` must finish its work before it returns (read a TensorFlow result back to numpy)."""
+    for _ in range(warmups):
+        call()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def sgemm_here(size: int = 2048, repeats: int = 5) -> float:
     """:func:`sgemm_gflops` measured in this process, under its environment."""
     a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
     b = np.random.default_rng(1).standard_normal((size, size), dtype=np.float32)
-    a @ b  # warm-up  # pylint: disable=pointless-statement
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b  # pylint: disable=pointless-statement
-        best = min(best, time.perf_counter() - start)
-    return 2.0 * size ** 3 / best / 1e9
+    return 2.0 * size ** 3 / best_seconds(lambda: a @ b, repeats) / 1e9
 
 
 def bert_row_flops(lengths, layers: int, hidden: int, intermediate: int) -> np.ndarray:

@@ -16,6 +16,7 @@ operations.
 """
 from __future__ import annotations
 
+import functools
 import re
 
 import tensorflow as tf
@@ -53,6 +54,7 @@ class MatmulEinsumDense(tf_keras.layers.EinsumDense):
         return tf.ensure_shape(outputs, static)
 
 
+@functools.lru_cache(maxsize=None)  # a few equations per model, parsed once, not at every call
 def _flat_split(equation: str, bias_axes: str | None) -> tuple[int, int] | None:
     """``(number of contracted axes, number of out axes)`` when ``equation`` (with ``bias_axes``) is a flat
     matmul as :class:`MatmulEinsumDense` describes, else None."""

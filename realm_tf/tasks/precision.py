@@ -32,4 +32,3 @@ def policy_scope(precision: str) -> Iterator[None]:
         yield
     finally:
         tf_keras.mixed_precision.set_global_policy(previous)
-
