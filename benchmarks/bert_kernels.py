@@ -21,6 +21,7 @@ Usage: python benchmarks/bert_kernels.py [--batch 32] [--length 160] [--repeats 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -133,10 +134,14 @@ def main() -> None:
     useful = float(machine_reference.bert_row_flops(lengths, cfg.num_layers, width, inner).sum())
     print(f"whole encoder, {cfg.num_layers} layers, rows of {lengths.min()}-{lengths.max()} real wordpieces "
           f"(useful FLOPs: real wordpieces only, {useful / 1e9:.1f} GFLOP):")
+    signature = {key: tf.TensorSpec([None, None], tf.int32) for key in inputs}
     outputs = {}
     for name, encoder in (("tf-models' BertEncoderV2", theirs), ("realm_tf's BertEncoder", ours)):
         for jit in (False, True):
-            forward = tf.function(lambda e=encoder: e(inputs, training=False)["sequence_output"], jit_compile=jit)
+            # Batch and length unknown to the graph, as in the embedder's and the served SavedModels.
+            graph = tf.function(lambda packed, e=encoder: e(packed, training=False)["sequence_output"],
+                                jit_compile=jit, input_signature=[signature])
+            forward = functools.partial(graph, inputs)
             outputs[name, jit] = _read(forward())
             print(_row(f"{name}, {'XLA' if jit else 'plain graph'}", best_seconds(forward, args.repeats), useful))
     real = mask.astype(bool)

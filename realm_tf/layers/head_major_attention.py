@@ -58,13 +58,23 @@ class HeadMajorAttention(tf_keras.layers.MultiHeadAttention):
         """
         if query.shape.rank != 4 or tuple(self._attention_axes) != (1,):
             return super()._compute_attention(query, key, value, attention_mask, training)
-        # The scale on the smaller operand, as Keras does.
-        query = tf.multiply(query, 1.0 / math.sqrt(float(self._key_dim)))
         query = tf.transpose(query, [0, 2, 1, 3])  # [batch, heads, target_len, key_dim]
         key = tf.transpose(key, [0, 2, 1, 3])  # [batch, heads, source_len, key_dim]
         value = tf.transpose(value, [0, 2, 1, 3])  # [batch, heads, source_len, value_dim]
+        # Keras scales Q and adds the mask inside its softmax. Here the scale and the mask follow the product as
+        # one Mul by a constant and one AddV2, which grappler fuses into oneDNN's batched matmul as post-ops
+        # (`_MklFusedBatchMatMulV2`), so the [batch, heads, target_len, source_len] scores are written once.
         scores = tf.matmul(query, key, transpose_b=True)  # [batch, heads, target_len, source_len]
-        scores = self._masked_softmax(scores, attention_mask)  # [batch, heads, target_len, source_len]
+        scores = tf.multiply(scores, 1.0 / math.sqrt(float(self._key_dim)))
+        if attention_mask is not None:
+            keep = tf.cast(tf.expand_dims(attention_mask, 1), scores.dtype)  # [batch, 1, target_len, source_len]
+            scores = tf.add(scores, (1.0 - keep) * _masked_score(scores.dtype))
+        scores = self._softmax(scores)  # [batch, heads, target_len, source_len]
         dropped = self._dropout_layer(scores, training=training)  # [batch, heads, target_len, source_len]
         output = tf.matmul(dropped, value)  # [batch, heads, target_len, value_dim]
         return tf.transpose(output, [0, 2, 1, 3]), scores  # [batch, target_len, heads, value_dim]
+
+
+def _masked_score(dtype: tf.dtypes.DType) -> float:
+    """What Keras' softmax adds to a masked score: -1e9, or half float16's minimum in float16."""
+    return tf.float16.min / 2.0 if dtype == tf.float16 else -1e9

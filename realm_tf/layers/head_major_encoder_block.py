@@ -5,7 +5,9 @@
 :class:`realm_tf.layers.head_major_attention.HeadMajorAttention`, whose attention products are batched matmuls
 instead of einsums, and the two dense layers into
 :class:`realm_tf.layers.matmul_einsum_dense.MatmulEinsumDense`, with the GELU moved into the first, so that each
-is one oneDNN matmul with its bias and activation fused (issue #20). The layer objects stay the ones the block
+is one oneDNN matmul with its bias and activation fused, and its layer norms into
+:class:`realm_tf.layers.fused_layer_normalization.FusedLayerNormalization`, one oneDNN kernel each at BERT's
+ε = 1e-12 (issue #20). The layer objects stay the ones the block
 made (the subclasses add methods, no state), so the variables, their names, their order and the checkpoint keys
 are the block's own, and so is every output up to float rounding.
 """
@@ -15,6 +17,7 @@ from official.nlp.modeling import layers
 import tensorflow as tf
 import tf_keras
 
+from realm_tf.layers import fused_layer_normalization
 from realm_tf.layers import head_major_attention
 from realm_tf.layers import matmul_einsum_dense
 
@@ -42,3 +45,6 @@ class HeadMajorEncoderBlock(layers.TransformerEncoderBlock):
             # mixed_bfloat16 tf-models computes it in float32, and it stays where it is.
             self._intermediate_dense.activation = activation.activation
             activation.activation = tf_keras.activations.linear
+        for norm in (self._attention_layer_norm, self._output_layer_norm):
+            if type(norm) is tf_keras.layers.LayerNormalization:  # pylint: disable=unidiomatic-typecheck
+                norm.__class__ = fused_layer_normalization.FusedLayerNormalization  # not built yet; no new state

@@ -1,4 +1,4 @@
-"""BertEncoder (issue #20): BertEncoderV2 with head-major attention products keeps BertEncoderV2's variables
+"""BertEncoder (issue #20): BertEncoderV2 with head-major attention products and fused layer norms keeps BertEncoderV2's variables
 (names, order, checkpoint keys), config and outputs."""
 import numpy as np
 import tensorflow as tf
@@ -6,6 +6,7 @@ import tf_keras
 from official.nlp.modeling import networks
 
 from realm_tf import config as config_lib
+from realm_tf.layers import fused_layer_normalization
 from realm_tf.layers import head_major_attention
 from realm_tf.layers import head_major_encoder_block
 from realm_tf.networks import bert_encoder
@@ -38,6 +39,9 @@ def test_layers_are_head_major():
     for block in ours.transformer_layers:
         assert isinstance(block, head_major_encoder_block.HeadMajorEncoderBlock)
         assert isinstance(block._attention_layer, head_major_attention.HeadMajorAttention)
+        assert isinstance(block._attention_layer_norm, fused_layer_normalization.FusedLayerNormalization)
+        assert isinstance(block._output_layer_norm, fused_layer_normalization.FusedLayerNormalization)
+    assert isinstance(ours._embedding_norm_layer, fused_layer_normalization.FusedLayerNormalization)
 
 
 def test_same_variables_and_outputs_as_bert_encoder_v2():
