@@ -12,13 +12,6 @@ With ``model.compiled_inference`` BERT's inference pass is compiled by XLA, once
 on disk (keyed by the program, not by the weights), so the next process (the next ``embed-blocks`` of a refresh,
 a restarted server, ``evaluate``) loads them instead of compiling again.
 
-oneDNN's kernels (every matmul, layer norm and softmax here) split their work over TensorFlow's intra-op threads.
-By default the calling thread hands every piece to the pool and sleeps until they are done, so on two cores each
-kernel wakes a worker and puts the caller to sleep. ``TF_ONEDNN_THREADPOOL_USE_CALLER_THREAD=true`` has the caller
-compute one piece itself: the reader warm start's context switches fell by a fifth and its kernel time by 7%,
-and a batch-1 BERT pass took 15% less time (``benchmarks/RESULTS.md``, issue #20, part 7). Results are unchanged
-(each piece is computed the same way by whichever thread runs it).
-
 Every setting is a default: a variable already in the environment wins (``TF_CPU_ALLOCATOR_USE_BFC=false``
 restores TensorFlow's default allocator; any ``TF_XLA_FLAGS`` replaces the cache flag).
 """
@@ -30,11 +23,10 @@ from typing import MutableMapping
 #: Where compiled XLA programs are kept between processes: ``$XDG_CACHE_HOME/realm_tf/xla``.
 XLA_CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "realm_tf", "xla")
 
-# TensorFlow reads these when it creates its CPU allocator (at the first tensor), its oneDNN thread pool (at the
-# first oneDNN kernel) and its XLA flags (at the first compiled function).
+# TensorFlow reads these when it creates its CPU allocator (at the first tensor) and its XLA flags (at the first
+# compiled function).
 DEFAULTS: dict[str, str] = {
     "TF_CPU_ALLOCATOR_USE_BFC": "true",
-    "TF_ONEDNN_THREADPOOL_USE_CALLER_THREAD": "true",
     "TF_XLA_FLAGS": f"--tf_xla_persistent_cache_directory={XLA_CACHE_DIR}",
 }
 

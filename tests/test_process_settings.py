@@ -9,12 +9,11 @@ from realm_tf import process_settings
 def test_defaults_fill_gaps_and_never_override_the_environment():
     env = {"TF_CPU_ALLOCATOR_USE_BFC": "false", "TF_XLA_FLAGS": "--tf_xla_auto_jit=2", "OTHER": "1"}
     assert process_settings.apply(env) == {"TF_CPU_ALLOCATOR_USE_BFC": "false",  # the user's choices stay
-                                           "TF_ONEDNN_THREADPOOL_USE_CALLER_THREAD": "true",
                                            "TF_XLA_FLAGS": "--tf_xla_auto_jit=2"}
     assert env["OTHER"] == "1"
     empty: dict[str, str] = {}
     assert process_settings.apply(empty) == process_settings.DEFAULTS
-    assert empty == {"TF_CPU_ALLOCATOR_USE_BFC": "true", "TF_ONEDNN_THREADPOOL_USE_CALLER_THREAD": "true",
+    assert empty == {"TF_CPU_ALLOCATOR_USE_BFC": "true",
                      "TF_XLA_FLAGS": "--tf_xla_persistent_cache_directory=" + process_settings.XLA_CACHE_DIR}
 
 
