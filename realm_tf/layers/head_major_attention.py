@@ -11,9 +11,11 @@ its matmul: at MiniLM's shapes (32 blocks of 160 wordpieces, 12 heads of 32) the
 
 :class:`HeadMajorAttention` transposes Q, K and V to ``[batch, heads, seq_len, head_size]`` once and multiplies
 with ``tf.matmul`` (oneDNN's batched matmul). Its four projections are
-:class:`realm_tf.layers.matmul_einsum_dense.MatmulEinsumDense`: one matmul with its bias each. The weights, their
-names, the masking, the dropout on the attention probabilities and the returned scores are Keras' own; only the
-order of the floating-point work differs, so the outputs agree with ``MultiHeadAttention``'s to float rounding.
+:class:`realm_tf.layers.matmul_einsum_dense.MatmulEinsumDense`: one matmul with its bias each. The scale and the
+mask are applied right after the scores product, where oneDNN applies them as the scores are written. The
+weights, their names, the mask's values, the dropout on the attention probabilities and the returned scores are
+Keras' own; only the order of the floating-point work differs, so the outputs agree with ``MultiHeadAttention``'s
+to float rounding.
 """
 from __future__ import annotations
 

@@ -109,3 +109,17 @@ def test_other_attention_axes_fall_back_to_keras():
     query, value = _inputs(rank=4)  # [batch, 2, t, d]: attention over axis 2
     assert "BatchMatMulV2" not in _op_types(ours, query, value)
     np.testing.assert_allclose(ours(query, value).numpy(), keras(query, value).numpy(), atol=1e-6)
+
+
+def test_masked_scores_in_half_precision_match_keras():
+    """Under float16 and bfloat16 policies the mask adds what Keras' softmax adds (half float16's minimum in
+    float16, -1e9 otherwise): the masked keys get probability 0 and the rest match Keras'."""
+    query, value = _inputs()
+    for policy in ("mixed_float16", "mixed_bfloat16"):
+        ours, keras = _pair(dtype=policy)
+        out, scores = ours(query, value, attention_mask=_mask(), return_attention_scores=True)
+        want, want_scores = keras(query, value, attention_mask=_mask(), return_attention_scores=True)
+        assert scores.dtype == want_scores.dtype != tf.float32
+        assert not np.asarray(scores, np.float32)[~np.broadcast_to(_mask().numpy()[:, None], scores.shape)].any()
+        np.testing.assert_allclose(np.asarray(scores, np.float32), np.asarray(want_scores, np.float32), atol=2e-2)
+        np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(want, np.float32), rtol=5e-2, atol=5e-2)
