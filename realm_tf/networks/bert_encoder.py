@@ -38,9 +38,9 @@ class BertEncoder(networks.BertEncoderV2):
     """tf-models' ``BertEncoderV2`` (Devlin et al., 2019) whose transformer layers are
     :class:`realm_tf.layers.head_major_encoder_block.HeadMajorEncoderBlock`: attention products as batched
     matmuls, projections as oneDNN matmuls with their bias and GELU fused, layer norms as one oneDNN kernel each
-    (:class:`realm_tf.layers.fused_layer_normalization.FusedLayerNormalization`; issue #20; ``benchmarks/RESULTS.md``,
-    "Close to the machine's limit, part 6"). Same arguments, variables, checkpoint keys and config as
-    ``BertEncoderV2``; outputs equal to float rounding."""
+    (:class:`realm_tf.layers.fused_layer_normalization.FusedLayerNormalization`; issue #20;
+    ``benchmarks/RESULTS.md``, "Close to the machine's limit", parts 6 and 7). Same arguments, variables,
+    checkpoint keys and config as ``BertEncoderV2``; outputs equal to float rounding."""
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
@@ -49,8 +49,9 @@ class BertEncoder(networks.BertEncoderV2):
             # BertEncoderV2 made and tracks: replacing them would move their variables in the encoder's weight
             # order, and a tracked list whose items were replaced cannot be checkpointed.
             layer.__class__ = head_major_encoder_block.HeadMajorEncoderBlock
-        if type(self._embedding_norm_layer) is tf_keras.layers.LayerNormalization:  # pylint: disable=unidiomatic-typecheck
-            self._embedding_norm_layer.__class__ = fused_layer_normalization.FusedLayerNormalization
+        norm = self._embedding_norm_layer
+        if type(norm) is tf_keras.layers.LayerNormalization:  # pylint: disable=unidiomatic-typecheck
+            norm.__class__ = fused_layer_normalization.FusedLayerNormalization  # not built yet; no new state
 
 
 def build_bert_encoder(cfg: config_lib.EncoderConfig, name: str = "bert") -> networks.BertEncoderV2:
