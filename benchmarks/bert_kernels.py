@@ -3,9 +3,10 @@
 Every REALM tower is a BERT (Guu et al., 2020, §3.2). This times, at one batch of MiniLM's shapes (``--batch``
 rows of ``--length`` wordpieces, 12 heads of 32, width 384, feed-forward 1,536), in one process:
 
-1. the attention products softmax(Q Kᵀ / √d + mask) V as Keras' ``MultiHeadAttention`` writes them (two
-   ``tf.einsum`` over ``[batch, seq_len, heads, head_size]``) against ``HeadMajorAttention``'s (Q, K, V
-   transposed to ``[batch, heads, seq_len, head_size]``, two ``tf.matmul``), plain graph and XLA;
+1. the attention products softmax(Q Kᵀ / √d + mask) V, each layer's own ``_compute_attention`` on the same
+   projected Q, K, V: Keras' ``MultiHeadAttention`` (two ``tf.einsum`` over ``[batch, seq_len, heads,
+   head_size]``) against ``HeadMajorAttention`` (Q, K, V transposed to ``[batch, heads, seq_len, head_size]``,
+   two ``tf.matmul``, the scale and mask fused into the first), plain graph and XLA;
 2. the feed-forward network as ``EinsumDense`` does it (einsum, ``+ bias``, GELU, einsum, ``+ bias``) against
    ``MatmulEinsumDense``'s (flat ``MatMul → BiasAdd → GELU``, which grappler fuses into one oneDNN kernel), and
    the two matmuls alone;
@@ -35,7 +36,10 @@ import numpy as np  # noqa: E402  pylint: disable=wrong-import-position
 import tensorflow as tf  # noqa: E402  pylint: disable=wrong-import-position
 from official.nlp.modeling import networks  # noqa: E402  pylint: disable=wrong-import-position
 
+import tf_keras  # noqa: E402  pylint: disable=wrong-import-position
+
 from realm_tf import config as config_lib  # noqa: E402  pylint: disable=wrong-import-position
+from realm_tf.layers import head_major_attention  # noqa: E402  pylint: disable=wrong-import-position
 from realm_tf.networks import bert_encoder  # noqa: E402  pylint: disable=wrong-import-position
 
 
@@ -69,28 +73,22 @@ def main() -> None:
           f"feed-forward {inner}; TF {tf.__version__}; {os.cpu_count()} CPUs; BFC "
           f"{os.environ['TF_CPU_ALLOCATOR_USE_BFC']}")
 
-    # 1. The attention products.
+    # 1. The attention products: each layer's own `_compute_attention` on projected Q, K, V.
     q, k, v = (tf.constant(rng.standard_normal((batch, length, heads, head_size), dtype=np.float32))
                for _ in range(3))  # each [batch, seq_len, heads, head_size]
     lengths = rng.integers(length // 2, length + 1, batch)
-    keep = np.arange(length)[None, None, None, :] < lengths[:, None, None, None]  # [batch, 1, 1, seq_len]
-    adder = tf.constant(np.where(keep, 0.0, -1e9).astype(np.float32))
-
-    def einsum_attention():
-        scores = tf.einsum("aecd,abcd->acbe", k, q * head_size ** -0.5)  # [batch, heads, seq_len, seq_len]
-        return tf.einsum("acbe,aecd->abcd", tf.nn.softmax(scores + adder), v)  # [batch, seq_len, heads, size]
-
-    def head_major_attention():
-        qt, kt, vt = (tf.transpose(x, [0, 2, 1, 3]) for x in (q * head_size ** -0.5, k, v))  # [b, heads, len, size]
-        scores = tf.matmul(qt, kt, transpose_b=True)  # [batch, heads, seq_len, seq_len]
-        return tf.transpose(tf.matmul(tf.nn.softmax(scores + adder), vt), [0, 2, 1, 3])  # [b, len, heads, size]
-
+    attention_mask = tf.constant(np.broadcast_to(np.arange(length)[None, None, :] < lengths[:, None, None],
+                                                 (batch, length, length)))  # [batch, seq_len, seq_len]
+    attention_layers = {"Keras' einsums": tf_keras.layers.MultiHeadAttention(heads, head_size),
+                        "head-major matmuls": head_major_attention.HeadMajorAttention(heads, head_size)}
     flops = 4.0 * batch * heads * length * length * head_size
     print("attention products, softmax(Q Kᵀ/√d + mask) V (useful FLOPs: the two products):")
     results = {}
-    for name, function in (("Keras' einsums", einsum_attention), ("head-major matmuls", head_major_attention)):
+    for name, layer in attention_layers.items():
+        layer(tf.zeros((1, 1, width)), tf.zeros((1, 1, width)))  # builds its projections and einsum equations
         for jit in (False, True):
-            compiled = tf.function(function, jit_compile=jit)
+            attend = layer._compute_attention  # pylint: disable=protected-access
+            compiled = tf.function(lambda f=attend: f(q, k, v, attention_mask)[0], jit_compile=jit)
             results[name, jit] = _read(compiled())
             print(_row(f"{name}, {'XLA' if jit else 'plain graph'}", best_seconds(compiled, args.repeats), flops))
     difference = np.abs(results["head-major matmuls", False] - results["Keras' einsums", False]).max()
