@@ -1,5 +1,5 @@
-"""BertEncoder (issue #20): BertEncoderV2 with head-major attention products and fused layer norms keeps BertEncoderV2's variables
-(names, order, checkpoint keys), config and outputs."""
+"""BertEncoder (issue #20): BertEncoderV2 with head-major attention products and fused layer norms keeps
+BertEncoderV2's variables (names, order, checkpoint keys), config and outputs."""
 import numpy as np
 import tensorflow as tf
 import tf_keras
