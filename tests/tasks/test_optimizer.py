@@ -57,6 +57,47 @@ def test_without_scales_the_optimizer_is_tf_models_adamw_with_the_same_steps():
     assert scaled.get_config()["lr_scales"] == [["nothing-matches", 5.0]]
 
 
+def _numpy_adamw_steps(w, grads, lr, decay, steps, clip_norm):
+    """Legacy Adam + tf-models' decoupled decay over ``grads`` (a list of ``{name: gradient}``), each step's gradients
+    clipped to the global norm ``clip_norm``, with BASE's schedule (no warm-up, linear decay to 0 over ``steps``)."""
+    b1, b2, eps = 0.9, 0.999, 1e-7
+    w = {k: v.astype(np.float64) for k, v in w.items()}
+    m = {k: np.zeros_like(v) for k, v in w.items()}
+    v2 = {k: np.zeros_like(v) for k, v in w.items()}
+    for t, g in enumerate(grads, start=1):
+        norm = np.sqrt(sum(np.sum(x.astype(np.float64) ** 2) for x in g.values()))
+        scale = min(1.0, clip_norm / norm)
+        lr_t = lr * (1 - (t - 1) / steps)
+        for k in w:
+            w[k] = w[k] - lr_t * decay * w[k]
+            m[k] = b1 * m[k] + (1 - b1) * scale * g[k]
+            v2[k] = b2 * v2[k] + (1 - b2) * (scale * g[k]) ** 2
+            w[k] = w[k] - lr_t * np.sqrt(1 - b2 ** t) / (1 - b1 ** t) * m[k] / (np.sqrt(v2[k]) + eps)
+    return w
+
+
+@pytest.mark.parametrize("clip_norm", [100.0, 1.0])
+def test_gradients_are_clipped_once_to_the_configured_global_norm(clip_norm):
+    """``trainer.clip_norm`` is the one clip: tf-models' AdamWeightDecay has its own (``gradient_clip_norm``, 1.0 by
+    default), which would otherwise clip every gradient to norm 1 whatever the config says. Two steps with
+    global norms 50 and 400: Adam's step is scale-free only at t = 1, so the second step shows any clip."""
+    cfg = dataclasses.replace(BASE, clip_norm=clip_norm, weight_decay=0.0)
+    variables = _variables()
+    start = {k: v.numpy() for k, v in variables.items()}
+    rng = np.random.default_rng(3)
+    grads = []
+    for norm in (50.0, 400.0):
+        g = {k: rng.normal(size=[3, 2]).astype(np.float32) for k in variables}
+        total = np.sqrt(sum(np.sum(x ** 2) for x in g.values()))
+        grads.append({k: x * np.float32(norm / total) for k, x in g.items()})
+    opt = optimizer_lib.build_optimizer(cfg)
+    for g in grads:
+        opt.apply_gradients([(tf.constant(g[k]), v) for k, v in variables.items()])
+    expected = _numpy_adamw_steps(start, grads, 1e-2, 0.0, BASE.steps, clip_norm)
+    for k, v in variables.items():
+        np.testing.assert_allclose(v.numpy(), expected[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
 @pytest.mark.parametrize("item, message", [("masked_lm", "expected REGEX=SCALE"), ("=3", "expected REGEX=SCALE"),
                                            ("head=-1", "must be >= 0"), ("head=fast", "could not convert"),
                                            ("[head=2", "unterminated character set")])
