@@ -230,6 +230,7 @@ class TrainerConfig:
 
     ``precision``: ``mixed_bfloat16`` computes the layers in bfloat16 with float32 variables, optimizer and losses
     (``tasks/precision``); checkpoints are float32 either way.
+    ``clip_norm``: the global norm the gradient of a step (summed over replicas) is clipped to, once.
     ``max_minutes`` > 0 stops a run (with a checkpoint) once it has trained that long, before ``steps`` if
     need be; ``eval_examples`` caps the held-out evaluation at the end of ``realm-tf pretrain``.
     ``learning_rate_scales``: ``"REGEX=SCALE"`` items; variables whose name matches REGEX (first match wins)
