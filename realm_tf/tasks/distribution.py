@@ -7,11 +7,14 @@ local TPU VM).
 """
 from __future__ import annotations
 
+import logging
 import os
 
 import tensorflow as tf
 
 from realm_tf import config as config_lib
+
+logger = logging.getLogger(__name__)
 
 STRATEGIES = config_lib.choices(config_lib.Strategy)
 
@@ -38,6 +41,30 @@ def make_strategy(name: str) -> tf.distribute.Strategy:
         tf.tpu.experimental.initialize_tpu_system(resolver)
         return tf.distribute.TPUStrategy(resolver)
     raise ValueError(f"trainer.strategy={name!r}: expected one of {STRATEGIES}")
+
+
+def set_intra_op_threads(threads: int) -> int:
+    """Sets how many threads one op may split its work over (``trainer.intra_op_threads``; 0 leaves TensorFlow's
+    default, one per core) and returns the number in force (0: the default).
+
+    TensorFlow sizes its intra-op pool when its runtime starts, so this must run before the first op; later (a
+    second task in one process) the pool keeps its size and a warning says so. Splitting an op hands its pieces
+    to pool threads and wakes the caller when they are done: on two cores a training step does that thousands of
+    times, each a context switch (issue #20). With one thread per op, independent ops still run concurrently on
+    the inter-op threads.
+    """
+    current = tf.config.threading.get_intra_op_parallelism_threads()
+    if threads < 0:
+        raise ValueError(f"trainer.intra_op_threads={threads}: must be >= 0 (0: TensorFlow's default)")
+    if threads == 0 or threads == current:
+        return current
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+    except RuntimeError:  # the runtime has started: its pool cannot be resized
+        logger.warning("trainer.intra_op_threads=%d not applied: TensorFlow had already started in this process "
+                       "with %s intra-op threads", threads, current or "its default number of")
+        return current
+    return threads
 
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:

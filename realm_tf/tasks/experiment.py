@@ -34,6 +34,7 @@ def run_experiment(task: base_task.Task, strategy: tf.distribute.Strategy | None
     """
     trainer = task.trainer_config
     config_lib.save_params(task.cfg, trainer.model_dir)
+    distribution.set_intra_op_threads(trainer.intra_op_threads)  # before the strategy's first op
     strategy = strategy or distribution.make_strategy(trainer.strategy)
     # The tokenizer's lookup tables: after the strategy (MultiWorkerMirroredStrategy must precede every op),
     # eagerly (not first inside a traced input or step function, whose graph would own them).

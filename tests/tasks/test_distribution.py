@@ -1,0 +1,77 @@
+"""``trainer.intra_op_threads``: applied before TensorFlow starts (ops then run on one thread each), kept with a
+warning once it has started, rejected when negative; strategies by name."""
+import os
+import subprocess
+import sys
+
+import pytest
+import tensorflow as tf
+
+from realm_tf import config
+from realm_tf.tasks import distribution
+
+# A fresh process: TensorFlow sizes its intra-op pool once, when its runtime starts.
+_CHILD = """
+import logging, os, resource, sys, time
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+import tensorflow as tf
+from realm_tf.tasks import distribution
+logging.basicConfig(level=logging.WARNING)
+threads = int(sys.argv[1])
+print("set", distribution.set_intra_op_threads(threads))
+a = tf.random.normal([1024, 1024])
+(a @ a).numpy()  # warm-up
+usage, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+for _ in range(40):
+    a = tf.linalg.matmul(a, a) * 1e-3
+a.numpy()
+after = resource.getrusage(resource.RUSAGE_SELF)
+cpu = after.ru_utime - usage.ru_utime + after.ru_stime - usage.ru_stime
+print("busy", cpu / (time.perf_counter() - start))
+print("again", distribution.set_intra_op_threads(threads + 1))
+"""
+
+
+def _child(threads):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("TF_NUM_INTRAOP_THREADS", None)
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(threads)], env=env, capture_output=True, text=True,
+                         check=True)
+    values = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.split(" ", 1)[0] in
+                  ("set", "busy", "again"))
+    return values, out.stderr
+
+
+def test_one_intra_op_thread_runs_each_op_on_one_core_and_cannot_change_later():
+    values, stderr = _child(1)
+    assert values["set"] == "1"
+    # Each matmul runs whole on the thread that runs it: the process keeps about one core busy (a pool of one
+    # thread per core would keep every core busy on a multi-core machine).
+    assert float(values["busy"]) < 1.3, values
+    assert values["again"] == "1"  # the runtime has started: the pool keeps its size ...
+    assert "trainer.intra_op_threads=2 not applied" in stderr  # ... and says so
+
+
+def test_zero_keeps_tensorflows_default():
+    values, stderr = _child(0)
+    assert values["set"] == "0"
+    assert values["again"] == "0"
+    assert "trainer.intra_op_threads=1 not applied" in stderr
+    if (os.cpu_count() or 1) >= 2:  # the default pool splits each matmul over the cores
+        assert float(values["busy"]) > 1.3, values
+
+
+def test_negative_threads_are_rejected_in_the_config_and_at_run_time(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("reader:\n  steps: 10\n  intra_op_threads: -1\n")
+    with pytest.raises(config.ConfigError, match=rf"{path}:3: reader.intra_op_threads must be >= 0"):
+        config.load_config(str(path))
+    assert config.load_config(str(path), ["reader.intra_op_threads=1"]).reader.intra_op_threads == 1
+    with pytest.raises(ValueError, match="must be >= 0"):
+        distribution.set_intra_op_threads(-1)
+
+
+def test_strategies_by_name():
+    assert distribution.make_strategy("default") is tf.distribute.get_strategy()
+    with pytest.raises(ValueError, match="expected one of"):
+        distribution.make_strategy("parameter_server")
