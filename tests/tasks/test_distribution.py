@@ -57,8 +57,6 @@ def test_zero_keeps_tensorflows_default():
     assert values["set"] == "0"
     assert values["again"] == "0"
     assert "trainer.intra_op_threads=1 not applied" in stderr
-    if (os.cpu_count() or 1) >= 2:  # the default pool splits each matmul over the cores
-        assert float(values["busy"]) > 1.3, values
 
 
 def test_negative_threads_are_rejected_in_the_config_and_at_run_time(tmp_path):
