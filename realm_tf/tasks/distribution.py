@@ -44,8 +44,8 @@ def make_strategy(name: str) -> tf.distribute.Strategy:
 
 
 def set_intra_op_threads(threads: int) -> int:
-    """Sets how many threads one op may split its work over (``trainer.intra_op_threads``; 0 leaves TensorFlow's
-    default, one per core) and returns the number in force (0: the default).
+    """Sets how many threads one op may split its work over (a training section's ``intra_op_threads``; 0 leaves
+    TensorFlow's default, one per core) and returns the number in force (0: the default).
 
     TensorFlow sizes its intra-op pool when its runtime starts, so this must run before the first op; later (a
     second task in one process) the pool keeps its size and a warning says so. Splitting an op hands its pieces
@@ -55,13 +55,13 @@ def set_intra_op_threads(threads: int) -> int:
     """
     current = tf.config.threading.get_intra_op_parallelism_threads()
     if threads < 0:
-        raise ValueError(f"trainer.intra_op_threads={threads}: must be >= 0 (0: TensorFlow's default)")
+        raise ValueError(f"intra_op_threads={threads}: must be >= 0 (0: TensorFlow's default)")
     if threads == 0 or threads == current:
         return current
     try:
         tf.config.threading.set_intra_op_parallelism_threads(threads)
     except RuntimeError:  # the runtime has started: its pool cannot be resized
-        logger.warning("trainer.intra_op_threads=%d not applied: TensorFlow had already started in this process "
+        logger.warning("intra_op_threads=%d not applied: TensorFlow had already started in this process "
                        "with %s intra-op threads", threads, current or "its default number of")
         return current
     return threads
