@@ -2,6 +2,7 @@
 outputs, scores and gradients, and match a float64 numpy softmax(Q Kᵀ / √d + mask) V that reads the layer's
 own weights."""
 import numpy as np
+import pytest
 import tensorflow as tf
 import tf_keras
 
@@ -102,6 +103,48 @@ def test_dropout_on_probabilities_in_training_only():
     dropped, scores = ours(query, value, training=True, return_attention_scores=True)
     assert np.abs(dropped.numpy() - plain).max() > 1e-2
     np.testing.assert_allclose(scores.numpy().sum(-1), 1.0, rtol=1e-5)  # the probabilities before dropout
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+@pytest.mark.parametrize("source_len", [64, 63])  # an odd length takes the halves of a last, partly used draw
+def test_attention_dropout_keeps_the_expectation_and_passes_gradients_through_its_mask(rate, dtype, source_len):
+    """Each element zeroed with probability ``rate`` (a binomial test over 500k elements), the rest scaled by the
+    inverse of the exact keep probability; the gradient is the same mask times the same scale."""
+    x = tf.cast(tf.random.stateless_uniform([4, 6, 330, source_len], [1, 2], 0.5, 1.5), dtype)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = head_major_attention._attention_dropout(x, rate)  # pylint: disable=protected-access
+        weights = tf.cast(tf.reshape(tf.range(tf.size(x)) % 7, x.shape), dtype)
+        loss = tf.reduce_sum(tf.cast(y * weights, tf.float32))
+    grad = tape.gradient(loss, x).numpy().astype(np.float64)
+    x64, y64 = x.numpy().astype(np.float64), y.numpy().astype(np.float64)
+    kept = y64 != 0
+    n = kept.size
+    threshold = round(rate * 65536)
+    p_keep = (65536 - threshold) / 65536
+    assert abs(kept.mean() - p_keep) < 5 * np.sqrt(p_keep * (1 - p_keep) / n), (kept.mean(), p_keep)
+    scale = np.float64(tf.cast(65536 / (65536 - threshold), dtype).numpy())
+    np.testing.assert_allclose(y64[kept], (x.numpy()[kept].astype(np.float64) * scale), rtol=1e-2 if dtype ==
+                               tf.bfloat16 else 1e-6)
+    np.testing.assert_array_equal(grad == 0, ~kept | (weights.numpy() == 0))
+    np.testing.assert_allclose(grad[kept], (weights.numpy().astype(np.float64) * scale)[kept],
+                               rtol=1e-2 if dtype == tf.bfloat16 else 1e-6)
+    assert x64.shape == y64.shape
+    # Rows and heads are independent draws: no two rows share their pattern of zeros.
+    rows = kept.reshape(-1, source_len)
+    assert len({r.tobytes() for r in rows[:200]}) == 200
+
+
+def test_a_symbolic_training_flag_falls_back_to_keras_dropout():
+    ours, _ = _pair(dropout=0.5)
+    query, value = _inputs()
+    types = set(_op_types(lambda q, v: ours(q, v, training=True), query, value))
+    assert "RandomUniformInt" in types and "RandomUniform" not in types  # a Python flag: the 16-bit mask
+    symbolic = tf.function(lambda q, v, t: ours(q, v, training=t))
+    plain = ours(query, value, training=False).numpy()
+    np.testing.assert_allclose(symbolic(query, value, tf.constant(False)).numpy(), plain)
+    assert np.abs(symbolic(query, value, tf.constant(True)).numpy() - plain).max() > 1e-2  # Keras' Dropout ran
 
 
 def test_other_attention_axes_fall_back_to_keras():
