@@ -141,11 +141,11 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
         if reader_nq == "all":  # the gold blocks of every bundled question, for reading (not indexed)
             call("preprocess", *sets, "--input", cfg.data.corpus_pattern, "--output", f"{work}/reading_blocks")
             reading = ["--set", f"data.blocks_dir={work}/reading_blocks"]
-        # Three length groups. Where the cores are no more than the groups, each op runs on one thread and the
-        # groups run side by side (trainer.intra_op_threads=1): on 2 cores 2.3-2.4 steps/s at 3.8-3.9 GB with
-        # 96% fewer context switches, against 2.2 steps/s at 3.6 GB in two groups split over both cores, and
-        # 4.0-4.2 GB in four (benchmarks/RESULTS.md, issue #20).
-        groups = 3
+        # Two length groups. Where the cores are no more than the groups, each op runs on one thread and the
+        # groups run side by side (trainer.intra_op_threads=1): on 2 cores 96% fewer context switches and half
+        # the kernel time, for 10% fewer steps/s. Three groups run faster still but held 3.8-4.1 GB, over the
+        # demo's 4 GB; four held 4.0-4.2 GB (benchmarks/RESULTS.md, issue #20, part 8).
+        groups = 2
         threads = 1 if (os.cpu_count() or 1) <= groups else 0
         call("train-reader", *sets, "--set", f"qa.reader_checkpoint={cfg.trainer.model_dir}", "--set",
              f"data.batch_size={reader_batch_size}", "--set", f"model.reader_length_buckets={groups}",
