@@ -435,11 +435,12 @@ def load_config(path: str | os.PathLike[str] | None = None,
         cfg = apply_override(cfg, item)
     _check_lengths(cfg, source, lines)
     _check_index(cfg, source, lines)
-    for section in ("trainer", "ict", "reader", "finetune", "retro_trainer"):
-        if getattr(cfg, section).intra_op_threads < 0:
-            key = f"{section}.intra_op_threads"
+    for section in dataclasses.fields(cfg):  # every training section (trainer, ict, reader, finetune, ...)
+        trainer = getattr(cfg, section.name)
+        if isinstance(trainer, TrainerConfig) and trainer.intra_op_threads < 0:
+            key = f"{section.name}.intra_op_threads"
             raise ConfigError(f"{_where(source, lines, key)}: {key} must be >= 0 (0: TensorFlow's default, one "
-                              f"per core), got {getattr(cfg, section).intra_op_threads}")
+                              f"per core), got {trainer.intra_op_threads}")
     if cfg.qa.answer_aggregation_spans < 1:
         raise ConfigError(f"{_where(source, lines, 'qa.answer_aggregation_spans')}: qa.answer_aggregation_spans must "
                           f"be >= 1 (1: the best span), got {cfg.qa.answer_aggregation_spans}")
