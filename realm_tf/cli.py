@@ -72,7 +72,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     # Sizes not given on the command line keep demo.run's defaults (one place for them).
     sizes = {name: getattr(args, name) for name in ("pretrain_steps", "finetune_steps", "reader_steps",
                                                     "reader_minutes", "reader_negatives", "squad_paragraphs",
-                                                    "reader_nq", "reader_precision")}
+                                                    "reader_nq", "precision")}
     runner = main if args.one_process else run_in_child
     return demo.run(_load(args), runner, workdir=args.workdir, num_questions=args.questions,
                     **{name: value for name, value in sizes.items() if value is not None})
@@ -420,11 +420,12 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                                        help="NQ training questions of the reader warm start: every bundled one, on "
                                             "the whole bundled corpus preprocessed for reading (default), or only "
                                             "the demo's sample"),
-                        p.add_argument("--reader-precision", dest="reader_precision",
+                        p.add_argument("--precision", "--reader-precision", dest="precision",
                                        choices=("auto", "float32", "mixed_bfloat16"),
-                                       help="the reader warm start's reader.precision; auto (default): "
+                                       help="the training precision of the reader warm start and of fine-tuning "
+                                            "(reader.precision, finetune.precision); auto (default): "
                                             "mixed_bfloat16 on a CPU with AVX-512 BF16 or AMX (about 1.2x the "
-                                            "steps a minute), float32 elsewhere"),
+                                            "steps a minute, and less memory), float32 elsewhere"),
                         p.add_argument("--finetune-steps", dest="finetune_steps", type=int,
                                        help="Open-QA fine-tuning steps"),
                         p.add_argument("--one-process", dest="one_process", action="store_true",

@@ -41,7 +41,7 @@ STAGES = ("corpus", "preprocess", "pretraining-data", "init-retriever", "index",
 
 
 def _overrides(work: str, pretrain_steps: int, finetune_steps: int, reader_steps: int, reader_minutes: float,
-               reader_negatives: int, reader_precision: str) -> list[str]:
+               reader_negatives: int, precision: str) -> list[str]:
     return [
         f"data.blocks_dir={work}/blocks", f"data.pretraining_dir={work}/pretraining",
         f"index.index_dir={work}/index", f"refresh.export_dir={work}/export",
@@ -58,13 +58,14 @@ def _overrides(work: str, pretrain_steps: int, finetune_steps: int, reader_steps
         # higher rate than the benchmark's long run (1e-4): in 100 steps of 8 questions on the demo's data the
         # training span accuracy reached 0.06 at 1e-4, 0.12-0.13 at 3e-4 and 6e-4 (benchmarks/RESULTS.md).
         f"reader.steps={reader_steps}", f"reader.max_minutes={reader_minutes:g}", "reader.learning_rate=3e-4",
-        f"reader.precision={reader_precision}",
+        f"reader.precision={precision}",
         "reader.warmup_steps=5", "reader.summary_every_steps=5", "reader.checkpoint_every_steps=1000",
         f"qa.reader_negatives={reader_negatives}",
         # Fine-tuning: the retriever from the pre-training run, the reader from its warm start; a short schedule.
         f"qa.retriever_checkpoint={work}/pretrain", f"qa.reader_checkpoint={work}/reader",
-        f"finetune.steps={finetune_steps}", "finetune.learning_rate=5e-5", "finetune.warmup_steps=2",
-        "finetune.summary_every_steps=5", "finetune.checkpoint_every_steps=1000",
+        # In the warm start's precision: bfloat16 holds 0.4 GB less than float32 here (issue #20, part 9).
+        f"finetune.steps={finetune_steps}", f"finetune.precision={precision}", "finetune.learning_rate=5e-5",
+        "finetune.warmup_steps=2", "finetune.summary_every_steps=5", "finetune.checkpoint_every_steps=1000",
     ]
 
 
@@ -72,7 +73,7 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
         num_questions: int = 800, pretrain_steps: int = 2, finetune_steps: int = 10, reader_steps: int = 800,
         reader_minutes: float = 7.5, reader_negatives: int = 0, reader_batch_size: int = 8,
         squad_paragraphs: int | None = None, reader_nq: str = "all", samples: int = 3,
-        pretrain_batch_size: int = 1, finetune_batch_size: int = 2, reader_precision: str = "auto") -> int:
+        pretrain_batch_size: int = 1, finetune_batch_size: int = 2, precision: str = "auto") -> int:
     """Runs every stage on a subset of the bundled data; returns 0 when the loop completed.
 
     ``main`` runs one ``realm-tf`` subcommand from its arguments and returns its exit code: ``cli.main``, passed in
@@ -88,15 +89,15 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
     """
     if reader_nq not in ("all", "sample"):
         raise ValueError(f"reader_nq={reader_nq!r}: 'all' or 'sample'")
-    if reader_precision == "auto":  # bfloat16 where the CPU has it (1.2x the steps a minute), else float32
-        reader_precision = "mixed_bfloat16" if process_settings.native_bfloat16() else "float32"
+    if precision == "auto":  # bfloat16 where the CPU has it (1.2x the steps a minute), else float32
+        precision = "mixed_bfloat16" if process_settings.native_bfloat16() else "float32"
     started = time.time()
     work = workdir.rstrip("/")
     if os.path.isdir(work):
         shutil.rmtree(work)
     os.makedirs(work)
     for item in _overrides(work, pretrain_steps, finetune_steps, reader_steps, reader_minutes, reader_negatives,
-                           reader_precision):
+                           precision):
         cfg = config_lib.apply_override(cfg, item)
     params = config_lib.save_params(cfg, work)
     sets = ["--config", params]

@@ -39,8 +39,10 @@ def compiled_forward(encoder: tf_keras.layers.Layer) -> tf.types.experimental.Ge
     hidden]`` and ``pooled_output`` ``[rows, hidden]``."""
     function = _COMPILED.get(encoder)
     if function is None:
+        owner = weakref.ref(encoder)  # the cached function must not keep its (weak) key alive
+
         def forward(inputs: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-            outputs = encoder(inputs, training=False)
+            outputs = owner()(inputs, training=False)
             return {"sequence_output": outputs["sequence_output"], "pooled_output": outputs["pooled_output"]}
 
         function = tf.function(forward, jit_compile=True, autograph=False, reduce_retracing=True)

@@ -38,6 +38,7 @@ from realm_tf.models import open_qa_model
 from realm_tf.models import span_reader
 from realm_tf.tasks import base_task
 from realm_tf.tasks import open_qa_loss
+from realm_tf.tasks import precision
 from realm_tf.tasks import tracing
 from realm_tf.tasks import training_loop
 from realm_tf.tasks import warm_start
@@ -379,11 +380,20 @@ def check_index_matches(task: "OpenQaTask", model: open_qa_model.OpenQaModel, sa
 
     The index is only valid for the document tower that built it; a query tower from other weights would
     search it blindly. Raises UserError when they differ (returns the largest difference otherwise).
+
+    The index holds float32 embeddings. A model built for ``mixed_bfloat16`` training computes Embed_doc in
+    bfloat16, about 1e-2 from float32 for MiniLM, which would hide a small change of weights; the comparison
+    then runs on a float32 copy of the tower.
     """
     ids = tf.range(tf.minimum(sample, model.corpus.num_blocks))  # [sample]
     packed = task.tokenizer.join_bert(model.corpus.title_ids(ids), model.corpus.body_ids(ids),
                                       task.cfg.model.block_seq_length, pad_to_seq_length=False)
-    fresh = model.retriever.embed_blocks(packed, training=False)  # [sample, dim]
+    retriever = model.retriever
+    if retriever.doc_embedder.compute_dtype != "float32":
+        with precision.policy_scope("float32"):
+            retriever = knowledge_retriever.build_knowledge_retriever(task.cfg.model, restore=False)
+        retriever.doc_embedder.set_weights(model.retriever.doc_embedder.get_weights())
+    fresh = retriever.embed_blocks(packed, training=False)  # [sample, dim]
     diff = float(tf.reduce_max(tf.abs(fresh - model.corpus.block_embeddings(ids))))
     if diff > 1e-3:
         raise errors.UserError(

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from realm_tf import config
+
 
 def _run(*args):
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3")
@@ -28,6 +30,8 @@ def test_demo_runs_the_whole_loop_on_the_tiny_config(tmp_path):
     metrics = json.loads((work / "metrics.json").read_text())
     assert metrics["num_questions"] > 0 and 0 <= metrics["exact_match"] <= 1
     assert (work / "params.yaml").exists() and (work / "served" / "realm_qa.json").exists()
+    params = config.load_config(str(work / "params.yaml"))
+    assert params.finetune.precision == params.reader.precision  # --precision: the warm start's and fine-tuning's
     assert 'model_checkpoint_path: "ckpt-2"' in (work / "reader" / "checkpoints" / "checkpoint").read_text()
     assert "SQuAD questions for the reader warm start" in result.stdout
     # The warm start read every bundled NQ training question on the whole bundled corpus, preprocessed for reading

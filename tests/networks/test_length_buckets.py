@@ -1,5 +1,8 @@
 """BERT read in length groups and as XLA programs (``model.compiled_inference``): the same outputs as one plain
 call, a bounded number of compiled programs, and compiled programs that survive a SavedModel export."""
+import gc
+import weakref
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -62,6 +65,16 @@ def test_compiled_programs_are_one_per_rounded_length(tiny_encoder):
     # One trace with unknown shapes serves every call; XLA compiles per shape at run time.
     assert function.experimental_get_tracing_count() - before <= 1
     assert length_buckets.compiled_forward(tiny_encoder) is function
+
+
+def test_a_discarded_encoder_and_its_compiled_function_are_freed():
+    encoder = bert_encoder.build_bert_encoder(config.load_config("configs/tiny.yaml").model.encoder)
+    length_buckets.encode(encoder, _ragged_inputs([3, 7], seq_len=8), 1, training=False, compiled=True)
+    assert encoder in length_buckets._COMPILED
+    gone = weakref.ref(encoder)
+    del encoder
+    gc.collect()
+    assert gone() is None  # e.g. the float32 copy of Embed_doc that open_qa.check_index_matches builds
 
 
 def test_training_is_never_compiled(tiny_encoder):

@@ -20,6 +20,7 @@ from realm_tf.models import knowledge_retriever
 from realm_tf.models import open_qa_model
 from realm_tf.serving import retriever_export
 from realm_tf.tasks import open_qa
+from realm_tf.tasks import precision
 
 TINY = "configs/tiny.yaml"
 QUESTIONS = ["who wrote the lyrics", "when did the crisis begin", "what is the capital city", "where was he born",
@@ -339,6 +340,24 @@ def test_an_index_from_other_weights_is_refused(qa):
     kernel.assign(tf.random.stateless_normal(kernel.shape, seed=[1, 2]))
     with pytest.raises(Exception, match="index's block embeddings differ from this model's Embed_doc"):
         open_qa.check_index_matches(task, other)
+
+
+def test_a_mixed_precision_model_is_checked_against_the_index_in_float32(qa):
+    _, _, task, model, _, _ = qa
+    with precision.policy_scope("mixed_bfloat16"):  # as `realm-tf finetune` builds it for bfloat16 training
+        mixed = task.build_model(model.corpus)
+    assert mixed.retriever.doc_embedder.compute_dtype == "bfloat16"
+    ids = tf.range(8)
+    packed = task.tokenizer.join_bert(model.corpus.title_ids(ids), model.corpus.body_ids(ids),
+                                      task.cfg.model.block_seq_length, pad_to_seq_length=False)
+    rounding = tf.reduce_max(tf.abs(mixed.retriever.embed_blocks(packed) - model.corpus.block_embeddings(ids)))
+    assert rounding > 1e-3  # bfloat16 alone would fail the float32 comparison
+    assert open_qa.check_index_matches(task, mixed) < 1e-3
+    assert mixed.retriever.doc_embedder.compute_dtype == "bfloat16"  # the model itself is unchanged
+    kernel = mixed.retriever.doc_embedder.projection.kernel
+    kernel.assign(tf.random.stateless_normal(kernel.shape, seed=[1, 2]))
+    with pytest.raises(Exception, match="index's block embeddings differ from this model's Embed_doc"):
+        open_qa.check_index_matches(task, mixed)
 
 
 def test_exact_and_regex_match():
