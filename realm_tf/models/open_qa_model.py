@@ -31,6 +31,7 @@ from realm_tf.data import knowledge_corpus
 from realm_tf.models import knowledge_retriever
 from realm_tf.models import span_reader
 from realm_tf.networks import bert_encoder
+from realm_tf.networks import length_buckets
 
 
 class OpenQaModel(tf_keras.Model):
@@ -111,6 +112,8 @@ class OpenQaModel(tf_keras.Model):
         else:
             doc = bodies  # [batch * k, (body_len)]
         reader_inputs = self.tokenizer.join_bert(repeated, doc, self.reader_seq_length, pad_to_seq_length=False)
+        if training:  # a bounded number of shapes for the span reader's kernels (length_buckets.LENGTH_MULTIPLE)
+            reader_inputs = length_buckets.pad_to_multiple(reader_inputs, self.reader_seq_length)
         reader_inputs = {key: tf.reshape(v, [batch, k, -1]) for key, v in reader_inputs.items()}  # [b, k, len]
         read = self.reader(reader_inputs, training=training)
         # A span may not cross the [SEP] between title and body.

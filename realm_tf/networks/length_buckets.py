@@ -12,21 +12,29 @@ With ``compiled`` (``model.compiled_inference``), inference (``training`` false)
 (``jit_compile``): the layer norms, GELUs, softmaxes and bias additions around the matmuls are fused instead of
 being one kernel and one memory pass each, which on CPU is a quarter of BERT's forward time (issue #20). XLA
 compiles one program per input shape, so a compiled group's length is rounded up to a multiple of
-:data:`COMPILED_LENGTH_MULTIPLE` and every group has the same number of rows (the last one padded with empty
+:data:`LENGTH_MULTIPLE` and every group has the same number of rows (the last one padded with empty
 rows): a few programs serve every batch. Training never compiles (dropout's random numbers are not cheaper
 under XLA, and a step's shapes vary more).
+
+Training rounds every length BERT reads up to a multiple of :data:`LENGTH_MULTIPLE` too. TensorFlow's CPU
+kernels (oneDNN) are created for each input shape and kept in a cache per thread, up to 1,024 per kind: a
+reader warm start that met every length from 1 to 320 held about 0.55 GB of them after 400 steps, against 0.05
+GB with lengths in multiples of 32, at the same steps per second (issue #20, part 9). Inference keeps exact
+lengths (a few more shapes there cost less than the padding).
 """
 from __future__ import annotations
 
 import weakref
+from typing import Callable
 
 import tensorflow as tf
 import tf_keras
 
 from realm_tf.networks import bert_encoder
 
-#: A compiled group's length is rounded up to a multiple of this (XLA compiles one program per shape).
-COMPILED_LENGTH_MULTIPLE = 32
+#: The lengths BERT reads in an XLA program (one program per shape) and in training (oneDNN kernels are cached
+#: per shape and thread) are rounded up to a multiple of this.
+LENGTH_MULTIPLE = 32
 
 #: The XLA-compiled inference function of each encoder, made once and kept as long as the encoder lives.
 _COMPILED: "weakref.WeakKeyDictionary[tf_keras.layers.Layer, tf.types.experimental.GenericFunction]" = (
@@ -60,10 +68,11 @@ def encode(encoder: tf_keras.layers.Layer, inputs: dict[str, tf.Tensor], num_buc
       inputs: at least :data:`bert_encoder.INPUT_KEYS`; a row's length is the number of ones in its
         ``input_mask``, which must be a prefix of the row (as the packers write it).
       num_buckets: groups of ``ceil(rows / num_buckets)`` rows, shortest first; 1 calls ``encoder`` once on the
-        whole batch, unchanged.
-      training: passed to ``encoder``.
+        whole batch (in training, its length padded to a multiple of :data:`LENGTH_MULTIPLE`).
+      training: passed to ``encoder``; when true, each group's length is rounded up to a multiple of
+        :data:`LENGTH_MULTIPLE` (with zeros: mask 0, outside attention) and the outputs cut back.
       compiled: when not ``training``, each group is read by :func:`compiled_forward` (XLA), its length rounded
-        up to a multiple of :data:`COMPILED_LENGTH_MULTIPLE` and its rows to the groups' common size.
+        up to a multiple of :data:`LENGTH_MULTIPLE` and its rows to the groups' common size.
 
     Returns (float32 whatever the encoder's compute precision):
       ``sequence_output`` ``[rows, seq_len, hidden]`` in the input's row order, zeros at positions past the
@@ -74,16 +83,22 @@ def encode(encoder: tf_keras.layers.Layer, inputs: dict[str, tf.Tensor], num_buc
         raise ValueError(f"num_buckets={num_buckets}: must be at least 1")
     flat = {k: inputs[k] for k in bert_encoder.INPUT_KEYS}  # each [rows, seq_len]
     compiled = compiled and not training
+    seq_len = tf.shape(flat["input_word_ids"])[1]
+    encoder_config = encoder.get_config()
+    limit = encoder_config.get("max_sequence_length", seq_len)  # BERT's positions: no padding past the last
     if num_buckets == 1 and not compiled:
-        outputs = encoder(flat, training=training)
+        if training:
+            outputs = _read_padded(lambda x: encoder(x, training=training), flat, seq_len,
+                                   tf.shape(flat["input_word_ids"])[0], limit)
+        else:
+            outputs = encoder(flat, training=training)
         return {"sequence_output": _float32(outputs["sequence_output"]),
                 "pooled_output": _float32(outputs["pooled_output"])}
-    seq_len = tf.shape(flat["input_word_ids"])[1]
     lengths = tf.reduce_sum(tf.cast(tf.not_equal(flat["input_mask"], 0), tf.int32), axis=-1)  # [rows]
     rows = tf.shape(lengths)[0]
     order = tf.argsort(lengths, stable=True)  # [rows]: shortest first
     size = (rows + num_buckets - 1) // num_buckets
-    hidden = encoder.get_config()["hidden_size"]
+    hidden = encoder_config["hidden_size"]
     sequences, pooled = [], []
     for group in range(num_buckets):
         members = order[group * size:(group + 1) * size]  # [group_rows] (empty past the end)
@@ -92,7 +107,10 @@ def encode(encoder: tf_keras.layers.Layer, inputs: dict[str, tf.Tensor], num_buc
             longest = tf.maximum(tf.reduce_max(tf.gather(lengths, members)), 1)
             part = {k: tf.gather(v, members)[:, :longest] for k, v in flat.items()}  # [group_rows, longest]
             if compiled:
-                out = _read_compiled(encoder, part, longest, size)
+                out = _read_padded(compiled_forward(encoder), part, longest, size, limit)
+            elif training:
+                out = _read_padded(lambda x: encoder(x, training=training), part, longest,
+                                   tf.shape(part["input_word_ids"])[0], limit)
             else:
                 out = encoder(part, training=training)
             sequence = tf.pad(out["sequence_output"],
@@ -110,21 +128,37 @@ def encode(encoder: tf_keras.layers.Layer, inputs: dict[str, tf.Tensor], num_buc
             "pooled_output": tf.gather(tf.concat(pooled, axis=0), restore)}  # [rows, hidden]
 
 
+def rounded_length(length: tf.Tensor, limit: int | tf.Tensor) -> tf.Tensor:
+    """``length`` rounded up to a multiple of :data:`LENGTH_MULTIPLE`, but not past ``limit`` (never below
+    ``length``)."""
+    multiple = LENGTH_MULTIPLE
+    return tf.maximum(tf.minimum((length + multiple - 1) // multiple * multiple, limit), length)
+
+
+def pad_to_multiple(inputs: dict[str, tf.Tensor], limit: int) -> dict[str, tf.Tensor]:
+    """``inputs`` (each ``int32[rows, len]``, packed BERT inputs) padded with zeros (mask 0) to
+    :func:`rounded_length` ``(len, limit)``: a training step's batch in one of ``limit / LENGTH_MULTIPLE``
+    shapes (see the module docstring)."""
+    length = tf.shape(inputs["input_word_ids"])[1]
+    padding = [[0, 0], [0, rounded_length(length, limit) - length]]
+    return {k: tf.pad(v, padding) for k, v in inputs.items()}  # each [rows, rounded length]
+
+
 def _float32(tensor: tf.Tensor) -> tf.Tensor:
     """BERT's output in float32 whatever its compute precision (``mixed_bfloat16`` training computes in bfloat16;
     its last LayerNorm may return either), so that every group, and every consumer, sees one dtype."""
     return tf.cast(tensor, tf.float32)
 
 
-def _read_compiled(encoder: tf_keras.layers.Layer, part: dict[str, tf.Tensor], longest: tf.Tensor,
-                   size: tf.Tensor) -> dict[str, tf.Tensor]:
-    """:func:`compiled_forward` of one group (each ``int32[group_rows, longest]``), padded with zeros (mask 0:
-    outside attention) to ``[size, longest rounded up to COMPILED_LENGTH_MULTIPLE]`` and cut back to
-    ``sequence_output`` ``[group_rows, longest, hidden]`` and ``pooled_output`` ``[group_rows, hidden]``."""
-    multiple = COMPILED_LENGTH_MULTIPLE
+def _read_padded(forward: Callable[[dict[str, tf.Tensor]], dict[str, tf.Tensor]], part: dict[str, tf.Tensor],
+                 longest: tf.Tensor, size: tf.Tensor, limit: int | tf.Tensor) -> dict[str, tf.Tensor]:
+    """``forward`` (BERT) of one group (each ``int32[group_rows, longest]``), padded with zeros (mask 0: outside
+    attention) to ``[size, longest rounded up to LENGTH_MULTIPLE]`` (at most ``limit``, BERT's positions, unless
+    ``longest`` is more) and cut back to ``sequence_output`` ``[group_rows, longest, hidden]`` and
+    ``pooled_output`` ``[group_rows, hidden]``."""
     group_rows = tf.shape(part["input_word_ids"])[0]
-    padded_length = (longest + multiple - 1) // multiple * multiple
+    padded_length = rounded_length(longest, limit)
     padding = [[0, size - group_rows], [0, padded_length - longest]]
-    out = compiled_forward(encoder)({k: tf.pad(v, padding) for k, v in part.items()})  # [size, padded, hidden]
+    out = forward({k: tf.pad(v, padding) for k, v in part.items()})  # [size, padded, hidden]
     return {"sequence_output": out["sequence_output"][:group_rows, :longest],  # [group_rows, longest, hidden]
             "pooled_output": out["pooled_output"][:group_rows]}  # [group_rows, hidden]

@@ -6,6 +6,7 @@ import weakref
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 from realm_tf import config
 from realm_tf.models import knowledge_retriever
@@ -75,6 +76,43 @@ def test_a_discarded_encoder_and_its_compiled_function_are_freed():
     del encoder
     gc.collect()
     assert gone() is None  # e.g. the float32 copy of Embed_doc that open_qa.check_index_matches builds
+
+
+class _Recording(tf_keras.layers.Layer):
+    """``encoder``, noting the length of every batch it reads."""
+
+    def __init__(self, encoder):
+        super().__init__()
+        self.encoder = encoder
+        self.lengths = []
+
+    def call(self, inputs, training=None):
+        self.lengths.append(int(inputs["input_word_ids"].shape[1]))
+        return self.encoder(inputs, training=training)
+
+    def get_config(self):
+        return self.encoder.get_config()
+
+
+@pytest.mark.parametrize("num_buckets", [1, 3])
+def test_training_reads_lengths_in_multiples_of_32_with_the_same_outputs(tiny_encoder, num_buckets):
+    inputs = _ragged_inputs([5, 70, 33, 12, 64, 3, 40], seq_len=70)
+    recording = _Recording(tiny_encoder)
+    trained = length_buckets.encode(recording, inputs, num_buckets, training=True)
+    # One group: 70 -> 96. Three: [3, 5, 12] -> 32, [33, 40, 64] -> 64, [70] -> 96.
+    assert recording.lengths == {1: [96], 3: [32, 64, 96]}[num_buckets]
+    plain = tiny_encoder(inputs, training=False)  # the tiny config has no dropout: training pads, nothing else
+    assert trained["sequence_output"].shape == plain["sequence_output"].shape
+    want_seq, want_pooled = _real_positions(plain, inputs)
+    got_seq, got_pooled = _real_positions(trained, inputs)
+    np.testing.assert_allclose(got_seq, want_seq, atol=2e-5)
+    np.testing.assert_allclose(got_pooled, want_pooled, atol=2e-5)
+
+
+def test_rounded_length_stops_at_the_limit_but_never_cuts():
+    got = [int(length_buckets.rounded_length(n, limit)) for n, limit in ((70, 512), (64, 512), (1, 512), (70, 80),
+                                                                          (100, 80), (500, 512))]
+    assert got == [96, 64, 32, 80, 100, 512]
 
 
 def test_training_is_never_compiled(tiny_encoder):

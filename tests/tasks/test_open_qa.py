@@ -78,6 +78,22 @@ def test_answer_span_mask_matches_the_numpy_reference(qa):
     assert total >= len(examples)  # every question has matches (its titles and words were taken from its blocks)
 
 
+def test_training_pads_the_reader_inputs_to_a_multiple_of_32_and_scores_the_same_spans(qa):
+    cfg, _, task, model, _, examples = qa
+    batch = next(iter(task.dataset(examples, len(examples))))
+    question = {k: v for k, v in batch.items() if k.startswith("question_")}
+    read = {}
+    for training in (False, True):  # the tiny config has no dropout: training changes the padding only
+        out = {k: v.numpy() for k, v in model(question, training=training).items()}
+        spans = {(b, k, out["span_starts"][b, k, s], out["span_ends"][b, k, s]): out["span_logits"][b, k, s]
+                 for b, k, s in np.argwhere(out["span_mask"])}
+        read[training] = out["reader_input_word_ids"].shape[-1], spans
+    (exact, evaluated), (padded, trained) = read[False], read[True]
+    assert exact % 32 and padded == min(-(-exact // 32) * 32, cfg.model.reader_seq_length)
+    assert trained.keys() == evaluated.keys() and evaluated
+    np.testing.assert_allclose([trained[key] for key in evaluated], list(evaluated.values()), atol=1e-4)
+
+
 def test_only_whole_word_spans_outside_the_title_body_sep_are_valid(qa):
     cfg, _, task, model, blocks, examples = qa
     batch = next(iter(task.dataset(examples, len(examples))))
