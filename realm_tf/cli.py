@@ -422,8 +422,8 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                                             "the demo's sample"),
                         p.add_argument("--precision", "--reader-precision", dest="precision",
                                        choices=("auto", "float32", "mixed_bfloat16"),
-                                       help="the training precision of the reader warm start and of fine-tuning "
-                                            "(reader.precision, finetune.precision); auto (default): "
+                                       help="the training precision of pre-training, the reader warm start and "
+                                            "fine-tuning (trainer., reader., finetune.precision); auto (default): "
                                             "mixed_bfloat16 on a CPU with AVX-512 BF16 or AMX (about 1.2x the "
                                             "steps a minute, and less memory), float32 elsewhere"),
                         p.add_argument("--finetune-steps", dest="finetune_steps", type=int,

@@ -57,6 +57,7 @@ class KnowledgeAugmentedEncoder(tf_keras.Model):
         outputs = length_buckets.encode(self.encoder, inputs, self._length_buckets, training)
         sequence = outputs["sequence_output"]  # [batch, len, hidden]
         logits = self.masked_lm(sequence, masked_positions=inputs["masked_positions"])  # [batch, masked, vocab]
+        logits = tf.cast(logits, tf.float32)  # bfloat16 under mixed precision: the loss takes float32
         return {"mlm_logits": logits, "sequence_output": sequence}
 
     def get_config(self) -> dict[str, Any]:

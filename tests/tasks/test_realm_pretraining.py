@@ -15,6 +15,7 @@ from realm_tf.index import index_loader
 from realm_tf.index import index_publisher
 from realm_tf.networks import bert_encoder
 from realm_tf.tasks import base_task
+from realm_tf.tasks import precision
 from realm_tf.tasks import realm_pretraining
 from realm_tf.tasks import retrieval_augmented_input
 
@@ -203,6 +204,28 @@ def test_loss_matches_numpy_with_fixed_candidates_and_one_step_trains_every_towe
     changed = {v.name for v in model.trainable_variables if not np.array_equal(before[v.name], v.numpy())}
     for tower in ("query_embedder/", "doc_embedder/", "reader_bert/", "masked_lm/"):
         assert any(tower in n and ("layer_0" in n or "masked_lm" in tower) for n in changed), tower
+
+
+def test_a_mixed_bfloat16_model_gives_a_float32_loss_close_to_float32_and_trains(setup):
+    cfg, task, _, _, inputs = setup
+    with precision.policy_scope("mixed_bfloat16"):  # as `realm-tf pretrain` builds it for trainer.precision
+        mixed = task.build_model()
+    exact = task.build_model()
+    exact.set_weights(mixed.get_weights())
+    batch = next(iter(inputs.dataset(f"{cfg.data.pretraining_dir}/pretraining-*", 2, repeat=False, shuffle=False)))
+    features, labels = base_task.split_features(realm_pretraining.is_model_input)(batch)
+    outputs = mixed(features, training=False)
+    assert outputs["mlm_logits"].dtype == tf.float32
+    got, _ = task.build_losses(labels, outputs)
+    want, _ = task.build_losses(labels, exact(features, training=False))
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=0.02)
+    before = {v.name: v.numpy().copy() for v in mixed.trainable_variables}
+    logs = task.train_step((features, labels), mixed, tf_keras.optimizers.SGD(0.5),
+                           global_step=tf.Variable(7, dtype=tf.int64))
+    assert all(np.isfinite(value.numpy()).all() for value in logs.values())
+    changed = {v.name for v in mixed.trainable_variables if not np.array_equal(before[v.name], v.numpy())}
+    for tower in ("query_embedder/", "doc_embedder/", "reader_bert/", "masked_lm/"):
+        assert any(tower in name for name in changed), tower
 
 
 def test_heldout_split_is_disjoint_and_stable(setup):
