@@ -33,6 +33,7 @@ from realm_tf import cli  # noqa: E402  (after TF_USE_LEGACY_KERAS)
 from realm_tf import process_settings  # noqa: E402
 from realm_tf.tasks import training_loop  # noqa: E402
 import tensorflow as tf  # noqa: E402
+import tqdm  # noqa: E402
 
 
 class _Mallinfo2(ctypes.Structure):
@@ -46,18 +47,21 @@ def _mallinfo2() -> _Mallinfo2:
     return libc.mallinfo2()
 
 
-def snapshot() -> dict[str, float]:
-    """The process's memory now, in MB."""
+def snapshot(tensorflow_started: bool = True) -> dict[str, float]:
+    """The process's memory now, in MB (TensorFlow's columns NaN before ``tensorflow_started``: asking its
+    allocator would start TensorFlow, after which ``intra_op_threads`` can no longer be set)."""
     status = {}
     with open("/proc/self/status", encoding="utf-8") as f:
         for line in f:
             name = line.split(":")[0]
             if name in ("VmRSS", "RssAnon", "RssFile"):
                 status[name] = int(line.split()[1]) / 1024
-    try:
-        tf_memory = tf.config.experimental.get_memory_info("CPU:0")
-    except ValueError:  # an allocator without statistics (TF_CPU_ALLOCATOR_USE_BFC=false)
-        tf_memory = {"current": float("nan"), "peak": float("nan")}
+    tf_memory = {"current": float("nan"), "peak": float("nan")}
+    if tensorflow_started:
+        try:
+            tf_memory = tf.config.experimental.get_memory_info("CPU:0")
+        except ValueError:  # an allocator without statistics (TF_CPU_ALLOCATOR_USE_BFC=false)
+            pass
     info = _mallinfo2()
     return {"rss": status["VmRSS"], "anon": status["RssAnon"], "file": status["RssFile"],
             "tf_now": tf_memory["current"] / 2**20, "tf_peak": tf_memory["peak"] / 2**20,
@@ -85,19 +89,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"realm_tf from {os.path.dirname(cli.__file__)}; memory in MB; malloc_heaps: glibc malloc's bytes in "
           "use outside mapped blocks", flush=True)
     print(f"{'step':>8} " + " ".join(f"{k:>10}" for k in COLUMNS), flush=True)
-    print(_line("start", snapshot()), flush=True)
+    tqdm.tqdm.write(_line("start", snapshot(tensorflow_started=False)), file=sys.stdout)
     run = training_loop.TrainingLoop.run
 
     def run_with_hook(self, dataset, step_fn, hooks=(), **kwargs):
         def hook(step: int, logs: dict) -> None:
             del logs
-            if step in at:
-                print(_line(str(step), snapshot()), flush=True)
+            if step in at:  # above the training loop's progress bar
+                tqdm.tqdm.write(_line(str(step), snapshot()), file=sys.stdout)
         return run(self, dataset, step_fn, (*hooks, hook), **kwargs)
 
     training_loop.TrainingLoop.run = run_with_hook
     code = cli.main(command)
-    print(_line("end", snapshot()), flush=True)
+    tqdm.tqdm.write(_line("end", snapshot()), file=sys.stdout)
     return code
 
 
