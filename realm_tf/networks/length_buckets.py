@@ -18,9 +18,9 @@ under XLA, and a step's shapes vary more).
 
 Training rounds every length BERT reads up to a multiple of :data:`LENGTH_MULTIPLE` too. TensorFlow's CPU
 kernels (oneDNN) are created for each input shape and kept in a cache per thread, up to 1,024 per kind: a
-reader warm start that met every length from 1 to 320 held about 0.55 GB of them after 400 steps, against 0.05
-GB with lengths in multiples of 32, at the same steps per second (issue #20, part 9). Inference keeps exact
-lengths (a few more shapes there cost less than the padding).
+reader warm start that met every length from 1 to 320 held 0.5 GB more of them after 400 steps than with
+lengths in multiples of 32, which cost it 0-4% of its steps per second in padding (issue #20, part 9).
+Inference keeps exact lengths (a few more shapes there cost less than the padding).
 """
 from __future__ import annotations
 
