@@ -188,4 +188,4 @@ run_with_args = JOB.run_with_args
 
 
 if __name__ == "__main__":
-    sys.exit(JOB.main())
+    sys.exit(job_support.main(__spec__))

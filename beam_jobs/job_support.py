@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import abc
 import argparse
+import importlib
+import importlib.machinery
 import logging
 import os
 import sys
@@ -156,6 +158,18 @@ class BeamJob(abc.ABC):
             print(f"{self.name}: error: {e}", file=sys.stderr)
             return 2
         return 0
+
+
+def main(spec: importlib.machinery.ModuleSpec | None) -> int:
+    """``python -m beam_jobs.<job>``: runs the ``JOB`` of the job's module imported under its package name.
+
+    Run with ``-m``, the job's file is ``__main__``. Beam pickles elements of the job's own classes (e.g.
+    ``embed_blocks.BlockInput``) by reference, and a worker in another process (Dataflow, Flink, Spark, the
+    DirectRunner's ``multi_processing`` mode) can import ``beam_jobs.embed_blocks`` but not the driver's
+    ``__main__``. ``spec`` is the ``__main__`` module's ``__spec__`` (None when the file is run by path).
+    """
+    module = importlib.import_module(spec.name) if spec is not None else sys.modules["__main__"]
+    return module.JOB.main()
 
 
 def pipeline_options_for(beam_args: Sequence[str]) -> pipeline_options.PipelineOptions:

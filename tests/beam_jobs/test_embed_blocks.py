@@ -8,6 +8,8 @@ import gzip
 import json
 import os
 import random
+import subprocess
+import sys
 
 import apache_beam as beam
 import numpy as np
@@ -133,6 +135,24 @@ def test_the_published_index_finds_each_block_from_its_own_embedding(setup, publ
     runner_up = np.sort(scores, axis=1)[:, -2]
     clear = scores[np.arange(NUM_BLOCKS), np.arange(NUM_BLOCKS)] - runner_up > 1e-5
     np.testing.assert_array_equal(result.rows[clear, 0], np.arange(NUM_BLOCKS)[clear])
+
+
+@pytest.mark.slow
+def test_the_job_run_as_a_module_runs_on_workers_in_other_processes(setup, published):
+    """``python -m beam_jobs.embed_blocks`` on the DirectRunner's multi_processing workers: the job's own classes
+    (``BlockInput``) cross to processes that cannot import the driver's ``__main__``, as on Dataflow."""
+    index_dir = str(setup["tmp"] / "index_processes")
+    result = subprocess.run(
+        [sys.executable, "-m", "beam_jobs.embed_blocks", "--config", "configs/tiny.yaml", "--blocks",
+         setup["blocks"], "--export", setup["export"], "--index_dir", index_dir, "--max_batch_size", "8",
+         "--runner=DirectRunner", "--direct_running_mode=multi_processing", "--direct_num_workers=2"],
+        capture_output=True, text=True, timeout=600,
+        env=dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert index_publisher.complete_versions(index_dir) == [STEP]
+    got = np.load(os.path.join(index_publisher.version_dir(index_dir, STEP), "embeddings.npy"))
+    want = np.load(os.path.join(published[0]["index_path"], "embeddings.npy"))
+    np.testing.assert_allclose(got, want, atol=1e-6)
 
 
 @pytest.mark.parametrize("batching", ["length", "arrival"])
