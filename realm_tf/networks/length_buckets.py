@@ -86,10 +86,13 @@ def encode(encoder: tf_keras.layers.Layer, inputs: dict[str, tf.Tensor], num_buc
     seq_len = tf.shape(flat["input_word_ids"])[1]
     encoder_config = encoder.get_config()
     limit = encoder_config.get("max_sequence_length", seq_len)  # BERT's positions: no padding past the last
+
+    def plain(part: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        return encoder(part, training=training)
+
     if num_buckets == 1 and not compiled:
         if training:
-            outputs = _read_padded(lambda x: encoder(x, training=training), flat, seq_len,
-                                   tf.shape(flat["input_word_ids"])[0], limit)
+            outputs = _read_padded(plain, flat, seq_len, tf.shape(flat["input_word_ids"])[0], limit)
         else:
             outputs = encoder(flat, training=training)
         return {"sequence_output": _float32(outputs["sequence_output"]),
@@ -109,8 +112,7 @@ def encode(encoder: tf_keras.layers.Layer, inputs: dict[str, tf.Tensor], num_buc
             if compiled:
                 out = _read_padded(compiled_forward(encoder), part, longest, size, limit)
             elif training:
-                out = _read_padded(lambda x: encoder(x, training=training), part, longest,
-                                   tf.shape(part["input_word_ids"])[0], limit)
+                out = _read_padded(plain, part, longest, tf.shape(part["input_word_ids"])[0], limit)
             else:
                 out = encoder(part, training=training)
             sequence = tf.pad(out["sequence_output"],

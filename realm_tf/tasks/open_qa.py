@@ -383,7 +383,7 @@ def check_index_matches(task: "OpenQaTask", model: open_qa_model.OpenQaModel, sa
 
     The index holds float32 embeddings. A model built for ``mixed_bfloat16`` training computes Embed_doc in
     bfloat16, about 1e-2 from float32 for MiniLM, which would hide a small change of weights; the comparison
-    then runs on a float32 copy of the tower.
+    then runs on a float32 copy of the tower (built alone and uncompiled: it reads ``sample`` blocks once).
     """
     ids = tf.range(tf.minimum(sample, model.corpus.num_blocks))  # [sample]
     packed = task.tokenizer.join_bert(model.corpus.title_ids(ids), model.corpus.body_ids(ids),
@@ -391,7 +391,8 @@ def check_index_matches(task: "OpenQaTask", model: open_qa_model.OpenQaModel, sa
     retriever = model.retriever
     if retriever.doc_embedder.compute_dtype != "float32":
         with precision.policy_scope("float32"):
-            retriever = knowledge_retriever.build_knowledge_retriever(task.cfg.model, restore=False)
+            retriever = knowledge_retriever.build_knowledge_retriever(
+                dataclasses.replace(task.cfg.model, share_embedders=True, compiled_inference=False), restore=False)
         retriever.doc_embedder.set_weights(model.retriever.doc_embedder.get_weights())
     fresh = retriever.embed_blocks(packed, training=False)  # [sample, dim]
     diff = float(tf.reduce_max(tf.abs(fresh - model.corpus.block_embeddings(ids))))
