@@ -14,8 +14,11 @@ Pipeline (any Beam runner: every flag the job does not define is a standard Beam
     BatchByLength     (--batching length) sort each bundle by wordpiece length, cut batches of
                       min..max_batch_size: the export pads each batch to its longest block, so similar
                       lengths together waste less compute; (--batching arrival) RunInference's BatchElements
+    SpreadBatches     (--batching length) Reshuffle: a bundle's batches are spread over the workers (a read
+                      of one file is one bundle, and without it one worker would embed every batch)
     RunInference      KeyedModelHandler(BlockEmbeddingModelHandler): the SavedModel is loaded once per
-                      worker by Beam, its ``embed_block(title, text)`` signature is called per batch, the
+                      worker by Beam (with --intra_op_threads TensorFlow threads per op), its
+                      ``embed_block(title, text)`` signature is called per batch, the
                       block ids stay attached as keys; a failing batch is retried block by block, and a
                       block that still fails (or gives a non-finite vector) goes to ``failures``
     SplitOutcomes     (block_id, vector) -> embeddings | (block_id, error) -> failures; counters, progress
@@ -58,6 +61,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io import filesystems
 from apache_beam.ml.inference import base as inference_base
+from apache_beam.options import pipeline_options
 
 from beam_jobs import job_flags
 from beam_jobs import job_support
@@ -121,17 +125,34 @@ class BlockEmbeddingModelHandler(inference_base.ModelHandler[BlockInput, BlockEm
     Args:
       export_path: ``<export_dir>/<step>`` written by ``retriever_export.export_retriever`` (local or gs://).
       min_batch_size / max_batch_size: RunInference's BatchElements bounds (``--batching arrival``).
+      intra_op_threads: threads TensorFlow gives one op in the worker's process (0: its default, one per
+        core). Workers that share a machine each take their share of its cores: two processes of one thread
+        embed faster on two cores than one process of two, since a thread then runs a whole matmul, not half.
+        TensorFlow takes the setting only before its runtime starts; where it has already started in the
+        process (an in-process runner after TensorFlow ran), the load logs a warning and keeps its threads.
     """
 
-    def __init__(self, export_path: str, min_batch_size: int = 1, max_batch_size: int = 32) -> None:
+    def __init__(self, export_path: str, min_batch_size: int = 1, max_batch_size: int = 32,
+                 intra_op_threads: int = 0) -> None:
         super().__init__(min_batch_size=min_batch_size, max_batch_size=max_batch_size)
         self._export_path = export_path
+        self._intra_op_threads = intra_op_threads
 
     def load_model(self) -> Any:
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
         import tensorflow_text  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import  (tokenizer ops)
 
-        return tf.saved_model.load(self._export_path)  # keep the object: it owns the variables
+        threads = tf.config.threading.get_intra_op_parallelism_threads()  # 0: TensorFlow's default
+        if self._intra_op_threads and self._intra_op_threads != threads:
+            try:
+                tf.config.threading.set_intra_op_parallelism_threads(self._intra_op_threads)
+            except RuntimeError:  # the runtime has started in this process: its pool is fixed
+                logger.warning("embed_blocks: TensorFlow already runs in process %d; --intra_op_threads=%d is not "
+                               "applied", os.getpid(), self._intra_op_threads)
+        model = tf.saved_model.load(self._export_path)  # keep the object: it owns the variables
+        logger.info("embed_blocks: process %d loaded %s (intra-op threads: %s)", os.getpid(), self._export_path,
+                    tf.config.threading.get_intra_op_parallelism_threads() or "TensorFlow's default")
+        return model
 
     def run_inference(self, batch: Sequence[BlockInput], model: Any,
                       inference_args: dict[str, Any] | None = None) -> Iterable[BlockEmbedding]:
@@ -233,11 +254,13 @@ class EmbedBlocks(beam.PTransform):
       batching: ``"length"`` (sort each bundle by wordpieces, then cut batches) or ``"arrival"``
         (RunInference's adaptive BatchElements, in input order).
       progress_total / progress_interval: progress lines on stderr (interval 0: none).
+      intra_op_threads: TensorFlow's threads per op in each worker process (0: its default; see
+        :class:`BlockEmbeddingModelHandler`).
     """
 
     def __init__(self, export_path: str, block_seq_length: int, min_batch_size: int = 1,
                  max_batch_size: int = 32, batching: str = "length", progress_total: int | None = None,
-                 progress_interval: float = 0.0) -> None:
+                 progress_interval: float = 0.0, intra_op_threads: int = 0) -> None:
         super().__init__()
         if not 1 <= min_batch_size <= max_batch_size:
             raise errors.UserError(f"need 1 <= --min_batch_size ({min_batch_size}) <= --max_batch_size "
@@ -249,12 +272,13 @@ class EmbedBlocks(beam.PTransform):
         self._min_batch_size, self._max_batch_size = min_batch_size, max_batch_size
         self._batching = batching
         self._progress = (progress_total, progress_interval)
+        self._intra_op_threads = intra_op_threads
 
     def expand(self, records: beam.PCollection) -> dict[str, beam.PCollection]:
         parsed = records | "ParseBlocks" >> beam.ParDo(_ParseBlockFn(self._block_seq_length)).with_outputs(
             _FAILURES, main="blocks")
         handler = inference_base.KeyedModelHandler(BlockEmbeddingModelHandler(
-            self._export_path, self._min_batch_size, self._max_batch_size))
+            self._export_path, self._min_batch_size, self._max_batch_size, self._intra_op_threads))
         blocks = parsed["blocks"]
         if self._batching == "length":
             # SortAndBatchElements buffers a bundle, sorts it by length and cuts batches (by count: the
@@ -262,6 +286,9 @@ class EmbedBlocks(beam.PTransform):
             blocks = blocks | "BatchByLength" >> beam.transforms.util.SortAndBatchElements(
                 min_batch_size=self._min_batch_size, max_batch_size=self._max_batch_size,
                 max_batch_weight=self._max_batch_size * self._block_seq_length + 1, element_size_fn=_wordpieces)
+            # A bundle's batches (all of them when one file is read) would otherwise stay on the worker that
+            # sorted them: the embedding is fused to the read. Reshuffle spreads them over the workers.
+            blocks = blocks | "SpreadBatches" >> beam.Reshuffle()
             handler = handler.with_no_batching()
         outcomes = (blocks
                     | "RunInference" >> inference_base.RunInference(handler)
@@ -273,6 +300,38 @@ class EmbedBlocks(beam.PTransform):
 
 
 # ---- the job --------------------------------------------------------------------------------------------
+
+def use_the_cores(options: pipeline_options.PipelineOptions, beam_args: Sequence[str]) -> None:
+    """On the DirectRunner, unless ``--direct_running_mode`` or ``--direct_num_workers`` is given: one worker
+    thread per core (``multi_threading``), each embedding its share of the batches with one TensorFlow thread per
+    op (:func:`default_intra_op_threads`). On 2 cores that took 100 s against 106-110 s for Beam's default, one
+    worker running each op on both cores (``benchmarks/RESULTS.md``, issue #20)."""
+    cores = os.cpu_count() or 1
+    if (not job_support.is_direct_runner(options) or cores == 1
+            or any(a.startswith(("--direct_running_mode", "--direct_num_workers")) for a in beam_args)):
+        return
+    direct = options.view_as(pipeline_options.DirectOptions)
+    direct.direct_running_mode, direct.direct_num_workers = "multi_threading", cores
+
+
+def _runner_description(options: pipeline_options.PipelineOptions) -> str:
+    """``DirectRunner (multi_threading x 2)``, ``DataflowRunner``...: how the embeddings were computed."""
+    if not job_support.is_direct_runner(options):
+        return str(options.view_as(pipeline_options.StandardOptions).runner)
+    direct = options.view_as(pipeline_options.DirectOptions)
+    return f"DirectRunner ({direct.direct_running_mode} x {direct.direct_num_workers})"
+
+
+def default_intra_op_threads(options: pipeline_options.PipelineOptions) -> int:
+    """``--intra_op_threads`` when not given: on the DirectRunner's ``multi_threading`` or ``multi_processing``
+    workers, which share this machine, each worker's share of its cores; elsewhere 0 (TensorFlow's default, one
+    thread per core)."""
+    direct = options.view_as(pipeline_options.DirectOptions)
+    if not job_support.is_direct_runner(options) or direct.direct_running_mode == "in_memory":
+        return 0
+    workers = direct.direct_num_workers or os.cpu_count() or 1  # Beam's default for 0: one worker per core
+    return max(1, (os.cpu_count() or 1) // workers)
+
 
 def resolve_export(export: str | None, export_dir: str | None, cfg: config_lib.ExperimentConfig) -> str:
     """``export``, else the newest complete export under ``export_dir`` (default refresh.export_dir)."""
@@ -292,7 +351,7 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
                       blocks: str | None = None, beam_args: Sequence[str] = (), embeddings_dir: str | None = None,
                       keep_embeddings: bool = False, min_batch_size: int = 1, max_batch_size: int = 32,
                       batching: str = "length", num_shards: int = 0, progress_interval: float | None = None,
-                      pause_before_commit: float = 0.0) -> dict[str, Any]:
+                      pause_before_commit: float = 0.0, intra_op_threads: int | None = None) -> dict[str, Any]:
     """The job's Python API: embeds every block of ``blocks`` (default: the current corpus version of
     ``data.blocks_dir``) with the retriever export ``export_path`` and publishes ``<index_dir>/<export step>/``
     (``index_publisher.version_for_export``); returns the
@@ -326,7 +385,10 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
     job_support.delete_matching([embeddings_pattern, failures_pattern])  # a rerun into the same embeddings_dir
 
     options = job_support.pipeline_options_for(beam_args)
+    use_the_cores(options, beam_args)
     interval = job_support.progress_interval_for(progress_interval, options)
+    if intra_op_threads is None:
+        intra_op_threads = default_intra_op_threads(options)
     logger.info("embed_blocks: export %s (step %d, dim %d) over %s%s -> %s", export_path, int(export["step"]),
                 export["embedding_dim"], blocks,
                 f" ({expected_blocks:,} blocks)" if expected_blocks is not None else "", index_dir)
@@ -335,7 +397,8 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
     outputs = (pipeline
                | "ReadBlocks" >> beam.io.ReadFromTFRecord(blocks)
                | "EmbedBlocks" >> EmbedBlocks(export_path, int(export["block_seq_length"]), min_batch_size,
-                                              max_batch_size, batching, expected_blocks, interval))
+                                              max_batch_size, batching, expected_blocks, interval,
+                                              intra_op_threads))
     _ = (outputs["embeddings"]
          | "SerializeEmbeddings" >> beam.Map(embedding_matrix.to_embedding_record)
          | "WriteEmbeddings" >> beam.io.WriteToTFRecord(
@@ -374,6 +437,8 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
         "blocks_manifest": expected_blocks is not None,
         "counts": counts,
         "batching": {"mode": batching, "min_batch_size": min_batch_size, "max_batch_size": max_batch_size},
+        "runner": _runner_description(options),
+        "intra_op_threads": intra_op_threads,
         "embed_seconds": round(embed_seconds, 3),
         "assemble_seconds": round(assemble_seconds, 3),
         "build_seconds": round(build_seconds, 3),
@@ -409,7 +474,7 @@ class EmbedBlocksJob(job_support.BeamJob):
         return embed_and_publish(
             cfg, resolve_export(args.export, args.export_dir, cfg), args.index_dir, args.blocks, beam_args,
             args.embeddings_dir, args.keep_embeddings, args.min_batch_size, args.max_batch_size, args.batching,
-            args.num_shards, args.progress_interval, args.pause_before_commit)
+            args.num_shards, args.progress_interval, args.pause_before_commit, args.intra_op_threads)
 
 
 def format_summary(summary: Mapping[str, Any]) -> str:

@@ -88,6 +88,13 @@ def add_embed_blocks_args(parser: argparse.ArgumentParser) -> None:
                         help="length: batch blocks of similar wordpiece length (less padding); "
                              "arrival: RunInference's own BatchElements in input order")
     parser.add_argument("--num_shards", type=int, default=0, help="embedding shards (0: let the runner decide)")
+    parser.add_argument("--intra_op_threads", type=int, default=None, metavar="N",
+                        help="TensorFlow threads per op in each worker process; 0: TensorFlow's default (one per "
+                             "core). Default: each worker's share of the cores on the DirectRunner's "
+                             "multi_processing workers (--direct_running_mode=multi_processing "
+                             "--direct_num_workers=2 on 2 cores: 1 each, faster than one process of 2), else 0. "
+                             "Set it where one machine runs several worker processes (Dataflow's Python workers "
+                             "start one per vCPU)")
     add_progress_interval_arg(parser)
     parser.add_argument("--pause_before_commit", type=float, default=0.0, metavar="SECONDS",
                         help="fault-injection tests: sleep with the new index version staged, before committing it")

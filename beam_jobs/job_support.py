@@ -17,7 +17,10 @@ import importlib.machinery
 import logging
 import os
 import sys
+import threading
 import time
+import uuid
+import weakref
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import apache_beam as beam
@@ -28,6 +31,7 @@ from apache_beam.options import pipeline_options
 from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf import library_logs
+from realm_tf import process_settings
 from realm_tf.data import corpus_versions
 from realm_tf.data import job_manifest
 
@@ -150,8 +154,11 @@ class BeamJob(abc.ABC):
         return self.run_with_args(args, beam_args)
 
     def main(self) -> int:
-        """``python -m beam_jobs.<job>``: runs the job, reporting configuration errors without a traceback."""
+        """``python -m beam_jobs.<job>``: runs the job, reporting configuration errors without a traceback. The
+        process takes ``realm-tf``'s TensorFlow settings (:mod:`realm_tf.process_settings`), as do the DirectRunner's
+        worker processes, which inherit its environment."""
         library_logs.show_on_stderr()
+        process_settings.apply()  # before the job's first tensor
         try:
             self.run(sys.argv[1:])
         except (errors.UserError, FileNotFoundError) as e:
@@ -214,7 +221,9 @@ def progress_interval_for(interval: float | None, options: Any) -> float:
 
 class Progress:
     """``<job> [<stage>, pid P] N/T <unit> (P%), R <unit>/s, ETA Ss, <extra>`` on stderr, at most every
-    ``interval`` seconds (0: never). One per DoFn instance (built in ``setup``), flushed at bundle ends."""
+    ``interval`` seconds (0: never); thread-safe. :class:`ReportingDoFn` shares one per process among the
+    instances of its DoFn (the DirectRunner's ``multi_threading`` workers, a Dataflow worker's threads) and
+    flushes it at bundle ends. The counts are the process's: with several worker processes each prints its own."""
 
     def __init__(self, job: str, unit: str, total: int | None, interval: float, stage: str = "") -> None:
         self._job, self._unit, self._total, self._interval = job, unit, total, interval
@@ -222,20 +231,24 @@ class Progress:
         self._start = self._last = time.monotonic()
         self.done = self._reported = 0
         self.extra: dict[str, int] = {}
+        self._lock = threading.Lock()
 
     def update(self, done: int, **extra: int) -> None:
-        self.done += done
-        for key, value in extra.items():
-            self.extra[key] = self.extra.get(key, 0) + value
-        if self._interval > 0 and time.monotonic() - self._last >= self._interval:
-            self.report()
+        with self._lock:
+            self.done += done
+            for key, value in extra.items():
+                self.extra[key] = self.extra.get(key, 0) + value
+            if self._interval > 0 and time.monotonic() - self._last >= self._interval:
+                self.report()
 
     def flush(self) -> None:
         """Reports what has not been reported yet (end of a bundle)."""
-        if self._interval > 0 and self.done != self._reported:
-            self.report()
+        with self._lock:
+            if self._interval > 0 and self.done != self._reported:
+                self.report()
 
     def report(self) -> None:
+        """Prints the line (the caller holds the lock, or owns the object alone)."""
         now = time.monotonic()
         self._last, self._reported = now, self.done
         rate = self.done / max(now - self._start, 1e-9)
@@ -397,17 +410,26 @@ def _number(keyed: tuple[int, Iterable[Any]], key: Callable[[Any], str], items: 
 
 
 class ReportingDoFn(beam.DoFn):
-    """Base of the DoFns that report progress: a :class:`Progress` per DoFn instance, built in ``setup`` and
-    flushed at every bundle's end; subclasses call ``self.progress.update``."""
+    """Base of the DoFns that report progress: one :class:`Progress` per process for all the instances of the
+    DoFn (found in ``setup``), flushed at every bundle's end; subclasses call ``self.progress.update``."""
+
+    # The Progress of each DoFn in this process, by the DoFn's run key; held by the instances that use it.
+    _shared: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+    _shared_lock = threading.Lock()
 
     def __init__(self, job: str, unit: str, total: int | None, interval: float, stage: str = "") -> None:
         super().__init__()
         self._progress_args = (job, unit, total, interval)
         self._stage = stage
+        self._key = uuid.uuid4().hex  # made once, where the pipeline is built: every copy of this DoFn shares it
         self.progress: Progress | None = None
 
     def setup(self) -> None:
-        self.progress = Progress(*self._progress_args, stage=self._stage)
+        with ReportingDoFn._shared_lock:
+            self.progress = ReportingDoFn._shared.get(self._key)
+            if self.progress is None:
+                self.progress = Progress(*self._progress_args, stage=self._stage)
+                ReportingDoFn._shared[self._key] = self.progress
 
     def finish_bundle(self) -> None:
         if self.progress is not None:

@@ -6,12 +6,13 @@ the model. With the MiniLM config (``configs/minilm.yaml``: 6 layers, 384 wide, 
 288-wordpiece blocks; the retriever exported from the init weights with ``retriever_export``) this measures,
 on ``--num_blocks`` blocks of the bundled corpus:
 
-1. ``beam_jobs/embed_blocks`` on the DirectRunner (``--batching length``, batch = ``--batch_size``):
-   wall time of the pipeline incl. start-up, SavedModel load and shard writing (``embed_seconds``), and of
-   the whole run (assemble + index build + publish added);
-2. the same SavedModel's ``embed_block`` signature called in this process with the same batch size, over
-   the blocks in file order and again sorted by length (steady state: the load and one warm-up batch are
-   not timed);
+1. ``python -m beam_jobs.embed_blocks`` in its own process on the DirectRunner (``--batching length``, batch =
+   ``--batch_size``; the job's own default workers and threads, or the job flags after ``--``): wall time of
+   the pipeline incl. start-up, SavedModel load and shard writing (``embed_seconds``), and of the whole
+   process (Python start-up, imports, assemble + index build + publish added);
+2. the same SavedModel's ``embed_block`` signature called in this process with the same batch size (one
+   caller, TensorFlow's default threads), over the blocks in file order and again sorted by length (steady
+   state: the load and one warm-up batch are not timed);
 3. numpy float32 matmul (2048 x 2048 @ 2048 x 2048, best of 5) as the machine's sgemm reference.
 
 **Useful FLOPs** count only real (unpadded) wordpieces: a block of ``n`` wordpieces ([CLS]/[SEP] included,
@@ -28,7 +29,8 @@ if that job fails, from passages packed here with ``realm_tf.data.block_packer``
 sentence, cut at word boundaries).
 
 Usage: python benchmarks/embed_throughput.py [--num_blocks 800] [--batch_size 16] [--workdir /tmp/embed_bench]
-[--set model.compiled_inference=true] [--profile]
+[--set model.compiled_inference=true] [--profile] [-- JOB FLAGS, e.g. --direct_running_mode=multi_processing
+--direct_num_workers=2]
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ import json
 import os
 import platform
 import shutil
+import subprocess
 import sys
 import time
 
@@ -53,11 +56,11 @@ import numpy as np  # pylint: disable=wrong-import-position
 import tensorflow as tf  # pylint: disable=wrong-import-position
 import tensorflow_text  # noqa: F401  pylint: disable=wrong-import-position,unused-import
 
-from beam_jobs import embed_blocks  # pylint: disable=wrong-import-position
 from beam_jobs import job_support  # pylint: disable=wrong-import-position
 from realm_tf import config as config_lib  # pylint: disable=wrong-import-position
 from realm_tf.data import block_packer  # pylint: disable=wrong-import-position
 from realm_tf.data import example_schemas  # pylint: disable=wrong-import-position
+from realm_tf.index import index_publisher  # pylint: disable=wrong-import-position
 from realm_tf.layers import bert_tokenizer  # pylint: disable=wrong-import-position
 from realm_tf.models import knowledge_retriever  # pylint: disable=wrong-import-position
 from realm_tf.serving import retriever_export  # pylint: disable=wrong-import-position
@@ -151,6 +154,8 @@ def main() -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="config overrides for the export (e.g. model.compiled_inference=true; use a new "
                              "--workdir per setting: an export found there is reused)")
+    parser.add_argument("job_args", nargs="*", metavar="-- JOB_FLAG",
+                        help="after --: more flags for the Beam job (its own, or Beam pipeline options)")
     args = parser.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     load_start = os.getloadavg()
@@ -202,12 +207,17 @@ def main() -> None:
 
     # ---- 1. the Beam job ------------------------------------------------------------------------------
     shutil.rmtree(cfg.index.index_dir, ignore_errors=True)
+    # In its own process, as `python -m beam_jobs.embed_blocks` runs: TensorFlow's thread pools are set where
+    # the job first loads the model, which a process that has already run TensorFlow (this one) cannot do.
     start = time.time()
-    summary = embed_blocks.run(["--config", args.config, "--blocks", os.path.join(blocks_dir, "*.tfrecord"),
-                                "--export", export, "--index_dir", cfg.index.index_dir,
-                                "--min_batch_size", str(args.batch_size), "--max_batch_size", str(args.batch_size),
-                                "--progress_interval", "30", "--runner=DirectRunner"])
+    subprocess.run([sys.executable, "-m", "beam_jobs.embed_blocks", "--config", args.config, "--set",
+                    f"index.index_dir={cfg.index.index_dir}", *[f"--set={o}" for o in args.overrides],
+                    "--blocks", os.path.join(blocks_dir, "*.tfrecord"), "--export", export,
+                    "--min_batch_size", str(args.batch_size), "--max_batch_size", str(args.batch_size),
+                    "--progress_interval", "30", "--runner=DirectRunner", *args.job_args], check=True)
     job_total = time.time() - start
+    path = index_publisher.version_dir(cfg.index.index_dir, index_publisher.complete_versions(cfg.index.index_dir)[-1])
+    summary = {**index_publisher.read_index_json(path), "index_path": path}
     job_embed = summary["embed_seconds"]
     published = np.load(os.path.join(summary["index_path"], "embeddings.npy"))  # [N, dim]
     counts = summary["counts"]
@@ -256,12 +266,14 @@ def main() -> None:
           f"{'reused' if export_seconds < 5 else f'written in {export_seconds:.0f}s'}")
     print(f"blocks: {n} from {source}; wordpieces per block mean {lengths.mean():.1f}, min {lengths.min()}, "
           f"max {lengths.max()}; useful work {total_gflop:,.0f} GFLOP ({total_gflop / n:.2f} per block)")
+    print(f"job: {summary['runner']}, flags {' '.join(args.job_args) or '(defaults)'}; intra-op threads per "
+          f"worker {summary['intra_op_threads'] or 'TensorFlow default'}")
     print(f"batch size {args.batch_size}; TF {tf.__version__}, Beam {beam.__version__}, numpy {np.__version__}, "
           f"Python {platform.python_version()}; {os.cpu_count()} CPUs; load average at start "
           f"{load_start[0]:.1f}, at end {load_end[0]:.1f}")
     print(f"{'mode':<46}{'seconds':>9}{'blocks/s':>10}{'useful GFLOP/s':>15}{'real/padded':>12}")
     print(row("Beam job, DirectRunner (embed_seconds)", job_embed, counts.get("padded_wordpieces")))
-    print(row("Beam job, whole run (+assemble/build/publish)", job_total, None))
+    print(row("Beam job, whole process (start to publish)", job_total, None))
     print(row("in-process embed_block, file order", file_seconds, file_padded))
     if sorted_seconds is not None:
         print(row("in-process embed_block, sorted by length", sorted_seconds, sorted_padded))
@@ -273,8 +285,7 @@ def main() -> None:
           f"{counts.get('wordpieces') == int(lengths.sum())}")
     print(f"published index version {summary['version']} ({summary['kind']}, {summary['num_blocks']} x "
           f"{summary['dim']}); max |job - in-process| = {max_diff:.2e}; seconds: embed {job_embed:.1f}, assemble "
-          f"{summary['assemble_seconds']:.2f}, build {summary['build_seconds']:.2f}, publish "
-          f"{summary['publish_seconds']:.2f}")
+          f"{summary['assemble_seconds']:.2f}, build {summary['build_seconds']:.2f}")
     if ops:
         print("op time of one profiled sorted pass, by op type (einsums by layer):\n" + op_profile.format_breakdown(ops))
     if ceiling:

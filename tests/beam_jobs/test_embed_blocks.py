@@ -10,15 +10,18 @@ import os
 import random
 import subprocess
 import sys
+import threading
 
 import apache_beam as beam
 import numpy as np
 import pytest
 import tensorflow as tf
+from apache_beam.options import pipeline_options
 from apache_beam.testing import test_pipeline
 from apache_beam.testing import util as beam_testing
 
 from beam_jobs import embed_blocks
+from beam_jobs import job_support
 from realm_tf import config
 from realm_tf.data import example_schemas
 from realm_tf.index import embedding_matrix
@@ -111,6 +114,10 @@ def test_publishes_a_complete_version_named_after_the_export_step(setup, publish
     for key in ("embed_seconds", "assemble_seconds", "build_seconds"):
         assert meta[key] >= 0
     assert summary["publish_seconds"] >= 0 and summary["index_path"].endswith("0000000003")
+    cores = os.cpu_count()  # no --direct_* flag: a worker thread per core, one TensorFlow thread per op each
+    assert meta["runner"] == (f"DirectRunner (multi_threading x {cores})" if cores > 1
+                              else "DirectRunner (in_memory x 1)")
+    assert meta["intra_op_threads"] == (1 if cores > 1 else 0)
     assert not [n for n in os.listdir(index_dir) if n.startswith(".")]  # staging and shards removed
 
 
@@ -153,6 +160,74 @@ def test_the_job_run_as_a_module_runs_on_workers_in_other_processes(setup, publi
     got = np.load(os.path.join(index_publisher.version_dir(index_dir, STEP), "embeddings.npy"))
     want = np.load(os.path.join(published[0]["index_path"], "embeddings.npy"))
     np.testing.assert_allclose(got, want, atol=1e-6)
+
+
+@pytest.mark.parametrize("flags, workers, threads", [
+    ([], ("multi_threading", 4), 1),
+    (["--direct_running_mode=in_memory"], ("in_memory", 1), 0),
+    (["--direct_running_mode=multi_processing", "--direct_num_workers=2"], ("multi_processing", 2), 2),
+    (["--direct_num_workers", "3"], ("in_memory", 3), 0),
+    (["--runner=DataflowRunner"], None, 0)])
+def test_on_the_direct_runner_the_job_takes_a_worker_per_core_unless_told_otherwise(monkeypatch, flags, workers,
+                                                                                   threads):
+    monkeypatch.setattr(os, "cpu_count", lambda: 4)
+    options = job_support.pipeline_options_for(flags)
+    embed_blocks.use_the_cores(options, flags)
+    direct = options.view_as(pipeline_options.DirectOptions)
+    if workers is not None:
+        assert (direct.direct_running_mode, direct.direct_num_workers) == workers
+    else:  # another runner: the DirectRunner's options are left alone
+        assert (direct.direct_running_mode, direct.direct_num_workers) == ("in_memory", 1)
+    assert embed_blocks.default_intra_op_threads(options) == threads
+
+
+def test_the_batches_of_one_file_are_embedded_by_every_worker(setup, monkeypatch, tmp_path):
+    """A read of one file is one bundle, sorted and cut into batches on one worker; the batches must still reach
+    every worker (SpreadBatches), or one worker embeds them all while the others wait."""
+    callers = set()
+    run_inference = embed_blocks.BlockEmbeddingModelHandler.run_inference
+
+    def recording(self, batch, model, inference_args=None):
+        callers.add(threading.get_ident())
+        return run_inference(self, batch, model, inference_args)
+
+    monkeypatch.setattr(embed_blocks.BlockEmbeddingModelHandler, "run_inference", recording)
+    one_file = str(tmp_path / "blocks-00000-of-00001.tfrecord")
+    _write(one_file, setup["records"])
+    reference = setup["reference"]
+
+    def check_embeddings(actual):
+        assert sorted(block_id for block_id, _ in actual) == list(range(NUM_BLOCKS))
+        assert max(np.abs(vector - reference[block_id]).max() for block_id, vector in actual) <= 1e-5
+
+    options = pipeline_options.PipelineOptions(["--direct_running_mode=multi_threading", "--direct_num_workers=2"])
+    with test_pipeline.TestPipeline(options=options) as p:
+        outputs = (p
+                   | beam.io.ReadFromTFRecord(one_file)
+                   | embed_blocks.EmbedBlocks(setup["export"], setup["cfg"].model.block_seq_length,
+                                              min_batch_size=2, max_batch_size=2))
+        beam_testing.assert_that(outputs["embeddings"], check_embeddings)
+    assert len(callers) == 2
+
+
+def test_the_model_handler_sets_tensorflows_threads_where_tensorflow_has_not_run(setup, caplog):
+    code = ("import tensorflow as tf\nfrom beam_jobs import embed_blocks\n"
+            f"embed_blocks.BlockEmbeddingModelHandler({setup['export']!r}, intra_op_threads=1).load_model()\n"
+            "print('threads', tf.config.threading.get_intra_op_parallelism_threads())")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-2:] == ["threads", "1"]
+    # Here TensorFlow has run: the pool stays as it is, the load says so and the model still embeds.
+    before = tf.config.threading.get_intra_op_parallelism_threads()
+    handler = embed_blocks.BlockEmbeddingModelHandler(setup["export"], intra_op_threads=before + 3)
+    with caplog.at_level("WARNING", logger=embed_blocks.__name__):
+        model = handler.load_model()
+    assert tf.config.threading.get_intra_op_parallelism_threads() == before
+    assert "--intra_op_threads=%d is not applied" % (before + 3) in caplog.text
+    (title, text), = setup["passages"][:1]
+    vector, = handler.run_inference([embed_blocks.BlockInput(title.encode(), text.encode(), 10)], model)
+    assert np.abs(vector.embedding - setup["reference"][0]).max() <= 1e-5
 
 
 @pytest.mark.parametrize("batching", ["length", "arrival"])

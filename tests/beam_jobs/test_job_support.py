@@ -1,4 +1,6 @@
 """Beam job support: protobuf record parsing and Beam counters."""
+import pickle
+
 import apache_beam as beam
 import tensorflow as tf
 from apache_beam.testing import test_pipeline
@@ -43,6 +45,29 @@ def test_progress_reports_counts_percentage_and_extra_at_most_every_interval(cap
     silent.update(5)
     silent.flush()
     assert capsys.readouterr().err == "" and silent.done == 5
+
+
+class _CountingDoFn(job_support.ReportingDoFn):
+    def process(self, element):
+        self.progress.update(1)
+        yield element
+
+
+def test_the_copies_of_a_reporting_dofn_in_one_process_count_into_one_progress():
+    """A runner's worker threads each deserialize their own copy of a DoFn; the progress line must count the
+    process's elements, not one copy's (with 2 worker threads each copy would print 50% at the end)."""
+    fn = _CountingDoFn("embed_blocks", "blocks", total=10, interval=0.0)
+    first, second = pickle.loads(pickle.dumps(fn)), pickle.loads(pickle.dumps(fn))
+    first.setup()
+    second.setup()
+    for _ in range(4):
+        list(first.process("x"))
+    for _ in range(6):
+        list(second.process("x"))
+    assert first.progress is second.progress and first.progress.done == 10
+    other = _CountingDoFn("embed_blocks", "blocks", total=10, interval=0.0)  # another pipeline's DoFn
+    other.setup()
+    assert other.progress is not first.progress and other.progress.done == 0
 
 
 def test_prepare_output_removes_the_manifest_and_matching_shards_only(tmp_path):
