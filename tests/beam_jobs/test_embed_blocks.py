@@ -221,7 +221,7 @@ def test_the_model_handler_sets_tensorflows_threads_where_tensorflow_has_not_run
     # Here TensorFlow has run: the pool stays as it is, the load says so and the model still embeds.
     before = tf.config.threading.get_intra_op_parallelism_threads()
     handler = embed_blocks.BlockEmbeddingModelHandler(setup["export"], intra_op_threads=before + 3)
-    with caplog.at_level("WARNING", logger=embed_blocks.__name__):
+    with caplog.at_level("INFO", logger=embed_blocks.__name__):
         model = handler.load_model()
     assert tf.config.threading.get_intra_op_parallelism_threads() == before
     assert "--intra_op_threads=%d is not applied" % (before + 3) in caplog.text
