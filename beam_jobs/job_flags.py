@@ -90,11 +90,12 @@ def add_embed_blocks_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num_shards", type=int, default=0, help="embedding shards (0: let the runner decide)")
     parser.add_argument("--intra_op_threads", type=int, default=None, metavar="N",
                         help="TensorFlow threads per op in each worker process; 0: TensorFlow's default (one per "
-                             "core). Default: each worker's share of the cores on the DirectRunner's "
-                             "multi_processing workers (--direct_running_mode=multi_processing "
-                             "--direct_num_workers=2 on 2 cores: 1 each, faster than one process of 2), else 0. "
-                             "Set it where one machine runs several worker processes (Dataflow's Python workers "
-                             "start one per vCPU)")
+                             "core). Default: on the DirectRunner's multi_threading or multi_processing workers, "
+                             "the cores divided by the workers, else 0. On the DirectRunner the job runs a "
+                             "multi_threading worker per core unless --direct_running_mode or --direct_num_workers "
+                             "is given (2 cores: 2 workers of 1 thread, faster than 1 worker of 2). Set it to 1 "
+                             "where a machine runs several worker processes (Dataflow's Python workers start one "
+                             "per vCPU)")
     add_progress_interval_arg(parser)
     parser.add_argument("--pause_before_commit", type=float, default=0.0, metavar="SECONDS",
                         help="fault-injection tests: sleep with the new index version staged, before committing it")
