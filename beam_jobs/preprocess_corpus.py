@@ -77,19 +77,12 @@ BLOCKS = "blocks"
 
 # ---- ReadCorpus -----------------------------------------------------------------------------------------
 
-class _ReadRecordsFn(beam.DoFn):
+class _ReadRecordsFn(job_support.ReportingDoFn):
     """file path -> RawRecord per line / record (main); TSV header lines -> ``headers`` (path)."""
 
     def __init__(self, input_format: str, progress_total: int | None, progress_interval: float) -> None:
-        super().__init__()
+        super().__init__("preprocess", "lines", progress_total, progress_interval, stage="read")
         self._format = input_format
-        self._progress_total = progress_total
-        self._progress_interval = progress_interval
-        self._progress: job_support.Progress | None = None
-
-    def setup(self) -> None:
-        self._progress = job_support.Progress("preprocess", "lines", self._progress_total, self._progress_interval,
-                                              stage="read")
 
     def process(self, path: str) -> Iterator[Any]:
         fmt = corpus_reader.detect_format(path, self._format)
@@ -100,13 +93,9 @@ class _ReadRecordsFn(beam.DoFn):
                     yield beam.pvalue.TaggedOutput(HEADERS, path)
                     continue
                 job_support.count(NAMESPACE, INPUT_LINES)
-                assert self._progress is not None
-                self._progress.update(1)
+                assert self.progress is not None
+                self.progress.update(1)
                 yield record
-
-    def finish_bundle(self) -> None:
-        assert self._progress is not None
-        self._progress.flush()
 
 
 class ReadCorpus(beam.PTransform):
@@ -182,7 +171,7 @@ class DeduplicateDocuments(beam.PTransform):
 
 # ---- PackBlocks -----------------------------------------------------------------------------------------
 
-class _PackFn(beam.DoFn):
+class _PackFn(job_support.ReportingDoFn):
     """list[Document] -> PackedDocument (main) or DeadLetter(no_wordpieces) (``dead_letters``).
 
     The tokenizer is built once per DoFn instance in ``setup``; the titles and sentences of a whole batch
@@ -194,23 +183,23 @@ class _PackFn(beam.DoFn):
 
     def __init__(self, vocab_file: str, lower_case: bool, max_block_length: int, max_title_length: int,
                  progress_total: int | None, progress_interval: float) -> None:
-        super().__init__()
+        super().__init__("preprocess", "lines", progress_total, progress_interval, stage="pack")
         self._vocab_file = vocab_file
         self._lower_case = lower_case
         self._max_block_length = max_block_length
         self._max_title_length = max_title_length
-        self._progress_args = (progress_total, progress_interval)
         self._tokenizer: Any = None
 
     def setup(self) -> None:
         from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
+
+        super().setup()
 
         self._tokenizer = bert_tokenizer.BertTokenizer(self._vocab_file, lower_case=self._lower_case)
         self._continuation = bert_tokenizer.continuation_table(self._tokenizer.vocab)
         self._tokenize_graph = bert_tokenizer.traced_tokenize_with_offsets(self._tokenizer)
         self._splitter = sentence_splitter.SentenceSplitter()
         self._packer = block_packer.BlockPacker(self._max_block_length, self._max_title_length)
-        self._progress = job_support.Progress("preprocess", "lines", *self._progress_args, stage="pack")
 
     def _tokenize(self, texts: Sequence[str]) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Per text: wordpiece ids ``int32[n]`` and UTF-8 byte start offsets ``int64[n]``."""
@@ -261,10 +250,8 @@ class _PackFn(beam.DoFn):
             documents += 1
             blocks += len(packed)
             yield document_packing.PackedDocument(doc.content_hash, doc.source_lines, tuple(packed))
-        self._progress.update(lines, documents=documents, blocks=blocks)
-
-    def finish_bundle(self) -> None:
-        self._progress.flush()
+        assert self.progress is not None
+        self.progress.update(lines, documents=documents, blocks=blocks)
 
 
 class PackBlocks(beam.PTransform):

@@ -216,10 +216,9 @@ def main() -> None:
                     "--min_batch_size", str(args.batch_size), "--max_batch_size", str(args.batch_size),
                     "--progress_interval", "30", "--runner=DirectRunner", *args.job_args], check=True)
     job_total = time.time() - start
-    path = index_publisher.version_dir(cfg.index.index_dir, index_publisher.complete_versions(cfg.index.index_dir)[-1])
-    summary = {**index_publisher.read_index_json(path), "index_path": path}
+    path, summary = index_publisher.newest_version(cfg.index.index_dir, tok.vocab_hash)
     job_embed = summary["embed_seconds"]
-    published = np.load(os.path.join(summary["index_path"], "embeddings.npy"))  # [N, dim]
+    published = index_publisher.read_embeddings(path)  # [N, dim]
     counts = summary["counts"]
 
     # ---- 2. in-process --------------------------------------------------------------------------------

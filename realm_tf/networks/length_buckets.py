@@ -90,11 +90,16 @@ def encode(encoder: tf_keras.layers.Layer, inputs: dict[str, tf.Tensor], num_buc
     def plain(part: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         return encoder(part, training=training)
 
-    if num_buckets == 1 and not compiled:
+    def forward(part: dict[str, tf.Tensor], longest: tf.Tensor) -> dict[str, tf.Tensor]:
+        """BERT on ``part`` (each ``[part_rows, longest]``): compiled, padded in training, else as it is."""
+        if compiled:
+            return _read_padded(compiled_forward(encoder), part, longest, size, limit)
         if training:
-            outputs = _read_padded(plain, flat, seq_len, tf.shape(flat["input_word_ids"])[0], limit)
-        else:
-            outputs = encoder(flat, training=training)
+            return _read_padded(plain, part, longest, tf.shape(part["input_word_ids"])[0], limit)
+        return plain(part)
+
+    if num_buckets == 1 and not compiled:
+        outputs = forward(flat, seq_len)
         return {"sequence_output": _float32(outputs["sequence_output"]),
                 "pooled_output": _float32(outputs["pooled_output"])}
     lengths = tf.reduce_sum(tf.cast(tf.not_equal(flat["input_mask"], 0), tf.int32), axis=-1)  # [rows]
@@ -109,12 +114,7 @@ def encode(encoder: tf_keras.layers.Layer, inputs: dict[str, tf.Tensor], num_buc
         def read(members: tf.Tensor = members) -> tuple[tf.Tensor, tf.Tensor]:
             longest = tf.maximum(tf.reduce_max(tf.gather(lengths, members)), 1)
             part = {k: tf.gather(v, members)[:, :longest] for k, v in flat.items()}  # [group_rows, longest]
-            if compiled:
-                out = _read_padded(compiled_forward(encoder), part, longest, size, limit)
-            elif training:
-                out = _read_padded(plain, part, longest, tf.shape(part["input_word_ids"])[0], limit)
-            else:
-                out = encoder(part, training=training)
+            out = forward(part, longest)
             sequence = tf.pad(out["sequence_output"],
                               [[0, 0], [0, seq_len - longest], [0, 0]])  # [group_rows, seq_len, hidden]
             return _float32(sequence), _float32(out["pooled_output"])  # [group_rows, hidden]
