@@ -295,6 +295,10 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                                index_dir=args.index, predictions_path=args.predictions, retriever=args.retriever,
                                score_weights=args.score_weights, aggregations=args.aggregations)
     print(f"predictions: {metrics['predictions']}")
+    if args.errors:
+        from realm_tf.tasks import answer_errors
+
+        print(answer_errors.format_table(metrics["outcomes"]))
     print(json.dumps({k: v for k, v in metrics.items() if k != "predictions"}, sort_keys=True))
     if args.metrics:
         with open(args.metrics, "w", encoding="utf-8") as f:
@@ -562,6 +566,10 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                                            help="predictions JSONL (default: <model>/predictions-<split>.jsonl)"),
                             p.add_argument("--metrics", default=None, metavar="FILE.json",
                                            help="also write the metrics (and the predictions' path) to this file"),
+                            p.add_argument("--errors", action="store_true",
+                                           help="print where the answers went wrong: each question in one outcome "
+                                                "(too long, too short, partial overlap, answer not read, right "
+                                                "block wrong span, wrong block), with its share"),
                             p.add_argument("--retriever", choices=("dense", "bm25", "gold"), default="dense",
                                            help="dense: the model's retriever; bm25: BM25's top blocks read by the "
                                                 "same reader (the baseline; needs bm25s); gold: the gold block "

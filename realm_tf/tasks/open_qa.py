@@ -463,7 +463,8 @@ RETRIEVERS = ("dense", "bm25", "gold")
 def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str = "all", model_dir: str | None = None,
              index_dir: str | None = None, predictions_path: str | None = None, retriever: str = "dense",
              score_weights: Sequence[float] = (), aggregations: Sequence[int] = ()) -> dict[str, Any]:
-    """``realm-tf evaluate``: exact match, F1, regex match, retrieval accuracy@k, reader oracle; writes predictions.
+    """``realm-tf evaluate``: exact match, F1, regex match, retrieval accuracy@k, reader oracle, and the count of
+    each outcome of :mod:`realm_tf.tasks.answer_errors` (``outcomes``); writes predictions.
 
     Args:
       split: one of :data:`SPLITS`: ``all`` questions of the file, or its ``dev`` / ``tune`` / ``train`` part.
@@ -478,6 +479,7 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
       aggregations: also report ``exact_match@agg=N`` / ``f1@agg=N`` with the probabilities of the best N spans
         summed by answer text (``qa.answer_aggregation_spans``).
     """
+    from realm_tf.tasks import answer_errors  # pylint: disable=import-outside-toplevel
     from realm_tf.tasks import reading_sets  # pylint: disable=import-outside-toplevel
     from realm_tf.tasks import retrieval_metrics  # pylint: disable=import-outside-toplevel
 
@@ -571,6 +573,7 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
                                                                          ks=cfg.qa.eval_ks).items()
                     if k != "num_questions" and int(k.split("@")[1]) <= width})
     metrics["num_questions"] = n
+    metrics["outcomes"] = answer_errors.count_outcomes(predictions)
     if skipped:
         metrics["skipped"] = skipped
     suffix = "" if retriever == "dense" else f"-{retriever}"

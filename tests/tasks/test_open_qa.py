@@ -19,6 +19,7 @@ from realm_tf.index import index_refresher
 from realm_tf.models import knowledge_retriever
 from realm_tf.models import open_qa_model
 from realm_tf.serving import retriever_export
+from realm_tf.tasks import answer_errors
 from realm_tf.tasks import open_qa
 from realm_tf.tasks import precision
 
@@ -289,8 +290,10 @@ def test_finetune_then_evaluate_through_the_cli(qa, capsys):
     np.testing.assert_allclose(served, trained.embed_queries(packed).numpy(), atol=1e-5)
     assert np.abs(served - start.embed_queries(packed).numpy()).max() > 1e-3
     capsys.readouterr()
-    assert cli.main(["evaluate", "--config", TINY, *sets, "--questions", str(path), "--split", "dev"]) == 0
-    metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert cli.main(["evaluate", "--config", TINY, *sets, "--questions", str(path), "--split", "dev",
+                     "--errors"]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    metrics = json.loads(printed[-1])
     train, dev = open_qa.split_questions(open_qa.read_questions(str(path)), 0.3)
     assert metrics["num_questions"] == len(dev) > 0 and metrics["checkpoint"].endswith("-4")
     for key in ("exact_match", "regex_match", "reader_oracle", "accuracy@1", "accuracy@5", "accuracy@20",
@@ -302,6 +305,16 @@ def test_finetune_then_evaluate_through_the_cli(qa, capsys):
     assert all(p["prediction"] and len(p["retrieved_titles"]) == cfg.model.reader_beam_size for p in predictions)
     em = np.mean([open_qa.exact_match(p["prediction"], p["answers"]) for p in predictions])
     assert metrics["exact_match"] == pytest.approx(em)
+    # --errors: every dev question in one outcome, counted from the predictions written, and the table printed.
+    outcomes = metrics["outcomes"]
+    assert sum(outcomes.values()) == len(dev) and outcomes["correct"] == round(em * len(dev))
+    assert outcomes == answer_errors.count_outcomes(predictions)
+    for p in predictions:  # the fields the outcomes are judged by are the evaluation's own
+        assert p["predicted_block"] in range(cfg.model.reader_beam_size)
+        assert p["retrieved_block_ids"][p["predicted_block"]] == p["block_id"]
+        assert open_qa.exact_match(p["prediction"], p["answers"]) == p["exact_match"]
+    table = answer_errors.format_table(outcomes).splitlines()
+    assert printed[-1 - len(table):-1] == table
 
 
 def test_given_block_ids_are_read_without_a_retrieval_prior(qa):

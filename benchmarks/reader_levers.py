@@ -1,0 +1,162 @@
+"""The span reader's levers, one at a time: gold-block exact match on held-out NQ questions.
+
+REALM (Guu et al., 2020, §4) and ORQA (Lee et al., 2019) read with BERT-base after years of reading-comprehension
+practice in the literature; here the reader starts from all-MiniLM-L6-v2, a sentence embedder, and learns to
+extract spans in the reader warm start (``realm-tf train-reader``). Each lever changes one thing against the same
+base warm start, and each reader is scored on the gold blocks of the same held-out questions
+(``realm-tf evaluate --retriever gold``): reading comprehension, with retrieval taken out. Per lever: EM, F1, the
+difference in EM to the base with a paired bootstrap interval over questions, and the error table
+(:mod:`realm_tf.tasks.answer_errors`).
+
+The base is the demo's warm start made step-bound (so that the machine's speed does not decide how much a reader
+reads): gold blocks only, batch 8, learning rate 3e-4, ``--steps`` steps, SQuAD + the NQ training split.
+
+Levers (``--levers``; each a set of config overrides, or extra question files):
+- ``span_width_24``: answers up to 24 wordpieces (REALM: 10). A fifth of the NQ (QED) references are longer than
+  10 wordpieces, so the reader has no target for them in training and cannot produce them.
+- ``steps_x3``: three times the steps (REALM++, Balachandran et al. 2021: REALM's fine-tuning was under-trained).
+- ``negatives_2``: each gold block read next to 2 BM25 negatives (the block choice among read blocks).
+- ``lr_1e-4``: the benchmark's slower rate.
+- ``squad_train``: ``steps_x3`` with the SQuAD training set as more reading data (``data/reading/``: 87,636
+  questions, 8× the bundled SQuAD dev questions), compared with ``steps_x3``: the same steps, more distinct
+  questions. The three files are drawn about equally often (``qa.reader_source_temperature`` near 0), so the NQ
+  questions keep about the share they have without it (a third, against 41%) instead of falling to 7%.
+
+Stages are resumable (``<out>/stages.json``; a killed warm start resumes from its checkpoint):
+
+    nohup .venv/bin/python benchmarks/reader_levers.py --out runs/bench/levers > runs/bench/levers.log 2>&1 &
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
+from realm_tf import process_settings  # noqa: E402
+from realm_tf.tasks import answer_errors  # noqa: E402
+import open_qa_benchmark  # noqa: E402  (benchmarks/)
+import stages  # noqa: E402  (benchmarks/)
+
+LEVERS: dict[str, list[str]] = {
+    "base": [],
+    "span_width_24": ["model.max_span_width=24"],
+    "steps_x3": ["reader.steps={steps_x3}"],
+    "negatives_2": ["qa.reader_negatives=2"],
+    "lr_1e-4": ["reader.learning_rate=1e-4"],
+    "squad_train": ["reader.steps={steps_x3}", "qa.reader_source_temperature=0.01"],
+}
+#: What each lever is compared with (paired, on the same questions): the base, or the lever it adds one thing to.
+REFERENCE = {"squad_train": "steps_x3"}
+
+
+def base_overrides(steps: int, blocks: str) -> list[str]:
+    """The demo's warm start, step-bound: gold blocks only, batch 8, 3e-4, two length groups on one thread each,
+    in bfloat16 where the CPU has it (as the demo)."""
+    precision = "mixed_bfloat16" if process_settings.native_bfloat16() else "float32"
+    return [f"data.blocks_dir={blocks}", "data.batch_size=8", f"reader.steps={steps}", "reader.max_minutes=0",
+            "reader.learning_rate=3e-4", f"reader.warmup_steps={max(steps // 20, 5)}", f"reader.precision={precision}",
+            "reader.summary_every_steps=20", "reader.checkpoint_every_steps=100", "qa.reader_negatives=0",
+            "model.reader_length_buckets=2", f"reader.intra_op_threads={1 if (os.cpu_count() or 1) <= 2 else 0}"]
+
+
+def paired_bootstrap(a: np.ndarray, b: np.ndarray, samples: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
+    """Mean of ``b - a`` over questions and its 95% percentile interval, questions resampled together."""
+    rng = np.random.default_rng(seed)
+    diff = b.astype(np.float64) - a.astype(np.float64)  # [num_questions]
+    draws = rng.integers(0, len(diff), size=(samples, len(diff)))  # [samples, num_questions]
+    means = diff[draws].mean(axis=1)  # [samples]
+    return float(diff.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def per_question(path: str, key: str) -> dict[str, float]:
+    """``{question id: value of key}`` from a predictions file."""
+    return {p["id"]: float(p[key]) for p in answer_errors.read_predictions(path)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--config", default="configs/minilm.yaml")
+    parser.add_argument("--out", default="runs/bench/levers")
+    parser.add_argument("--levers", default="base,steps_x3,squad_train,span_width_24",
+                        help=f"comma-separated, from: {', '.join(LEVERS)} (base is always run)")
+    parser.add_argument("--steps", type=int, default=1200, help="the base warm start's steps of 8 questions")
+    parser.add_argument("--split", default="tune", choices=("tune", "dev"),
+                        help="held-out NQ questions scored (choose levers on tune; report dev)")
+    parser.add_argument("--questions", default="data/open_qa/qa_qed_train.jsonl.gz", help="the NQ questions scored")
+    parser.add_argument("--reading", nargs="*", default=["data/open_qa/qa_squad_dev.jsonl.gz",
+                                                         "data/open_qa/qa_qed_train.jsonl.gz"],
+                        help="the warm start's question files (their train splits are read)")
+    parser.add_argument("--squad-train", dest="squad_train", nargs=2,
+                        default=["data/reading/qa_squad_train.jsonl.gz",
+                                 "data/reading/squad_train_passages-*.jsonl.gz"],
+                        metavar=("QUESTIONS", "PASSAGES"), help="the squad_train lever's questions and passages")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="for every lever")
+    args = parser.parse_args()
+
+    out = args.out.rstrip("/")
+    names = ["base"] + [n for n in args.levers.split(",") if n and n != "base"]
+    unknown = [n for n in names if n not in LEVERS]
+    if unknown:
+        raise SystemExit(f"reader_levers: unknown levers {unknown}: one of {', '.join(LEVERS)}")
+    for name in names:
+        if REFERENCE.get(name, "base") not in names:
+            raise SystemExit(f"reader_levers: {name} is compared with {REFERENCE[name]}: run both")
+    stage = stages.Stages(out)
+    bundled = "data/open_qa/passages.jsonl.gz"
+    stage("blocks", lambda: stages.cli(["preprocess", "--config", args.config, "--output", f"{out}/blocks",
+                                        "--input", bundled]))
+    if "squad_train" in names:  # the reading blocks of the extra passages too (block ids differ; gold ids do not)
+        stage("blocks_squad_train", lambda: stages.cli([
+            "preprocess", "--config", args.config, "--output", f"{out}/blocks_squad_train", "--input", bundled,
+            "--input", args.squad_train[1]]))
+    results: dict[str, dict[str, Any]] = {}
+    for name in names:
+        blocks = f"{out}/blocks_squad_train" if name == "squad_train" else f"{out}/blocks"
+        sets = [*base_overrides(args.steps, blocks), *args.overrides,
+                *(o.format(steps_x3=3 * args.steps) for o in LEVERS[name]), f"reader.model_dir={out}/{name}"]
+        flags = ["--config", args.config, *sum((["--set", o] for o in sets), [])]
+        reading = list(args.reading) + ([args.squad_train[0]] if name == "squad_train" else [])
+        stage(f"reader_{name}", lambda flags=flags, reading=reading: stages.cli(
+            ["train-reader", *flags, "--questions", *reading]))
+        predictions = f"{out}/predictions-{args.split}-gold-{name}.jsonl"
+        results[name] = stage(f"{args.split}_gold_{name}", lambda flags=flags, predictions=predictions:
+                              open_qa_benchmark.evaluate(
+                                  [*flags, "--questions", args.questions, "--split", args.split, "--retriever", "gold",
+                                   "--model", f"{out}/{name}", "--predictions", predictions],
+                                  f"{out}/metrics-{args.split}-gold-{name}.json"))
+
+    def em_of(name: str) -> dict[str, float]:
+        return per_question(f"{out}/predictions-{args.split}-gold-{name}.jsonl", "exact_match")
+
+    print(f"\n== reader levers, gold blocks of the {args.split} split of {args.questions} "
+          f"(base: {', '.join(base_overrides(args.steps, out + '/blocks') + args.overrides)}) ==")
+    print("| lever | questions | EM | F1 | compared with | EM difference [95% paired bootstrap] |")
+    print("| --- | ---: | ---: | ---: | --- | --- |")
+    record = {}
+    for name in names:
+        metrics, reference = results[name], REFERENCE.get(name, "base")
+        em, before = em_of(name), em_of(reference)
+        ids = sorted(before.keys() & em.keys())
+        mean, low, high = paired_bootstrap(np.array([before[i] for i in ids]), np.array([em[i] for i in ids]))
+        print(f"| {name} | {metrics['num_questions']} | {metrics['exact_match']:.3f} | {metrics['f1']:.3f} | "
+              f"{reference} | {mean:+.3f} [{low:+.3f}, {high:+.3f}] |")
+        record[name] = {"exact_match": metrics["exact_match"], "f1": metrics["f1"],
+                        "num_questions": metrics["num_questions"], "compared_with": reference,
+                        "em_difference": [mean, low, high], "outcomes": metrics["outcomes"]}
+    for name in names:
+        print(f"\n{name}:\n{answer_errors.format_table(results[name]['outcomes'])}")
+    print("\nstage minutes: " + stage.minutes())
+    print(json.dumps(record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
