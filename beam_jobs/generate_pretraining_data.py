@@ -19,6 +19,9 @@ Per block (``example_schemas.block_feature_spec()`` records from ``beam_jobs/pre
 5. without a usable span: BERT whole-word random masking (``data.mask_probability``) when
    ``data.random_mask_fallback`` is true, else the query is dropped (counter ``no_span_dropped``).
 
+``data.masking_strategy`` ``random_span`` / ``random_token`` makes the controls of REALM's ablation (Table 3)
+instead of salient spans (``SalientSpanMasker``; counters ``random_span`` / ``random_token``).
+
 Output: ``<output>/pretraining-SSSSS-of-NNNNN.tfrecord`` (``example_schemas.pretraining_feature_spec()``)
 and, last, ``<output>/manifest.json`` with the counters, the vocabulary hash, the annotator and the config.
 
@@ -52,6 +55,8 @@ QUERIES = "queries"
 EXAMPLES = "examples"
 SALIENT = "salient"
 RANDOM_FALLBACK = "random_fallback"
+RANDOM_SPAN = "random_span"
+RANDOM_TOKEN = "random_token"
 NO_SPAN_DROPPED = "no_span_dropped"
 TRUNCATED = "truncated"
 MASKED_WORDPIECES = "masked_wordpieces"
@@ -64,8 +69,10 @@ class _MakePretrainingExamples(job_support.BlocksDoFn):
     """A batch of serialized blocks -> serialized pre-training examples (tokenizer, annotator built in setup)."""
 
     def __init__(self, vocab_file: str, lower_case: bool, annotator_name: str, query_max_length: int,
-                 max_span_wordpieces: int, random_fallback: bool, mask_probability: float, seed: int) -> None:
+                 max_span_wordpieces: int, random_fallback: bool, mask_probability: float, seed: int,
+                 strategy: str = "salient") -> None:
         super().__init__(vocab_file, lower_case)
+        self._strategy = strategy
         self._annotator_name = annotator_name
         self._query_max_length = query_max_length
         self._max_span_wordpieces = max_span_wordpieces
@@ -81,7 +88,7 @@ class _MakePretrainingExamples(job_support.BlocksDoFn):
         self._packer = query_packer.QueryPacker(self._query_max_length)
         self._masker = salient_span_masking.SalientSpanMasker(
             self._tokenizer.mask_id, max_span_wordpieces=self._max_span_wordpieces,
-            random_fallback=self._random_fallback, mask_probability=self._mask_probability)
+            random_fallback=self._random_fallback, mask_probability=self._mask_probability, strategy=self._strategy)
 
     def process(self, batch: Sequence[bytes]) -> Iterator[bytes]:
         blocks = self.parse_blocks(batch)
@@ -111,6 +118,10 @@ class _MakePretrainingExamples(job_support.BlocksDoFn):
                 job_support.count(NAMESPACE, SALIENT)
                 job_support.count(NAMESPACE, SALIENT_MASKED_WORDPIECES, masked)
                 job_support.count(NAMESPACE, LABEL_PREFIX + features[example_schemas.SPAN_LABEL].decode())
+            elif features[example_schemas.MASKING] == salient_span_masking.RANDOM_SPAN:
+                job_support.count(NAMESPACE, RANDOM_SPAN)
+            elif self._strategy == "random_token":
+                job_support.count(NAMESPACE, RANDOM_TOKEN)
             else:
                 job_support.count(NAMESPACE, RANDOM_FALLBACK)
             features[example_schemas.SOURCE_UID] = uid
@@ -145,7 +156,8 @@ class GeneratePretrainingExamples(beam.PTransform):
                     query_max_length=cfg.model.query_seq_length - 2,
                     max_span_wordpieces=self._max_span_wordpieces,
                     random_fallback=cfg.data.random_mask_fallback,
-                    mask_probability=cfg.data.mask_probability, seed=cfg.data.seed)))
+                    mask_probability=cfg.data.mask_probability, seed=cfg.data.seed,
+                    strategy=cfg.data.masking_strategy)))
 
 
 class GeneratePretrainingDataJob(job_support.ExamplesFromBlocksJob):
@@ -165,7 +177,7 @@ class GeneratePretrainingDataJob(job_support.ExamplesFromBlocksJob):
         return GeneratePretrainingExamples(cfg, args.max_span_wordpieces, args.batch_size)
 
     def manifest_fields(self, args: argparse.Namespace, cfg: config_lib.ExperimentConfig) -> dict[str, object]:
-        return {"annotator": cfg.data.salient_span_annotator,
+        return {"annotator": cfg.data.salient_span_annotator, "masking_strategy": cfg.data.masking_strategy,
                 "max_span_wordpieces": args.max_span_wordpieces or cfg.model.max_span_width,
                 "query_max_length": cfg.model.query_seq_length - 2}
 
@@ -177,7 +189,8 @@ class GeneratePretrainingDataJob(job_support.ExamplesFromBlocksJob):
         mean = counts.get(MASKED_WORDPIECES, 0) / examples if examples else 0.0
         return (f"{counts.get(BLOCKS, 0)} blocks -> {counts.get(QUERIES, 0)} queries -> {examples} examples: "
                 f"salient {counts.get(SALIENT, 0)} ({share(counts.get(SALIENT, 0))}), random fallback "
-                f"{counts.get(RANDOM_FALLBACK, 0)} ({share(counts.get(RANDOM_FALLBACK, 0))}), dropped without "
+                f"{counts.get(RANDOM_FALLBACK, 0)} ({share(counts.get(RANDOM_FALLBACK, 0))}), random spans "
+                f"{counts.get(RANDOM_SPAN, 0)}, random tokens {counts.get(RANDOM_TOKEN, 0)}, dropped without "
                 f"span {counts.get(NO_SPAN_DROPPED, 0)}, truncated {counts.get(TRUNCATED, 0)}; span labels: "
                 f"{labels}; mean masked wordpieces {mean:.2f}")
 

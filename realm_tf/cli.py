@@ -242,7 +242,8 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
     """REALM pre-training with asynchronous index refresh; resumes from model_dir's latest checkpoint."""
     from realm_tf.tasks import realm_pretraining
 
-    result = realm_pretraining.pretrain(_load(args), pretraining_pattern=args.input, evaluate=not args.no_eval)
+    result = realm_pretraining.pretrain(_load(args), pretraining_pattern=args.input, evaluate=not args.no_eval,
+                                        eval_pattern=args.eval_input)
     print(realm_pretraining.format_result(result))
     return _training_exit_code(result)
 
@@ -524,6 +525,10 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                  lambda p: (_add_config_args(p),
                             p.add_argument("--input", default=None,
                                            help="pre-training TFRecords (default: data.pretraining_dir/pretraining-*)"),
+                            p.add_argument("--eval-input", dest="eval_input", default=None,
+                                           help="pre-training TFRecords whose held-out salient spans are scored "
+                                                "at the end (default: --input); e.g. salient-span data for a run "
+                                                "trained on data.masking_strategy=random_span"),
                             p.add_argument("--no-eval", dest="no_eval", action="store_true",
                                            help="skip the held-out evaluation at the end"))),
     "finetune": ("Open-QA fine-tuning (retriever + span reader) on a {question, answers} JSONL; resumable",

@@ -36,6 +36,7 @@ HiddenAct = Literal["gelu", "gelu_new", "relu"]
 Pooling = Literal["cls", "mean", "pooled"]
 ProjectionInit = Literal["random", "pca", "pca_centered"]
 SpanAnnotator = Literal["rules", "spacy"]
+MaskingStrategy = Literal["salient", "random_span", "random_token"]
 IndexKind = Literal["scann", "brute_force"]
 RefreshMode = Literal["process", "thread", "external"]
 Strategy = Literal["default", "mirrored", "multi_worker", "tpu"]
@@ -150,6 +151,9 @@ class DataConfig:
     is padded to its longest row, which gives the same outputs for less compute (most blocks are short).
     ``qa_dev_fraction`` / ``qa_tune_fraction`` of the question ids (by SHA1, ``data/question_split``) are held out
     of every training stage: dev is only measured, tune is where answer-scoring settings are chosen.
+    ``masking_strategy``: what ``generate-pretraining-data`` masks in each query: ``salient`` (REALM §3.4: one
+    salient span), or REALM's ablation controls (Table 3) ``random_span`` (one random run of whole words as long
+    as the salient span would have been) and ``random_token`` (BERT's whole-word random masking).
     ``pretraining_heldout_fraction`` of the pre-training examples (chosen by a hash of their source block) are
     never trained on; ``realm-tf pretrain`` evaluates on them.
     """
@@ -164,6 +168,7 @@ class DataConfig:
     max_block_length: int = 288
     ict_remove_probability: float = 0.9
     salient_span_annotator: SpanAnnotator = "rules"
+    masking_strategy: MaskingStrategy = "salient"
     random_mask_fallback: bool = True
     mask_probability: float = 0.15
     batch_size: int = 8

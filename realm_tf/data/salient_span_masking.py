@@ -18,6 +18,13 @@ A query without a usable span falls back, when ``random_fallback`` is on, to BER
 masking (Devlin et al., 2019): ``round(mask_probability * n)`` wordpieces, at least one, whole words
 (a word with its ``##`` pieces), every one replaced by ``[MASK]`` (no 80/10/10 corruption: the schema
 promises ``[MASK]`` at every mask position), never the whole query. Otherwise the query is dropped.
+
+REALM's ablation (Table 3) compares salient spans with two controls, the ``strategy`` here:
+
+* ``random_token``: "random uniform masks", BERT's whole-word random masking (above) for every query;
+* ``random_span``: "random span masks" (SpanBERT, Joshi et al., 2019): ONE run of consecutive whole words at a
+  random position. Its length is the salient span's that the query would have had masked (or, without one, the
+  random fallback's budget), so that the two differ only in *which* words are hidden, not in how many.
 """
 from __future__ import annotations
 
@@ -31,6 +38,10 @@ from realm_tf.data import tokenized_text
 
 SALIENT = b"salient"
 RANDOM = b"random"
+RANDOM_SPAN = b"random_span"
+
+#: The masking strategies of REALM's ablation (Table 3).
+STRATEGIES = ("salient", "random_span", "random_token")
 
 # Reasons a candidate span was not usable, as counted by the job.
 SKIPPED_NO_PIECES = "span_skipped_no_wordpieces"
@@ -52,14 +63,19 @@ class SalientSpanMasker:
       max_span_wordpieces: longest usable span in wordpieces (REALM's max answer span width: 10).
       random_fallback: mask random whole words when no salient span is usable (else drop the query).
       mask_probability: fraction of wordpieces masked by the random fallback (BERT: 0.15).
+      strategy: one of :data:`STRATEGIES` (see the module docstring): ``salient`` (REALM), or one of its two
+        controls.
     """
 
     def __init__(self, mask_id: int, max_span_wordpieces: int = 10, random_fallback: bool = True,
-                 mask_probability: float = 0.15) -> None:
+                 mask_probability: float = 0.15, strategy: str = "salient") -> None:
         if max_span_wordpieces < 1:
             raise ValueError(f"max_span_wordpieces={max_span_wordpieces} must be positive")
         if not 0.0 < mask_probability < 1.0:
             raise ValueError(f"mask_probability={mask_probability} must be in (0, 1)")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"strategy={strategy!r}: one of {', '.join(STRATEGIES)}")
+        self.strategy = strategy
         self.mask_id = mask_id
         self.max_span_wordpieces = max_span_wordpieces
         self.random_fallback = random_fallback
@@ -98,6 +114,18 @@ class SalientSpanMasker:
           the rejected candidate spans by reason.
         """
         usable, skipped = self.usable_spans(query, spans)
+        if self.strategy == "random_token":
+            positions = self.random_positions(query, key)
+            return (self._features(query, positions, RANDOM, b"") if positions else None), skipped
+        if self.strategy == "random_span":
+            if usable:
+                length = len(seeded_rng(*key, "span").choice(usable)[1])
+            elif self.random_fallback:
+                length = max(1, round(self.mask_probability * len(query)))
+            else:
+                return None, skipped
+            positions = self.random_span_positions(query, length, key)
+            return (self._features(query, positions, RANDOM_SPAN, b"") if positions else None), skipped
         if usable:
             span, pieces = seeded_rng(*key, "span").choice(usable)
             return self._features(query, list(pieces), SALIENT, span.label.encode("utf-8")), skipped
@@ -127,6 +155,26 @@ class SalientSpanMasker:
             if len(chosen) >= budget:
                 break
         return sorted(chosen)
+
+    def random_span_positions(self, query: tokenized_text.TokenizedText, length: int,
+                              key: Sequence[object]) -> list[int]:
+        """One run of consecutive whole words at a seeded random start, about ``length`` wordpieces: words are
+        added from the start while the run stays within ``length`` (the first word always), never the whole
+        query; empty when the query has fewer than two words."""
+        words = query.words()
+        if len(words) < 2:
+            return []
+        starts = list(range(len(words)))
+        seeded_rng(*key, "random_span").shuffle(starts)
+        for start in starts:
+            chosen: list[int] = []
+            for word in words[start:]:
+                if chosen and len(chosen) + len(word) > length:
+                    break
+                chosen.extend(word)
+            if len(chosen) < len(query):
+                return chosen
+        return []
 
     def _features(self, query: tokenized_text.TokenizedText, positions: list[int], masking: bytes,
                   label: bytes) -> dict[str, object]:

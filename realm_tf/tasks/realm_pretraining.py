@@ -62,12 +62,15 @@ class RealmPretrainingTask(base_task.Task):
     Args:
       pretraining_pattern: the ``pretraining-*.tfrecord`` shards (default: under ``data.pretraining_dir``).
       evaluate: score the held-out salient spans at the end (:meth:`evaluate`).
+      eval_pattern: the shards whose held-out salient spans are scored (default: ``pretraining_pattern``). The
+        held-out examples are chosen by their source block, so salient-span shards made from the same blocks
+        score a run trained on another masking (``data.masking_strategy``) on blocks it never trained on.
     """
 
     trainer_section = "trainer"
 
     def __init__(self, cfg: config_lib.ExperimentConfig, pretraining_pattern: str | None = None,
-                 evaluate: bool = True):
+                 evaluate: bool = True, eval_pattern: str | None = None):
         super().__init__(cfg)
         trainer = cfg.trainer
         if trainer.strategy == "multi_worker" and trainer.max_minutes > 0:
@@ -80,6 +83,7 @@ class RealmPretrainingTask(base_task.Task):
                 f"trainer.freeze_retriever_steps > 0 (a trained retriever would learn exact string matching from "
                 f"them, REALM §3.4)")
         self.pattern = pretraining_pattern or os.path.join(cfg.data.pretraining_dir, "pretraining-*.tfrecord*")
+        self.eval_pattern = eval_pattern or self.pattern
         self.run_evaluation = evaluate
         self.inputs: retrieval_augmented_input.RetrievalAugmentedInput | None = None
         self.supervisor: refresh_supervisor.RefreshSupervisor | None = None
@@ -236,7 +240,7 @@ class RealmPretrainingTask(base_task.Task):
                                   "trivial_retrievals_kept": stats.trivial_retrievals_kept}
         if self.run_evaluation and self.chief:
             batch = self.global_batch_size
-            heldout = self.inputs.dataset(self.pattern, batch, repeat=False, shuffle=False,
+            heldout = self.inputs.dataset(self.eval_pattern, batch, repeat=False, shuffle=False,
                                           split=salient_heldout_predicate(self.cfg.data.pretraining_heldout_fraction))
             heldout = heldout.take(max(1, self.cfg.trainer.eval_examples // batch))
             scores = self.evaluate(model, heldout.map(base_task.split_features(is_model_input)))
@@ -344,13 +348,13 @@ def salient_heldout_predicate(fraction: float) -> Callable[[Mapping[str, tf.Tens
 
 
 def pretrain(cfg: config_lib.ExperimentConfig, pretraining_pattern: str | None = None,
-             evaluate: bool = True) -> dict[str, Any]:
+             evaluate: bool = True, eval_pattern: str | None = None) -> dict[str, Any]:
     """``realm-tf pretrain``: trains for ``trainer.steps`` (resuming from ``trainer.model_dir``).
 
     Returns the last training logs, the held-out evaluation (``eval/...``), the global step, and the index
     versions the input pipeline used.
     """
-    return experiment.run_experiment(RealmPretrainingTask(cfg, pretraining_pattern, evaluate))
+    return experiment.run_experiment(RealmPretrainingTask(cfg, pretraining_pattern, evaluate, eval_pattern))
 
 
 def format_result(result: Mapping[str, Any]) -> str:

@@ -116,6 +116,23 @@ def test_run_end_to_end_deterministic_and_fallback_counted(tmp_path, make_blocks
     assert strict[job.NO_SPAN_DROPPED] == len(random_rows) and job.RANDOM_FALLBACK not in strict
     assert strict[job.SALIENT] == counts[job.SALIENT]
 
+    # REALM's random-span control: the same queries, each with one run of whole words as long as the salient span
+    # it stands for (or the fallback's), counted and recorded in the manifest.
+    job.run([*common, "--output", str(tmp_path / "d"), "--set", "data.masking_strategy=random_span"])
+    control = read_records(str(tmp_path / "d" / "pretraining-*.tfrecord"), es.pretraining_feature_spec())
+    on_disk = json.loads((tmp_path / "d" / "manifest.json").read_text())
+    assert on_disk["masking_strategy"] == "random_span"
+    assert on_disk["counts"][job.RANDOM_SPAN] == len(control) == len(rows) and job.SALIENT not in on_disk["counts"]
+    by_query = {key(r): r for r in rows}
+    moved = 0
+    for row in control:
+        assert row[es.MASKING] == b"random_span"
+        positions = list(row[es.MASK_POSITIONS])
+        assert positions == list(range(positions[0], positions[-1] + 1))
+        reference = by_query[key(row)]
+        moved += positions != list(reference[es.MASK_POSITIONS])
+    assert moved > len(control) // 2  # elsewhere than the salient span, most of the time
+
 
 def test_missing_input_is_a_clean_error(tmp_path, capsys):
     code = cli.main(["generate-pretraining-data", "--input", str(tmp_path / "none-*.tfrecord"),

@@ -121,3 +121,57 @@ def test_seeded_rng_is_stable_across_processes():
     assert salient_span_masking.seeded_rng(0, "uid", 1).random() == pytest.approx(
         salient_span_masking.seeded_rng("0", "uid", "1").random())
     assert salient_span_masking.seeded_rng(0, "uid", 1).getrandbits(32) == 191903500
+
+
+def _whole_words(query, positions):
+    """Whether ``positions`` is a union of whole words of ``query``."""
+    chosen = set(positions)
+    return all(set(word) <= chosen or not set(word) & chosen for word in query.words())
+
+
+def test_random_span_control_masks_a_run_of_whole_words_as_long_as_the_salient_span(tok):
+    query = _tokenize(tok, TEXT)
+    spans = [_span(TEXT, s) for s in SPANS]
+    salient = salient_span_masking.SalientSpanMasker(tok.mask_id)
+    control = salient_span_masking.SalientSpanMasker(tok.mask_id, strategy="random_span")
+    starts, salient_positions = set(), set()
+    for index in range(60):
+        key = (0, "uid", index)
+        reference, _ = salient.mask(query, spans, key=key)
+        features, _ = control.mask(query, spans, key=key)
+        assert features[es.MASKING] == salient_span_masking.RANDOM_SPAN and features[es.SPAN_LABEL] == b""
+        positions = features[es.MASK_POSITIONS]
+        assert positions == list(range(positions[0], positions[-1] + 1))  # one contiguous run
+        assert _whole_words(query, positions) and len(positions) < len(query)
+        # as long as the salient span it stands for, unless a whole word does not fit (or the query ends)
+        first_word = next(w for w in query.words() if positions[0] in w)
+        assert len(positions) <= max(len(reference[es.MASK_POSITIONS]), len(first_word))
+        assert [query.ids[p] for p in positions] == features[es.TARGET_IDS]
+        assert all(features[es.QUERY_IDS][p] == tok.mask_id for p in positions)
+        starts.add(positions[0])
+        salient_positions.add(tuple(reference[es.MASK_POSITIONS]))
+        assert control.mask(query, spans, key=key)[0] == features  # deterministic in the key
+    assert len(starts) > len(salient_positions)  # anywhere in the query, not only on the salient spans
+
+
+def test_random_span_control_without_a_salient_span_takes_the_fallback_budget(tok):
+    query = _tokenize(tok, TEXT)
+    budget = max(1, round(0.15 * len(query)))
+    control = salient_span_masking.SalientSpanMasker(tok.mask_id, strategy="random_span")
+    lengths = [len(control.mask(query, [], key=(0, "u", i))[0][es.MASK_POSITIONS]) for i in range(30)]
+    assert max(lengths) <= max(budget, max(len(w) for w in query.words())) and max(lengths) >= budget - 2
+    no_fallback = salient_span_masking.SalientSpanMasker(tok.mask_id, random_fallback=False, strategy="random_span")
+    assert no_fallback.mask(query, [], key=(0, "u", 0))[0] is None
+
+
+def test_random_token_control_ignores_the_salient_spans(tok):
+    query = _tokenize(tok, TEXT)
+    spans = [_span(TEXT, s) for s in SPANS]
+    control = salient_span_masking.SalientSpanMasker(tok.mask_id, strategy="random_token")
+    for index in range(10):
+        features, _ = control.mask(query, spans, key=(0, "uid", index))
+        assert features[es.MASKING] == salient_span_masking.RANDOM
+        assert features[es.MASK_POSITIONS] == control.random_positions(query, (0, "uid", index))
+        assert _whole_words(query, features[es.MASK_POSITIONS])
+    with pytest.raises(ValueError, match="strategy"):
+        salient_span_masking.SalientSpanMasker(tok.mask_id, strategy="spans")
