@@ -41,6 +41,7 @@ from realm_tf.index import index_publisher  # noqa: E402
 
 import stages  # noqa: E402  (benchmarks/)
 from realm_tf.serving import answerer  # noqa: E402
+from realm_tf.tasks import answer_errors  # noqa: E402
 from realm_tf.tasks import open_qa  # noqa: E402
 
 ROWS = ("exact_match", "f1", "regex_match", "reader_oracle", "accuracy@1", "accuracy@5", "accuracy@20",
@@ -82,41 +83,9 @@ def format_latency(latencies_ms: np.ndarray) -> str:
             f"mean {latencies_ms.mean():.0f} ms")
 
 
-def error_category(prediction: dict[str, Any]) -> str:
-    """Why one wrong answer (a line of ``evaluate --predictions``) is wrong: a span that overlaps a reference
-    (F1 > 0), split into ``prediction_inside_reference`` (a shorter form of the answer: "Tim Allen" against
-    "actor and comedian Tim Allen", the annotation mismatch of issue #15 §0), ``reference_inside_prediction``
-    and ``other_overlap``; else ``answer_not_in_top_k`` (no read block holds an answer),
-    ``wrong_block_chosen`` (a read block held it, the reader chose another) or ``right_block_wrong_span``."""
-    from realm_tf.data import answer_normalization  # pylint: disable=import-outside-toplevel
-
-    if prediction["f1"] > 0:
-        said = answer_normalization.normalize_answer(prediction["prediction"])
-        references = [answer_normalization.normalize_answer(a) for a in prediction["answers"]]
-        if said and any(said in r for r in references):
-            return "prediction_inside_reference"
-        if any(r and r in said for r in references):
-            return "reference_inside_prediction"
-        return "other_overlap"
-    if not prediction["read_blocks_with_answer"]:
-        return "answer_not_in_top_k"
-    if prediction["predicted_block"] not in prediction["read_blocks_with_answer"]:
-        return "wrong_block_chosen"
-    return "right_block_wrong_span"
-
-
-ERROR_CATEGORIES = ("answer_not_in_top_k", "wrong_block_chosen", "right_block_wrong_span",
-                    "prediction_inside_reference", "reference_inside_prediction", "other_overlap")
-
-
-def error_categories(predictions_path: str, limit: int = 50) -> dict[str, int]:
-    """The first ``limit`` wrong answers (dev order) counted by :func:`error_category`."""
-    counts = dict.fromkeys(ERROR_CATEGORIES, 0)
-    with open(predictions_path, encoding="utf-8") as f:
-        wrong = [p for p in map(json.loads, f) if not p["exact_match"]][:limit]
-    for p in wrong:
-        counts[error_category(p)] += 1
-    return counts
+def error_categories(predictions_path: str) -> dict[str, int]:
+    """Every answer of a predictions file in one outcome of :mod:`realm_tf.tasks.answer_errors`."""
+    return answer_errors.count_outcomes(answer_errors.read_predictions(predictions_path))
 
 
 def run_bm25_arm(stage: stages.Stages, bm25_sets: list[str], questions: str, out: str) -> dict[str, Any]:
@@ -185,7 +154,7 @@ def main() -> int:
         print(f"\n== BM25 + the same reader: {bm25['num_questions']} dev questions (never trained on, nor tuned on)")
         for key in ROWS:
             print(f"{key:<16}{bm25[key]:>10.3f}")
-        print(f"first 50 dev errors (bm25): {error_categories(f'{out}/predictions-dev-bm25.jsonl')}")
+        print(f"dev outcomes (bm25): {error_categories(f'{out}/predictions-dev-bm25.jsonl')}")
         print("stage minutes: " + stage.minutes())
         return 0
     stage("finetune", lambda: stages.cli(["finetune", *sets, "--train", args.questions]))
@@ -237,7 +206,7 @@ def main() -> int:
         print(f"reader on dev gold blocks ({name}): EM {results[name]['exact_match']:.3f}, F1 {results[name]['f1']:.3f}"
               f" ({results[name]['num_questions']} questions)")
     for name, path in (("dense", f"{out}/predictions-dev.jsonl"), ("bm25", f"{out}/predictions-dev-bm25.jsonl")):
-        print(f"first 50 dev errors ({name}): {error_categories(path)}")
+        print(f"dev outcomes ({name}): {error_categories(path)}")
     print(served["latency"])
     print("stage minutes: " + stage.minutes())
     return 0

@@ -1,46 +1,39 @@
-"""The first N wrong dev answers of an ``evaluate --predictions`` file, by cause, with examples (issue #15).
+"""Where the answers of ``evaluate --predictions`` files went wrong, with examples of each outcome.
 
-Categories are :func:`open_qa_benchmark.error_category`'s: the answer in no read block, the wrong block chosen,
-the right block but a wrong span, and spans that overlap a reference (split by which contains the other, so
-that the annotation mismatch of long references is counted apart from real errors).
+The outcomes are :mod:`realm_tf.tasks.answer_errors`'s (``realm-tf evaluate --errors`` prints the same table):
+too long, too short, a partial overlap, the answer in no read block, the right block but a wrong span, and the
+wrong block chosen among the read ones.
 
-    .venv/bin/python benchmarks/open_qa_errors.py runs/bench/qa3/predictions-dev.jsonl --limit 50 --examples 3
+    .venv/bin/python benchmarks/open_qa_errors.py runs/bench/qa3/predictions-dev.jsonl --examples 3
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import open_qa_benchmark  # noqa: E402  (benchmarks/open_qa_benchmark.py)
+from realm_tf.tasks import answer_errors  # noqa: E402
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("predictions", nargs="+", help="predictions JSONL of realm-tf evaluate --predictions")
-    parser.add_argument("--limit", type=int, default=50, help="wrong answers counted, in file order")
-    parser.add_argument("--examples", type=int, default=3, help="examples printed per category")
+    parser.add_argument("--examples", type=int, default=3, help="examples printed per outcome")
     args = parser.parse_args()
     for path in args.predictions:
-        with open(path, encoding="utf-8") as f:
-            rows = [json.loads(line) for line in f]
-        wrong = [p for p in rows if not p["exact_match"]]
-        print(f"== {path}: {len(rows)} questions, {len(wrong)} wrong; the first {min(args.limit, len(wrong))}:")
-        by_category: dict[str, list[dict]] = {c: [] for c in open_qa_benchmark.ERROR_CATEGORIES}
-        for p in wrong[:args.limit]:
-            by_category[open_qa_benchmark.error_category(p)].append(p)
-        everything = dict.fromkeys(open_qa_benchmark.ERROR_CATEGORIES, 0)
-        for p in wrong:
-            everything[open_qa_benchmark.error_category(p)] += 1
-        print(f"{'category':30s} {'first N':>8s} {'all wrong':>10s}")
-        for category, members in by_category.items():
-            print(f"{category:30s} {len(members):8d} {everything[category]:10d}")
-        for category, members in by_category.items():
+        rows = answer_errors.read_predictions(path)
+        by_outcome: dict[str, list[dict]] = {name: [] for name in answer_errors.OUTCOMES}
+        for p in rows:
+            by_outcome[answer_errors.outcome(p)].append(p)
+        print(f"== {path}: {len(rows)} questions")
+        print(answer_errors.format_table({name: len(members) for name, members in by_outcome.items()}))
+        for name, members in by_outcome.items():
+            if name == "correct":
+                continue
             for p in members[:args.examples]:
-                print(f"  [{category}] {p['question']!r}: said {p['prediction']!r}; reference {p['answers'][0][:80]!r}")
+                print(f"  [{name}] {p['question']!r}: said {p['prediction']!r}; reference {p['answers'][0][:80]!r}")
     return 0
 
 

@@ -245,6 +245,11 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
     result = realm_pretraining.pretrain(_load(args), pretraining_pattern=args.input, evaluate=not args.no_eval,
                                         eval_pattern=args.eval_input)
     print(realm_pretraining.format_result(result))
+    if args.metrics:
+        import json
+
+        summary = {"step": result["step"], "train": result["train"], "eval": result.get("eval", {})}
+        config_lib.atomic_write_text(args.metrics, json.dumps(summary, indent=2, default=float) + "\n")
     return _training_exit_code(result)
 
 
@@ -530,7 +535,10 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                                                 "at the end (default: --input); e.g. salient-span data for a run "
                                                 "trained on data.masking_strategy=random_span"),
                             p.add_argument("--no-eval", dest="no_eval", action="store_true",
-                                           help="skip the held-out evaluation at the end"))),
+                                           help="skip the held-out evaluation at the end"),
+                            p.add_argument("--metrics", default=None, metavar="FILE.json",
+                                           help="also write the final step, training logs and held-out scores "
+                                                "to this file"))),
     "finetune": ("Open-QA fine-tuning (retriever + span reader) on a {question, answers} JSONL; resumable",
                  _cmd_finetune,
                  lambda p: (_add_config_args(p),

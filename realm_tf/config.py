@@ -41,6 +41,7 @@ IndexKind = Literal["scann", "brute_force"]
 RefreshMode = Literal["process", "thread", "external"]
 Strategy = Literal["default", "mirrored", "multi_worker", "tpu"]
 Precision = Literal["float32", "mixed_bfloat16"]
+LearningRateDecay = Literal["linear", "constant"]
 
 
 def choices(literal: Any) -> tuple[str, ...]:
@@ -243,6 +244,8 @@ class TrainerConfig:
     distribution.set_intra_op_threads``; on 2 cores: 96% fewer context switches, issue #20).
     ``max_minutes`` > 0 stops a run (with a checkpoint) once it has trained that long, before ``steps`` if
     need be; ``eval_examples`` caps the held-out evaluation at the end of ``realm-tf pretrain``.
+    ``learning_rate_decay``: ``linear`` (REALM, BERT: linear decay to 0 at ``steps``) or ``constant`` (no decay
+    after the warm-up: a run continued step by step for as long as it improves, with no length fixed in advance).
     ``learning_rate_scales``: ``"REGEX=SCALE"`` items; variables whose name matches REGEX (first match wins)
     train at ``learning_rate × SCALE``, e.g. ``["masked_lm=10", "knowledge_retriever=0.1"]`` for a new MLM head
     and a retriever kept near its warm start (``tasks/optimizer.ScaledAdamWeightDecay``).
@@ -264,6 +267,7 @@ class TrainerConfig:
     steps: int = 1000
     learning_rate: float = 3e-5
     warmup_steps: int = 100
+    learning_rate_decay: LearningRateDecay = "linear"
     weight_decay: float = 0.01
     clip_norm: float = 1.0
     checkpoint_every_steps: int = 200

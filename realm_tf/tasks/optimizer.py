@@ -97,7 +97,8 @@ def parse_lr_scales(items: Sequence[str]) -> tuple[tuple[str, float], ...]:
 
 def build_optimizer(cfg: config_lib.TrainerConfig,
                     model: tf_keras.layers.Layer | None = None) -> tf_keras.optimizers.Optimizer:
-    """AdamW (weight decay off for LayerNorm and biases), global-norm clipping, warm-up then linear decay;
+    """AdamW (weight decay off for LayerNorm and biases), global-norm clipping, warm-up then linear decay to 0 at
+    ``cfg.steps`` (``learning_rate_decay: constant``: no decay, for a run whose length is not fixed in advance);
     :class:`ScaledAdamWeightDecay` when ``cfg.learning_rate_scales`` is set (its patterns match the paths of
     ``model``'s variables, :func:`variable_paths`)."""
     opt_config = optimization.OptimizationConfig({
@@ -114,7 +115,8 @@ def build_optimizer(cfg: config_lib.TrainerConfig,
             "initial_learning_rate": cfg.learning_rate,
             "decay_steps": max(cfg.steps, 1),
             "end_learning_rate": 0.0,
-        }},
+        }} if cfg.learning_rate_decay == "linear" else {"type": "constant", "constant": {
+            "learning_rate": cfg.learning_rate}},
         "warmup": {"type": "linear", "linear": {"warmup_steps": cfg.warmup_steps}},
     })
     factory = optimization.OptimizerFactory(opt_config)

@@ -179,3 +179,17 @@ def test_scales_follow_the_component_even_when_variables_were_built_outside_it()
         expected[rows] = _numpy_adamw_first_step(before[rows], dense[rows], 1e-2 * scale, 0.0)
         # The sparse path places Adam's epsilon slightly differently (~1e-6 of a step of 1e-2 * scale).
         np.testing.assert_allclose(variable.numpy(), expected, rtol=0, atol=1e-6, err_msg=variable.name)
+
+
+@pytest.mark.parametrize("decay", ["linear", "constant"])
+def test_learning_rate_warms_up_then_decays_linearly_or_stays(decay):
+    cfg = config.TrainerConfig(learning_rate=1e-3, warmup_steps=4, steps=20, learning_rate_decay=decay)
+    optimizer = optimizer_lib.build_optimizer(cfg)
+    schedule = optimizer.learning_rate
+    rates = np.array([float(schedule(step)) for step in range(0, 30, 2)])  # steps 0, 2, ..., 28
+    steps = np.arange(0, 30, 2)
+    if decay == "linear":  # tf-models: warm-up to the decayed value at that step, decay to 0 at ``steps``
+        expected = np.where(steps < 4, 1e-3 * (1 - 4 / 20) * steps / 4, 1e-3 * np.maximum(1 - steps / 20, 0))
+    else:
+        expected = np.where(steps < 4, 1e-3 * steps / 4, 1e-3)
+    np.testing.assert_allclose(rates, expected, rtol=1e-5, atol=1e-9)

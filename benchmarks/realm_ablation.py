@@ -1,0 +1,252 @@
+"""REALM's ablation (Guu et al., 2020, Table 3) on the bundled data: what pre-training is worth to Open-QA.
+
+REALM attributes its Open-QA gain to pre-training, and its Table 3 splits it by component: REALM's retriever
+or encoder alone against the baseline's, and salient spans against random masks. Here every row starts from the
+same all-MiniLM-L6-v2 import, and differs only in where its retriever and its reader come from:
+
+| row | retriever | reader |
+| --- | --- | --- |
+| ``import`` | the import (projection fitted to the corpus, ``init-retriever``) | the import |
+| ``ict_retriever`` | ICT (ORQA's retriever pre-training) | the import |
+| ``realm_retriever`` | REALM pre-training (salient spans, from ICT) | the import |
+| ``realm_reader`` | the import | REALM pre-training's knowledge-augmented encoder |
+| ``realm`` | REALM pre-training | REALM pre-training |
+| ``realm_random_span`` | REALM pre-training on random spans | the same run |
+| ``realm_random_token`` | REALM pre-training on random tokens (``--rows``) | the same run |
+
+Each row then gets the same reader warm start (``train-reader``), the same Open-QA fine-tuning and the same
+evaluation on the dev split: EM, F1, accuracy@5, the error table, and the reader's EM on the gold blocks.
+
+**Pre-training runs as long as it improves**, not for a step count chosen in advance: it trains in chunks of
+``--chunk`` steps at a constant learning rate after the warm-up (``trainer.learning_rate_decay: constant``), and
+after each chunk scores ``--eval-examples`` held-out salient spans (held out by source block; a random-masking
+run is scored on the salient spans of the same held-out blocks, ``pretrain --eval-input``). It stops when neither
+the held-out MLM accuracy nor the retrieval utility has beaten its best by ``--min-delta`` for ``--patience``
+chunks (:func:`realm_tf.tasks.held_out_progress.plateaued`). The curves go to ``<out>/<run>/curve.json``, TensorBoard (``<out>/<run>/model``) and
+``<out>/curves.png``.
+
+Everything is resumable: each stage is kept in ``<out>/stages.json``, each chunk in its curve, and a killed
+training resumes from its checkpoint. ``--max-hours`` stops the harness cleanly between stages (for sessions of
+limited length); the same command continues:
+
+    nohup .venv/bin/python benchmarks/realm_ablation.py --out runs/bench/ablation > runs/bench/ablation.log 2>&1 &
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+import time
+from typing import Any, Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
+from realm_tf import config as config_lib  # noqa: E402
+from realm_tf.index import index_publisher  # noqa: E402
+from realm_tf.tasks import answer_errors  # noqa: E402
+from realm_tf.tasks import held_out_progress  # noqa: E402
+import open_qa_benchmark  # noqa: E402  (benchmarks/)
+import stages  # noqa: E402  (benchmarks/)
+
+#: row -> (retriever source, reader source); a source is "import", "ict" or a pre-training run's name.
+ROWS: dict[str, tuple[str, str]] = {
+    "import": ("import", "import"),
+    "ict_retriever": ("ict", "import"),
+    "realm_retriever": ("salient", "import"),
+    "realm_reader": ("import", "salient"),
+    "realm": ("salient", "salient"),
+    "realm_random_span": ("random_span", "random_span"),
+    "realm_random_token": ("random_token", "random_token"),
+}
+DEFAULT_ROWS = "import,ict_retriever,realm_retriever,realm_reader,realm,realm_random_span"
+#: The held-out scores that decide whether pre-training still improves.
+WATCHED = ("mlm_accuracy", "retrieval_utility")
+
+
+class OutOfTime(Exception):
+    """``--max-hours`` reached between two stages."""
+
+
+def read_curve(path: str) -> list[dict[str, float]]:
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def pretrain_until_plateau(name: str, out: str, sets: list[str], data: str, eval_data: str, args: argparse.Namespace,
+                           deadline: float) -> list[dict[str, float]]:
+    """Pre-trains run ``name`` chunk by chunk until its held-out scores plateau (``held_out_progress``), or for
+    ``--max-chunks``; its curve."""
+    run = f"{out}/{name}"
+    path = f"{run}/curve.json"
+    curve = read_curve(path)
+    while (not held_out_progress.plateaued(curve, WATCHED, args.patience, args.min_delta)
+           and len(curve) < args.max_chunks):
+        if time.time() > deadline:
+            raise OutOfTime(name)
+        step = (curve[-1]["step"] if curve else 0) + args.chunk
+        started = time.time()
+        metrics = f"{run}/metrics-{step}.json"
+        stages.cli(["pretrain", *sets, "--set", f"trainer.model_dir={run}/model", "--set", f"index.index_dir={run}/index",
+                    "--set", f"refresh.export_dir={run}/export", "--set", f"trainer.steps={step}", "--input", data,
+                    "--eval-input", eval_data, "--metrics", metrics])
+        with open(metrics, encoding="utf-8") as f:
+            scores = json.load(f)["eval"]
+        curve.append({"step": step, "minutes": (time.time() - started) / 60,
+                      **{k: scores[k] for k in ("mlm_accuracy", "retrieval_utility", "log_likelihood",
+                                                "mlm_accuracy_null_only", "num_examples")}})
+        config_lib.atomic_write_text(path, json.dumps(curve, indent=2) + "\n")
+    return curve
+
+
+def plot_curves(curves: dict[str, list[dict[str, float]]], path: str) -> None:
+    """The held-out curves of every pre-training run, one panel per watched score."""
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use("Agg")
+    from matplotlib import pyplot  # pylint: disable=import-outside-toplevel
+
+    figure, axes = pyplot.subplots(1, len(WATCHED), figsize=(5 * len(WATCHED), 3.5))
+    for axis, key in zip(axes, WATCHED):
+        for name, curve in curves.items():
+            if curve:
+                axis.plot([p["step"] for p in curve], [p[key] for p in curve], marker="o", label=name)
+        axis.set_xlabel("pre-training step")
+        axis.set_title(f"held-out salient spans: {key}")
+        axis.grid(alpha=0.3)
+    axes[0].legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--config", default="configs/minilm.yaml")
+    parser.add_argument("--out", default="runs/bench/ablation")
+    parser.add_argument("--rows", default=DEFAULT_ROWS, help=f"comma-separated, from: {', '.join(ROWS)}")
+    parser.add_argument("--corpus", default="data/open_qa/passages.jsonl.gz")
+    parser.add_argument("--questions", default="data/open_qa/qa_qed_train.jsonl.gz")
+    parser.add_argument("--chunk", type=int, default=200, help="pre-training steps between held-out evaluations")
+    parser.add_argument("--patience", type=int, default=3, help="evaluations without improvement before stopping")
+    parser.add_argument("--min-delta", dest="min_delta", type=float, default=0.005,
+                        help="what counts as an improvement of a watched score (about one standard error of "
+                             "the held-out MLM accuracy at the default --eval-examples)")
+    parser.add_argument("--max-chunks", dest="max_chunks", type=int, default=1000)
+    parser.add_argument("--eval-examples", dest="eval_examples", type=int, default=2048)
+    parser.add_argument("--reader", dest="reader_overrides", action="append", default=[],
+                        help="overrides of every row's reader warm start (e.g. reader.steps=1800)")
+    parser.add_argument("--finetune", dest="finetune_overrides", action="append", default=[],
+                        help="overrides of every row's fine-tuning")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="for every stage")
+    parser.add_argument("--max-hours", dest="max_hours", type=float, default=0.0,
+                        help="stop between stages after this long (0: never); the same command resumes")
+    args = parser.parse_args()
+
+    out = args.out.rstrip("/")
+    deadline = time.time() + args.max_hours * 3600 if args.max_hours > 0 else float("inf")
+    rows = [r for r in args.rows.split(",") if r]
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown:
+        raise SystemExit(f"realm_ablation: unknown rows {unknown}: one of {', '.join(ROWS)}")
+    common = [f"data.blocks_dir={out}/blocks", f"model.retriever_checkpoint={out}/retriever_init",
+              f"trainer.eval_examples={args.eval_examples}", "trainer.learning_rate_decay=constant",
+              "trainer.checkpoint_every_steps=50", "refresh.mode=thread", *args.overrides]
+    sets = ["--config", args.config, *sum((["--set", o] for o in common), [])]
+    stage = stages.Stages(out)
+
+    def timed(name: str, fn):
+        if name not in stage.state and time.time() > deadline:
+            raise OutOfTime(name)
+        return stage(name, fn)
+
+    try:
+        timed("blocks", lambda: stages.cli(["preprocess", "--config", args.config, "--input", args.corpus,
+                                            "--output", f"{out}/blocks"]))
+        timed("retriever_init", lambda: stages.cli(["init-retriever", *sets, "--out", f"{out}/retriever_init"]))
+        runs = {source for row in rows for source in ROWS[row]} - {"import"}
+        if runs - {"ict"}:  # REALM pre-training starts its retriever from ICT, as REALM does (§3.4)
+            runs.add("ict")
+        if "ict" in runs:
+            timed("ict_data", lambda: stages.cli(["generate-ict-data", *sets, "--set", f"data.ict_dir={out}/ict_data"]))
+            timed("ict", lambda: stages.cli(["train-ict", *sets, "--set", f"data.ict_dir={out}/ict_data",
+                                             "--set", f"ict.model_dir={out}/ict", "--set",
+                                             f"refresh.export_dir={out}/ict_export"]))
+        # Each pre-training run is named after its masking; salient first (most rows need it), and its data in
+        # any case: every run is scored on the held-out salient spans.
+        realm_runs = sorted(runs - {"ict"}, key=lambda name: (name != "salient", name))
+        for name in sorted(set(realm_runs) | ({"salient"} if realm_runs else set())):
+            timed(f"data_{name}", lambda name=name: stages.cli([
+                "generate-pretraining-data", *sets, "--set", f"data.pretraining_dir={out}/data_{name}",
+                "--set", f"data.masking_strategy={name}"]))
+        curves = {}
+        for name in realm_runs:
+            curves[name] = pretrain_until_plateau(
+                name, out, [*sets, "--set", f"model.retriever_checkpoint={out}/ict"],
+                f"{out}/data_{name}/pretraining-*", f"{out}/data_salient/pretraining-*", args, deadline)
+        if curves:
+            plot_curves(curves, f"{out}/curves.png")
+        results = {row: run_row(row, out, sets, args, timed) for row in rows}
+    except OutOfTime as stopped:
+        print(f"realm_ablation: --max-hours reached before {stopped}; the same command continues", flush=True)
+        return 0
+    print_table(results, out)
+    return 0
+
+
+def run_row(row: str, out: str, sets: list[str], args: argparse.Namespace, timed) -> dict[str, Any]:
+    """Index, reader warm start, fine-tuning and dev evaluation of one row."""
+    retriever, reader = ROWS[row]
+    source = {"import": f"{out}/retriever_init", "ict": f"{out}/ict"}
+    retriever_run = source.get(retriever, f"{out}/{retriever}/model")
+    reader_run = "" if reader == "import" else f"{out}/{reader}/model"
+    base = f"{out}/rows/{row}"
+    row_sets = [*sets, "--set", f"index.index_dir={base}/index", "--set", f"refresh.export_dir={base}/export",
+                "--set", f"qa.retriever_checkpoint={retriever_run}", "--set", f"reader.model_dir={base}/reader",
+                "--set", f"finetune.model_dir={base}/finetune"]
+
+    def index() -> None:
+        if not index_publisher.complete_versions(f"{base}/index"):
+            stages.cli(["export-retriever", *row_sets, "--model_dir", retriever_run])
+            stages.cli(["embed-blocks", *row_sets])
+
+    timed(f"{row}_index", index)
+    start_reader = ["--set", f"qa.reader_checkpoint={reader_run}"] if reader_run else []
+    timed(f"{row}_reader", lambda: stages.cli([
+        "train-reader", *row_sets, *start_reader, *sum((["--set", o] for o in args.reader_overrides), [])]))
+    timed(f"{row}_finetune", lambda: stages.cli([
+        "finetune", *row_sets, "--set", f"qa.reader_checkpoint={base}/reader",
+        *sum((["--set", o] for o in args.finetune_overrides), []), "--train", args.questions]))
+    question = ["--questions", args.questions, "--split", "dev"]
+    dense = timed(f"{row}_dev", lambda: open_qa_benchmark.evaluate(
+        [*row_sets, *question, "--predictions", f"{base}/predictions-dev.jsonl"], f"{base}/metrics-dev.json"))
+    gold = timed(f"{row}_dev_gold", lambda: open_qa_benchmark.evaluate(
+        [*row_sets, *question, "--retriever", "gold", "--predictions", f"{base}/predictions-dev-gold.jsonl"],
+        f"{base}/metrics-dev-gold.json"))
+    return {"exact_match": dense["exact_match"], "f1": dense["f1"], "accuracy@5": dense["accuracy@5"],
+            "gold_exact_match": gold["exact_match"], "num_questions": dense["num_questions"],
+            "outcomes": dense["outcomes"]}
+
+
+def print_table(results: dict[str, dict[str, Any]], out: str) -> None:
+    print(f"\n== REALM's ablation on the bundled data ({out}) ==")
+    print("| row | retriever | reader | dev EM | F1 | accuracy@5 | gold-block EM |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+    for row, r in results.items():
+        retriever, reader = ROWS[row]
+        print(f"| {row} | {retriever} | {reader} | {r['exact_match']:.3f} | {r['f1']:.3f} | {r['accuracy@5']:.3f} | "
+              f"{r['gold_exact_match']:.3f} |")
+    for row, r in results.items():
+        print(f"\n{row}:\n{answer_errors.format_table(r['outcomes'])}")
+    curves = {os.path.basename(os.path.dirname(p)): read_curve(p) for p in sorted(glob.glob(f"{out}/*/curve.json"))}
+    for name, curve in curves.items():
+        print(f"\npre-training run {name}: " + ", ".join(
+            f"step {p['step']}: MLM acc {p['mlm_accuracy']:.4f}, utility {p['retrieval_utility']:.4f}" for p in curve))
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
