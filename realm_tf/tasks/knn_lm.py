@@ -14,8 +14,9 @@ computed here in log space, ``log p = logaddexp(log λ + log p_kNN, log(1 − λ
 finite when p_LM underflows and exact when λ ∈ {0, 1} or a token was never retrieved (p_kNN = 0).
 
 RETRO §2.6 measures how much of an evaluation chunk C was copied from its retrieved neighbours: with
-LCS(C, N) the length of the longest common (contiguous) token substring, r(C) = max_N |LCS(C, N)| / m over the
-chunk's neighbours, m the chunk length; chunks whose r(C) exceeds a threshold α count as leaked.
+LCS(C, N) the length of the longest common (contiguous) token substring, r(C) = max_N |LCS(C, N)| / |C| over the
+chunk's neighbours (|C| = m, the chunk length, except for a document's shorter last chunk); chunks whose r(C)
+exceeds a threshold α count as leaked.
 
 The two distribution functions are TensorFlow ops (usable in a graph); the LCS is numpy.
 """
@@ -120,8 +121,12 @@ def longest_common_substring(a: Sequence[int], b: Sequence[int]) -> int:
     return best
 
 
-def chunk_overlap_ratio(chunk: Sequence[int], neighbours: Sequence[Sequence[int]], m: int) -> float:
-    """r(C) = max over the neighbours N of |LCS(C, N)| / m (RETRO §2.6); 0 with no neighbours."""
-    if m < 1:
-        raise ValueError(f"m={m} must be positive")
-    return max((longest_common_substring(chunk, n) for n in neighbours), default=0) / m
+def chunk_overlap_ratio(chunk: Sequence[int], neighbours: Sequence[Sequence[int]]) -> float:
+    """r(C) = max over the neighbours N of |LCS(C, N)| / |C| (RETRO §2.6, where every chunk has m tokens); 0 with
+    no neighbours or an empty chunk.
+
+    A document's last chunk is usually shorter than m; dividing by m would count a verbatim copy of a 20-token
+    last chunk as r = 20/64 instead of 1, so short chunks are measured against their own length."""
+    if not len(chunk):
+        return 0.0
+    return max((longest_common_substring(chunk, n) for n in neighbours), default=0) / len(chunk)

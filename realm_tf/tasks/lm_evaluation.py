@@ -9,8 +9,8 @@ NLL (nats) and the UTF-8 bytes they add to the detokenised text (``retro_sequenc
 
     bpb(S) = Σ_{C ∈ S} NLL(C) / (ln 2 · Σ_{C ∈ S} bytes(C))
 
-over the chunks S whose overlap with their 10 nearest database neighbours, r(C) = max_N |LCS(C, N)| / m, is at
-most α (§2.6: α = 1 keeps every chunk; small α keeps only chunks that were not copied from the database).
+over the chunks S whose overlap with their 10 nearest database neighbours, r(C) = max_N |LCS(C, N)| / |C| (m for
+every chunk but a document's shorter last one), is at most α (§2.6: α = 1 keeps every chunk; small α keeps only chunks that were not copied from the database).
 """
 from __future__ import annotations
 
@@ -122,13 +122,12 @@ def chunk_overlaps(task: retro_lm.RetroLmTask, chunk_ids: np.ndarray, database: 
     ``database`` (its own document excluded), their values being the chunk and its continuation (RETRO §2.6)."""
     chunk_ids = np.asarray(chunk_ids, np.int64)
     out = np.zeros(chunk_ids.size, np.float64)
-    m = task.cfg.retro.chunk_length
     for start in range(0, chunk_ids.size, 1024):
         rows = chunk_ids[start:start + 1024]
         found = task.retriever.neighbours_of_chunks(rows, allowed=task.allowed_chunks(database), count=count)
         for i, chunk_id in enumerate(rows.tolist()):
             values = [found.tokens[i, j][found.mask[i, j]] for j in range(count) if found.chunk_ids[i, j] >= 0]
-            out[start + i] = knn_lm.chunk_overlap_ratio(task.store.tokens(chunk_id), values, m)
+            out[start + i] = knn_lm.chunk_overlap_ratio(task.store.tokens(chunk_id), values)
     return out
 
 

@@ -136,17 +136,29 @@ def test_longest_common_substring_matches_brute_force():
 def test_chunk_overlap_ratio():
     chunk = [5, 6, 7, 8, 9, 10, 11, 12]
     neighbours = [[1, 5, 6, 2], [0, 7, 8, 9, 10, 3], [12, 11, 10]]  # runs of 2, 4 and 1
-    assert knn_lm.chunk_overlap_ratio(chunk, neighbours, m=8) == 0.5
-    assert knn_lm.chunk_overlap_ratio(chunk, neighbours + [chunk + [1, 2]], m=8) == 1.0  # a verbatim copy
-    assert knn_lm.chunk_overlap_ratio(chunk, [[1, 2], [3]], m=8) == 0.0
-    assert knn_lm.chunk_overlap_ratio(chunk, [], m=8) == 0.0
+    assert knn_lm.chunk_overlap_ratio(chunk, neighbours) == 0.5
+    assert knn_lm.chunk_overlap_ratio(chunk, neighbours + [chunk + [1, 2]]) == 1.0  # a verbatim copy
+    assert knn_lm.chunk_overlap_ratio(chunk, [[1, 2], [3]]) == 0.0
+    assert knn_lm.chunk_overlap_ratio(chunk, []) == 0.0
+    assert knn_lm.chunk_overlap_ratio([], neighbours) == 0.0
     rng = np.random.default_rng(1)
     for _ in range(20):
         c = rng.integers(0, 4, size=4).tolist()
         ns = [rng.integers(0, 4, size=8).tolist() for _ in range(3)]
-        assert knn_lm.chunk_overlap_ratio(c, ns, m=4) == max(_brute_force_lcs(c, n) for n in ns) / 4
-    with pytest.raises(ValueError, match="m="):
-        knn_lm.chunk_overlap_ratio(chunk, neighbours, m=0)
+        assert knn_lm.chunk_overlap_ratio(c, ns) == max(_brute_force_lcs(c, n) for n in ns) / 4
+
+
+def test_a_short_last_chunk_is_measured_against_its_own_length():
+    # A document's last chunk of 3 tokens (m = 64) copied verbatim from the database is fully leaked: r = 1,
+    # not 3/64; half of it copied is r = 2/3 (the numpy reference: the brute-force LCS over its own length).
+    last = [7, 8, 9]
+    assert knn_lm.chunk_overlap_ratio(last, [[1] * 30 + last + [2] * 30]) == 1.0
+    assert knn_lm.chunk_overlap_ratio(last, [[0, 7, 8, 4]]) == pytest.approx(2 / 3)
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        c = rng.integers(0, 3, size=int(rng.integers(1, 6))).tolist()
+        ns = [rng.integers(0, 3, size=10).tolist() for _ in range(2)]
+        assert knn_lm.chunk_overlap_ratio(c, ns) == max(_brute_force_lcs(c, n) for n in ns) / len(c)
 
 
 @pytest.mark.parametrize("temperature", [0.5, 7.0])
