@@ -160,6 +160,9 @@ def _cmd_evaluate_lm(args: argparse.Namespace) -> int:
     for alpha, bpb in result["bpb"].items():
         knn = f", with kNN-LM {result['knn_bpb'][alpha]:.4f}" if args.knn else ""
         print(f"alpha <= {alpha}: bpb {bpb:.4f} over {result['chunks'][alpha]} chunks{knn}")
+    for bucket, bpb in result["bpb_by_bucket"].items():
+        knn = f", with kNN-LM {result['knn_bpb_by_bucket'][bucket]:.4f}" if args.knn else ""
+        print(f"r(C) in {bucket}: bpb {bpb:.4f} over {result['chunks_by_bucket'][bucket]} chunks{knn}")
     print(json.dumps(result, sort_keys=True))
     return 0
 

@@ -146,6 +146,29 @@ def bits_per_byte_by_alpha(scores: TokenScores, overlaps: dict[int, float],
     return out
 
 
+def bucket_name(low: float | None, high: float) -> str:
+    """``"0"`` for r(C) = 0, else ``"(low, high]"``."""
+    return f"{high:g}" if low is None else f"({low:g}, {high:g}]"
+
+
+def bits_per_byte_by_bucket(scores: TokenScores, overlaps: dict[int, float],
+                            alphas: Sequence[float] = ALPHAS) -> dict[str, tuple[float, int]]:
+    """Like :func:`bits_per_byte_by_alpha`, but over the chunks *between* consecutive thresholds: ``r(C) <=
+    alphas[0]``, then ``alphas[i-1] < r(C) <= alphas[i]`` (RETRO Fig. 6 plots these buckets, not cumulative
+    sets: a gain on the leaked chunks alone is hidden in the cumulative figure of every larger α)."""
+    chunks, inverse = np.unique(scores.chunk_ids, return_inverse=True)
+    nll = np.bincount(inverse, weights=-scores.log_probs, minlength=chunks.size)  # [C]
+    num_bytes = np.bincount(inverse, weights=scores.bytes, minlength=chunks.size)  # [C]
+    r = np.array([overlaps[int(c)] for c in chunks.tolist()])  # [C]
+    out = {}
+    lows = [None, *alphas[:-1]]
+    for low, high in zip(lows, alphas):
+        keep = (r <= high + 1e-9) & (r > (low if low is not None else -np.inf) + 1e-9)
+        out[bucket_name(low, high)] = (retro_sequences.bits_per_byte(nll[keep].sum(), int(num_bytes[keep].sum())),
+                                       int(keep.sum()))
+    return out
+
+
 #: kNN-LM's λ and distance temperature, chosen on the validation split (kNN-LM §3: λ tuned on validation).
 KNN_LAMBDAS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6)
 KNN_TEMPERATURES = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
@@ -196,7 +219,9 @@ def evaluate(cfg: config_lib.ExperimentConfig, model_dir: str, retrieval: bool, 
       neighbours: False masks RETRO's neighbours ("retrieval off").
       knn: also kNN-LM (``retro.knn_dir``'s datastore; λ and T tuned on the validation split).
 
-    Returns ``{"bpb": {α: bpb}, "chunks": {α: count}, "tokens", "bytes", ...}`` (and ``knn_*`` with ``knn``).
+    Returns ``{"bpb": {α: bpb}, "chunks": {α: count}, "bpb_by_bucket": {bucket: bpb}, "chunks_by_bucket":
+    {bucket: count}, "tokens", "bytes", ...}`` (and ``knn_*`` with ``knn``); buckets as
+    :func:`bits_per_byte_by_bucket`.
     """
     task = retro_lm.RetroLmTask(cfg, retrieval=retrieval)
     model = restore_decoder(task, model_dir)
@@ -205,10 +230,13 @@ def evaluate(cfg: config_lib.ExperimentConfig, model_dir: str, retrieval: bool, 
     chunks = np.unique(scores.chunk_ids)
     overlaps = dict(zip(chunks.tolist(), chunk_overlaps(task, chunks, database).tolist()))
     by_alpha = bits_per_byte_by_alpha(scores, overlaps, alphas)
+    by_bucket = bits_per_byte_by_bucket(scores, overlaps, alphas)
     result: dict[str, Any] = {
         "model_dir": model_dir, "split": split, "database": database, "retrieval": retrieval,
         "neighbours": neighbours, "tokens": int(scores.targets.size), "bytes": int(scores.bytes.sum()),
-        "bpb": {str(a): v[0] for a, v in by_alpha.items()}, "chunks": {str(a): v[1] for a, v in by_alpha.items()}}
+        "bpb": {str(a): v[0] for a, v in by_alpha.items()}, "chunks": {str(a): v[1] for a, v in by_alpha.items()},
+        "bpb_by_bucket": {b: v[0] for b, v in by_bucket.items()},
+        "chunks_by_bucket": {b: v[1] for b, v in by_bucket.items()}}
     if knn:
         datastore = knn_datastore.KnnDatastore.load(cfg.retro.knn_dir, cfg.index.kind)
         validation = score_tokens(task, model, "validation", neighbours=neighbours, database=database,
@@ -219,5 +247,7 @@ def evaluate(cfg: config_lib.ExperimentConfig, model_dir: str, retrieval: bool, 
         result.update({"knn_lambda": lam, "knn_temperature": temperature, "knn_validation_grid": grid,
                        "knn_entries": len(datastore),
                        "knn_bpb": {str(a): v[0] for a, v in
-                                   bits_per_byte_by_alpha(interpolated, overlaps, alphas).items()}})
+                                   bits_per_byte_by_alpha(interpolated, overlaps, alphas).items()},
+                       "knn_bpb_by_bucket": {b: v[0] for b, v in
+                                             bits_per_byte_by_bucket(interpolated, overlaps, alphas).items()}})
     return result

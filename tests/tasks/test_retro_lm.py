@@ -123,6 +123,8 @@ def test_evaluate_lm_and_knn_datastore_match_numpy(trained, capsys, progress_tot
         np.testing.assert_allclose(result["bpb"]["1.0"], _numpy_bits_per_byte(task, model, "validation", neighbours),
                                    rtol=1e-4)
         assert result["chunks"]["0.0"] <= result["chunks"]["0.5"] <= result["chunks"]["1.0"]
+        assert sum(result["chunks_by_bucket"].values()) == result["chunks"]["1.0"]  # the buckets partition them
+        assert result["chunks_by_bucket"]["0"] == result["chunks"]["0.0"]
 
     # kNN-LM's datastore: one entry per real target of the training sequences, in sequence-key order
     capsys.readouterr()
