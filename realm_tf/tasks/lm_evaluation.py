@@ -131,14 +131,19 @@ def chunk_overlaps(task: retro_lm.RetroLmTask, chunk_ids: np.ndarray, database: 
     return out
 
 
+def _per_chunk(scores: TokenScores, overlaps: dict[int, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per distinct chunk of ``scores``: its NLL (nats), its bytes and its r(C), each ``[C]``."""
+    chunks, inverse = np.unique(scores.chunk_ids, return_inverse=True)
+    nll = np.bincount(inverse, weights=-scores.log_probs, minlength=chunks.size)  # [C]
+    num_bytes = np.bincount(inverse, weights=scores.bytes, minlength=chunks.size)  # [C]
+    return nll, num_bytes, np.array([overlaps[int(c)] for c in chunks.tolist()])
+
+
 def bits_per_byte_by_alpha(scores: TokenScores, overlaps: dict[int, float],
                            alphas: Sequence[float] = ALPHAS) -> dict[float, tuple[float, int]]:
     """``{α: (bpb over the chunks with r(C) <= α, number of those chunks)}``; ``overlaps`` maps chunk id to r(C).
     bpb is NaN where no chunk qualifies."""
-    chunks, inverse = np.unique(scores.chunk_ids, return_inverse=True)
-    nll = np.bincount(inverse, weights=-scores.log_probs, minlength=chunks.size)  # [C]
-    num_bytes = np.bincount(inverse, weights=scores.bytes, minlength=chunks.size)  # [C]
-    r = np.array([overlaps[int(c)] for c in chunks.tolist()])  # [C]
+    nll, num_bytes, r = _per_chunk(scores, overlaps)  # each [C]
     out = {}
     for alpha in alphas:
         keep = r <= alpha + 1e-9
@@ -156,10 +161,7 @@ def bits_per_byte_by_bucket(scores: TokenScores, overlaps: dict[int, float],
     """Like :func:`bits_per_byte_by_alpha`, but over the chunks *between* consecutive thresholds: ``r(C) <=
     alphas[0]``, then ``alphas[i-1] < r(C) <= alphas[i]`` (RETRO Fig. 6 plots these buckets, not cumulative
     sets: a gain on the leaked chunks alone is hidden in the cumulative figure of every larger α)."""
-    chunks, inverse = np.unique(scores.chunk_ids, return_inverse=True)
-    nll = np.bincount(inverse, weights=-scores.log_probs, minlength=chunks.size)  # [C]
-    num_bytes = np.bincount(inverse, weights=scores.bytes, minlength=chunks.size)  # [C]
-    r = np.array([overlaps[int(c)] for c in chunks.tolist()])  # [C]
+    nll, num_bytes, r = _per_chunk(scores, overlaps)  # each [C]
     out = {}
     lows = [None, *alphas[:-1]]
     for low, high in zip(lows, alphas):

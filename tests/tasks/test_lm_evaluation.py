@@ -4,12 +4,18 @@ import numpy as np
 from realm_tf.tasks import lm_evaluation
 
 
+def _scores(seed: int, num_chunks: int, num_tokens: int):
+    """Random token scores: ``(scores, chunk_ids, log_probs, num_bytes)``."""
+    rng = np.random.default_rng(seed)
+    chunk_ids = rng.integers(0, num_chunks, size=num_tokens)
+    log_probs = -rng.gamma(2.0, 1.0, size=num_tokens)
+    num_bytes = rng.integers(1, 9, size=num_tokens)
+    return (lm_evaluation.TokenScores(chunk_ids, np.zeros(num_tokens, np.int32), log_probs, num_bytes), chunk_ids,
+            log_probs, num_bytes)
+
+
 def test_bits_per_byte_keeps_the_chunks_at_or_below_each_alpha():
-    rng = np.random.default_rng(0)
-    chunk_ids = rng.integers(0, 6, size=200)
-    log_probs = -rng.gamma(2.0, 1.0, size=200)
-    num_bytes = rng.integers(1, 9, size=200)
-    scores = lm_evaluation.TokenScores(chunk_ids, np.zeros(200, np.int32), log_probs, num_bytes)
+    scores, chunk_ids, log_probs, num_bytes = _scores(0, 6, 200)
     overlaps = {0: 0.0, 1: 0.1, 2: 0.125, 3: 0.3, 4: 0.9, 5: 1.0}
     got = lm_evaluation.bits_per_byte_by_alpha(scores, overlaps, (0.0, 0.125, 0.5, 1.0))
     for alpha, (bpb, count) in got.items():
@@ -20,11 +26,7 @@ def test_bits_per_byte_keeps_the_chunks_at_or_below_each_alpha():
 
 
 def test_bits_per_byte_by_bucket_keeps_the_chunks_between_consecutive_alphas():
-    rng = np.random.default_rng(1)
-    chunk_ids = rng.integers(0, 7, size=300)
-    log_probs = -rng.gamma(2.0, 1.0, size=300)
-    num_bytes = rng.integers(1, 9, size=300)
-    scores = lm_evaluation.TokenScores(chunk_ids, np.zeros(300, np.int32), log_probs, num_bytes)
+    scores, chunk_ids, log_probs, num_bytes = _scores(1, 7, 300)
     overlaps = {0: 0.0, 1: 0.1, 2: 0.125, 3: 0.3, 4: 0.5, 5: 0.9, 6: 1.0}
     got = lm_evaluation.bits_per_byte_by_bucket(scores, overlaps, (0.0, 0.125, 0.5, 1.0))
     assert list(got) == ["0", "(0, 0.125]", "(0.125, 0.5]", "(0.5, 1]"]
