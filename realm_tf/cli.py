@@ -489,7 +489,9 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                             "tokens -> next token) and its MIPS index", _cmd_beam_job,
                             lambda p: _add_beam_job_args(p, "add_knn_datastore_args")),
     "evaluate-lm": ("bits-per-byte of a trained RETRO / baseline decoder on held-out documents, at each leakage "
-                    "threshold alpha (RETRO 2.6), optionally with kNN-LM", _cmd_evaluate_lm,
+                    "threshold alpha and per leakage bucket (RETRO 2.6), optionally with kNN-LM; "
+                    "--set retro.num_neighbours=10 reads 10 neighbours (chunked cross-attention takes any k)",
+                    _cmd_evaluate_lm,
                     lambda p: (_add_config_args(p),
                                p.add_argument("--model", default=None, metavar="DIR",
                                               help="the train-retro run (default: retro_trainer.model_dir)"),

@@ -125,6 +125,14 @@ def test_evaluate_lm_and_knn_datastore_match_numpy(trained, capsys, progress_tot
         assert result["chunks"]["0.0"] <= result["chunks"]["0.5"] <= result["chunks"]["1.0"]
         assert sum(result["chunks_by_bucket"].values()) == result["chunks"]["1.0"]  # the buckets partition them
         assert result["chunks_by_bucket"]["0"] == result["chunks"]["0.0"]
+    # Chunked cross-attention reads any number of neighbours: a model trained with k = 2 is scored with k = 3
+    # (RETRO evaluates with more neighbours than it trained with) by the same path as the numpy reference.
+    more = config.load_config(TINY, fit + ["retro.num_neighbours=3"])
+    first = next(iter(retro_lm.RetroLmTask(more).examples("validation", neighbours=True)))
+    assert first["neighbour_ids"].shape[1] == 3  # [chunks, k, r]
+    result = lm_evaluation.evaluate(more, str(root / "fit"), retrieval=True, split="validation")
+    np.testing.assert_allclose(result["bpb"]["1.0"], _numpy_bits_per_byte(
+        retro_lm.RetroLmTask(more), model, "validation", True), rtol=1e-4)
 
     # kNN-LM's datastore: one entry per real target of the training sequences, in sequence-key order
     capsys.readouterr()
