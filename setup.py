@@ -13,6 +13,7 @@ STACK = [
     "apache-beam==2.77.0",
     "google-crc32c",  # Beam's TFRecord IO checksums records with it (C implementation)
     "tensorboard",
+    "tensorflow-serving-api~=2.20.0",  # TF Serving's PredictionLog for the exports' warm-up records
     "safetensors",
     "numpy",
     "pyyaml",

@@ -25,6 +25,7 @@ PYPI_NAMES = {
     "official": "tf_models_official",
     "yaml": "pyyaml",
     "google.protobuf": "protobuf",
+    "tensorflow_serving": "tensorflow_serving_api",
 }
 
 Graph = Mapping[str, Iterable[str]]

@@ -1,6 +1,6 @@
 """TF Serving's PredictionLog read with message classes built here from the fields of
-tensorflow_serving/apis/{prediction_log,predict,model}.proto (tensorflow-serving-api is not in the stack), not from
-realm_tf's writer: the reference the warm-up tests compare against. A helper of tests/serving (tests are not a
+tensorflow_serving/apis/{prediction_log,predict,model}.proto, independently of the tensorflow-serving-api classes
+realm_tf writes with: the reference the warm-up tests compare against. A helper of tests/serving (tests are not a
 package)."""
 import tensorflow as tf
 from google.protobuf import descriptor_pb2
