@@ -17,6 +17,7 @@ from realm_tf.data import example_schemas
 from realm_tf.models import knowledge_retriever
 from realm_tf.networks import bert_encoder
 from realm_tf.tasks import base_task
+from realm_tf.tasks import warm_start
 
 
 class IctTask(base_task.Task):
@@ -33,7 +34,13 @@ class IctTask(base_task.Task):
         self.file_pattern = file_pattern or f"{cfg.data.ict_dir}/ict-*.tfrecord*"
 
     def build_model(self) -> knowledge_retriever.KnowledgeRetriever:
-        return knowledge_retriever.build_knowledge_retriever(self.cfg.model)
+        """The retriever from ``model.init_checkpoint`` with a new projection (ORQA), or from
+        ``model.retriever_checkpoint`` when set (e.g. the import with its projection fitted to the corpus,
+        ``realm-tf init-retriever``); a resumed run then restores its own checkpoint over it."""
+        retriever = knowledge_retriever.build_knowledge_retriever(self.cfg.model)
+        if self.cfg.model.retriever_checkpoint:
+            warm_start.restore_from_run(self.cfg.model.retriever_checkpoint, retriever=retriever)
+        return retriever
 
     def pack(self, records: Mapping[str, tf.RaggedTensor]) -> tuple[dict[str, tf.Tensor], dict[str, tf.Tensor]]:
         """Packs parsed ICT records into features ``query_*`` ``[batch, query_len]`` and ``block_*``

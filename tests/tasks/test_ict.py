@@ -11,6 +11,7 @@ import tensorflow as tf
 from realm_tf import config
 from realm_tf.data import example_schemas
 from realm_tf.layers import bert_tokenizer
+from realm_tf.models import knowledge_retriever
 from realm_tf.tasks import experiment
 from realm_tf.tasks import ict
 
@@ -102,3 +103,19 @@ def test_training_lowers_loss_and_resumes(tiny):
     seen = []
     result = experiment.run_experiment(ict.IctTask(more), hooks=(lambda s, l: seen.append(s),))
     assert result["step"] == 53 and seen == [51, 52, 53]
+
+
+def test_ict_starts_from_the_retriever_checkpoint_when_given(tiny, tmp_path):
+    first = config.apply_override(tiny, "ict.steps=2")
+    experiment.run_experiment(ict.IctTask(first))
+    checkpoint = tf.train.latest_checkpoint(f"{tiny.ict.model_dir}/checkpoints")
+    expected = knowledge_retriever.build_knowledge_retriever(first.model)
+    tf.train.Checkpoint(model=expected).read(checkpoint).expect_partial()
+    started = config.apply_override(config.apply_override(first, f"model.retriever_checkpoint={tiny.ict.model_dir}"),
+                                    f"ict.model_dir={tmp_path}/second")
+    model = ict.IctTask(started).build_model()
+    fresh = ict.IctTask(first).build_model()  # without the setting: the import with a new projection
+    assert len(model.weights) == len(expected.weights) == len(fresh.weights)
+    for got, want in zip(model.weights, expected.weights):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    assert any(not np.array_equal(a.numpy(), b.numpy()) for a, b in zip(fresh.weights, expected.weights))
