@@ -7,7 +7,7 @@ same all-MiniLM-L6-v2 import, and differs only in where its retriever and its re
 | row | retriever | reader |
 | --- | --- | --- |
 | ``import`` | the import (projection fitted to the corpus, ``init-retriever``) | the import |
-| ``ict_retriever`` | ICT (ORQA's retriever pre-training) | the import |
+| ``ict_retriever`` | ICT (ORQA's retriever pre-training), from the import's retriever | the import |
 | ``realm_retriever`` | REALM pre-training (salient spans, from ICT) | the import |
 | ``realm_reader`` | the import | REALM pre-training's knowledge-augmented encoder |
 | ``realm`` | REALM pre-training | REALM pre-training |
