@@ -4,8 +4,8 @@ REALM (Guu et al., 2020, §4) and ORQA (Lee et al., 2019) read with BERT-base af
 practice in the literature; here the reader starts from all-MiniLM-L6-v2, a sentence embedder, and learns to
 extract spans in the reader warm start (``realm-tf train-reader``). Each lever changes one thing against the same
 base warm start, and each reader is scored on the gold blocks of the same held-out questions
-(``realm-tf evaluate --retriever gold``): reading comprehension, with retrieval taken out. Per lever: EM, F1, the
-difference in EM to the base with a paired bootstrap interval over questions, and the error table
+(``realm-tf evaluate --retriever gold``): reading comprehension, with retrieval taken out. Per lever: EM, F1, their
+differences to the base with paired bootstrap intervals over questions, and the error table
 (:mod:`realm_tf.tasks.answer_errors`).
 
 The base is the demo's warm start made step-bound (so that the machine's speed does not decide how much a reader
@@ -133,24 +133,28 @@ def main() -> int:
                                    "--model", f"{out}/{name}", "--predictions", predictions],
                                   f"{out}/metrics-{args.split}-gold-{name}.json"))
 
-    def em_of(name: str) -> dict[str, float]:
-        return per_question(f"{out}/predictions-{args.split}-gold-{name}.jsonl", "exact_match")
+    def of(name: str, key: str) -> dict[str, float]:
+        return per_question(f"{out}/predictions-{args.split}-gold-{name}.jsonl", key)
 
     print(f"\n== reader levers, gold blocks of the {args.split} split of {args.questions} "
           f"(base: {', '.join(base_overrides(args.steps, out + '/blocks') + args.overrides)}) ==")
-    print("| lever | questions | EM | F1 | compared with | EM difference [95% paired bootstrap] |")
-    print("| --- | ---: | ---: | ---: | --- | --- |")
+    print("| lever | questions | EM | F1 | compared with | EM difference [95% paired bootstrap] | F1 difference |")
+    print("| --- | ---: | ---: | ---: | --- | --- | --- |")
     record = {}
     for name in names:
         metrics, reference = results[name], REFERENCE.get(name, "base")
-        em, before = em_of(name), em_of(reference)
-        ids = sorted(before.keys() & em.keys())
-        mean, low, high = paired_bootstrap(np.array([before[i] for i in ids]), np.array([em[i] for i in ids]))
+        differences = {}
+        for key in ("exact_match", "f1"):
+            now, before = of(name, key), of(reference, key)
+            ids = sorted(before.keys() & now.keys())
+            differences[key] = paired_bootstrap(np.array([before[i] for i in ids]), np.array([now[i] for i in ids]))
+        (em, em_low, em_high), (f1, f1_low, f1_high) = differences["exact_match"], differences["f1"]
         print(f"| {name} | {metrics['num_questions']} | {metrics['exact_match']:.3f} | {metrics['f1']:.3f} | "
-              f"{reference} | {mean:+.3f} [{low:+.3f}, {high:+.3f}] |")
+              f"{reference} | {em:+.3f} [{em_low:+.3f}, {em_high:+.3f}] | {f1:+.3f} [{f1_low:+.3f}, {f1_high:+.3f}] |")
         record[name] = {"exact_match": metrics["exact_match"], "f1": metrics["f1"],
                         "num_questions": metrics["num_questions"], "compared_with": reference,
-                        "em_difference": [mean, low, high], "outcomes": metrics["outcomes"]}
+                        "em_difference": list(differences["exact_match"]), "f1_difference": list(differences["f1"]),
+                        "outcomes": metrics["outcomes"], "reader_oracle": metrics["reader_oracle"]}
     for name in names:
         print(f"\n{name}:\n{answer_errors.format_table(results[name]['outcomes'])}")
     print("\nstage minutes: " + stage.minutes())
