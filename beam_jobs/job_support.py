@@ -156,9 +156,11 @@ class BeamJob(abc.ABC):
     def main(self) -> int:
         """``python -m beam_jobs.<job>``: runs the job, reporting configuration errors without a traceback. The
         process takes ``realm-tf``'s TensorFlow settings (:mod:`realm_tf.process_settings`), as do the DirectRunner's
-        worker processes, which inherit its environment."""
+        worker processes, which inherit its environment, and its quiet start (``REALM_TF_VERBOSE=1``: everything,
+        as ``realm-tf --verbose``)."""
         library_logs.show_on_stderr()
         process_settings.apply()  # before the job's first tensor
+        library_logs.quiet_known_noise(verbose=os.environ.get(VERBOSE_VARIABLE, "") not in ("", "0"))
         try:
             self.run(sys.argv[1:])
         except (errors.UserError, FileNotFoundError) as e:

@@ -619,6 +619,9 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (help_text, handler, add_args) in _COMMANDS.items():
         p = sub.add_parser(name, description=help_text)
         add_args(p)
+        p.add_argument("--verbose", action="store_true",
+                       help="also show the start-up messages of TensorFlow and Beam that are known to be harmless "
+                            "(no GPU found, Beam's Google Cloud extras not installed)")
         p.set_defaults(handler=handler)
     return parser
 
@@ -632,6 +635,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     library_logs.show_on_stderr()
     process_settings.apply()  # before the subcommand's first tensor: TensorFlow reads them then
+    # the demo's own process starts no TensorFlow (each stage runs in a child that does this itself)
+    library_logs.quiet_known_noise(verbose=args.verbose, find_devices=args.command != "demo")
     try:
         return int(args.handler(args) or 0)
     except (errors.UserError, FileNotFoundError) as e:
