@@ -29,6 +29,8 @@ from typing import Any, Collection, Iterator, Mapping
 
 import tensorflow as tf
 
+from realm_tf import errors
+
 logger = logging.getLogger(__name__)
 
 RETRIEVER_EXPORT = "export.json"  # a retriever SavedModel (embed_query / embed_block signatures)
@@ -108,7 +110,16 @@ def read_marker(directory: str, marker: str, what: str = "artifact") -> dict[str
     if not tf.io.gfile.exists(path):
         raise FileNotFoundError(f"{directory}: no {marker}: not a complete {what}")
     with tf.io.gfile.GFile(path) as f:
-        return json.loads(f.read())
+        text = f.read()
+    try:
+        marker_value = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise errors.UserError(f"{path}: not valid JSON ({e}): this {what} is damaged. Rebuild it, or delete "
+                               f"{directory} so that readers use the previous complete version") from e
+    if not isinstance(marker_value, dict):
+        raise errors.UserError(f"{path}: not a JSON object: this {what} is damaged. Rebuild it, or delete "
+                               f"{directory} so that readers use the previous complete version")
+    return marker_value
 
 
 def is_complete(directory: str, marker: str) -> bool:

@@ -85,8 +85,18 @@ def read_index_json(path: str) -> dict[str, Any]:
 def read_embeddings(path: str) -> np.ndarray:
     """float32 ``[num_blocks, dim]``: the embeddings a published version (its directory ``path``) was built on."""
     meta = read_index_json(path)
-    with tf.io.gfile.GFile(os.path.join(path, meta.get("embeddings", EMBEDDINGS_NPY)), "rb") as f:
-        return np.load(f, allow_pickle=False)
+    file = os.path.join(path, meta.get("embeddings", EMBEDDINGS_NPY))
+    try:
+        with tf.io.gfile.GFile(file, "rb") as f:
+            embeddings = np.load(f, allow_pickle=False)
+    except (ValueError, EOFError, OSError, tf.errors.NotFoundError) as e:
+        raise errors.UserError(f"{file}: cannot be read ({e}): this index version is damaged. Rebuild it (realm-tf "
+                               f"embed-blocks), or delete {path} so that the previous complete version is used") from e
+    if embeddings.ndim != 2 or "num_blocks" in meta and embeddings.shape[0] != meta["num_blocks"]:
+        raise errors.UserError(f"{file}: shape {embeddings.shape}, but {path}/index.json records "
+                               f"{meta.get('num_blocks')} blocks: this index version is damaged. Rebuild it, or "
+                               f"delete {path} so that the previous complete version is used")
+    return embeddings
 
 
 def export_step(metadata: Mapping[str, Any]) -> int:

@@ -9,11 +9,14 @@ The same SavedModel TF Serving serves (:mod:`realm_tf.serving.open_qa_export`); 
     print(result.answer, result.score, result.blocks[0].title)
 
 The path is a model base path (``realm-tf export --base_path``: numbered versions, TF Serving's layout), whose
-newest complete version is loaded, or one export directory.
+newest complete version is loaded, or one export directory. A version that cannot be loaded (a file missing,
+truncated, or failing TensorFlow's checksum) is named in the error; under a base path the previous complete version
+is served instead, with a warning, as TF Serving keeps serving the version it has.
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Sequence
 
 import tensorflow as tf
@@ -21,6 +24,8 @@ import tensorflow as tf
 from realm_tf import artifacts
 from realm_tf import errors
 from realm_tf.serving import serving_warmup
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,17 +53,39 @@ class Answerer:
     questions with it. ``path`` is the version loaded, ``model`` the loaded SavedModel (all its signatures)."""
 
     def __init__(self, export_path: str):
-        path = artifacts.newest_complete(export_path, artifacts.OPEN_QA_EXPORT)
-        if path is None:
+        export_path = export_path.rstrip("/")
+        if artifacts.is_complete(export_path, artifacts.OPEN_QA_EXPORT):
+            candidates = [export_path]
+        else:  # a model base path: the newest complete version, or the one before it when that one is damaged
+            candidates = list(reversed(artifacts.complete_versions(export_path, artifacts.OPEN_QA_EXPORT).values()))
+        if not candidates:
             raise errors.UserError(f"{export_path}: not a complete Open-QA export nor a model base path with one "
                                    f"(no {artifacts.OPEN_QA_EXPORT}; run `realm-tf export --base_path {export_path}`)")
+        for number, path in enumerate(candidates):
+            try:
+                self._load(path)
+                break
+            except errors.UserError as e:
+                if number + 1 == len(candidates):
+                    raise
+                logger.warning("%s; serving the previous complete version, %s", e, candidates[number + 1])
+
+    def _load(self, path: str) -> None:
+        """Loads the export at ``path``; a damaged one (a file missing, truncated or failing its checksum) is a
+        UserError that names it."""
+        try:
+            self.metadata = artifacts.read_marker(path, artifacts.OPEN_QA_EXPORT, "Open-QA export")
+            import tensorflow_text  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import  (tokenizer ops)
+            if self.metadata.get("searcher") == "scann":
+                import scann  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import  (ScaNN's ops)
+            self.model = tf.saved_model.load(path)
+            self._serve = self.model.signatures["serving_default"]
+        except (OSError, IndexError, ValueError, KeyError, tf.errors.OpError) as e:
+            first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise errors.UserError(f"{path}: the Open-QA export cannot be loaded ({type(e).__name__}: {first_line}): "
+                                   f"it is damaged. Export it again (realm-tf export), or delete {path} so that the "
+                                   f"previous complete version is served") from e
         self.path = path
-        self.metadata = artifacts.read_marker(path, artifacts.OPEN_QA_EXPORT, "Open-QA export")
-        import tensorflow_text  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import  (tokenizer ops)
-        if self.metadata.get("searcher") == "scann":
-            import scann  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import  (ScaNN's ops)
-        self.model = tf.saved_model.load(path)
-        self._serve = self.model.signatures["serving_default"]
 
     def warm_up(self) -> int:
         """Replays the export's TF Serving warm-up requests (``assets.extra``), as TF Serving does before a

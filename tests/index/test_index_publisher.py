@@ -153,3 +153,27 @@ def test_an_export_after_corpus_updates_gets_the_version_after_theirs(tmp_path):
     assert (index_publisher.export_step(meta), index_publisher.corpus_version(meta)) == (5, 2)
     assert index_publisher.corpus_version({"version": 1}) == 0  # versions from before corpus versions: version 0
     assert [m["version"] for m in index_publisher.published_metadata(root)] == [5, 6, 7]
+
+
+def test_a_truncated_embeddings_file_is_named_with_what_to_do(tmp_path):
+    embeddings, index = _index()
+    path = index_publisher.publish(str(tmp_path), 1, embeddings, index, META, 3)
+    np.testing.assert_array_equal(index_publisher.read_embeddings(path), embeddings)
+    file = os.path.join(path, index_publisher.EMBEDDINGS_NPY)
+    with open(file, "r+b") as f:
+        f.truncate(os.path.getsize(file) - 17)
+    with pytest.raises(errors.UserError, match=r"embeddings\.npy: cannot be read .*damaged.*delete"):
+        index_publisher.read_embeddings(path)
+
+
+def test_a_garbled_index_json_is_named_with_what_to_do(tmp_path):
+    embeddings, index = _index()
+    path = index_publisher.publish(str(tmp_path), 1, embeddings, index, META, 3)
+    with open(os.path.join(path, "index.json"), "w", encoding="utf-8") as f:
+        f.write('{"version": 1, "kind": ')  # torn mid-write
+    with pytest.raises(errors.UserError, match=r"index\.json: not valid JSON .*damaged.*previous complete version"):
+        index_publisher.newest_version(str(tmp_path), META["vocab_hash"])
+    with open(os.path.join(path, "index.json"), "w", encoding="utf-8") as f:
+        f.write("[1, 2]")
+    with pytest.raises(errors.UserError, match=r"index\.json: not a JSON object"):
+        index_publisher.read_index_json(path)

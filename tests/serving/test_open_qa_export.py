@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from realm_tf import artifacts
 from realm_tf import config
+from realm_tf import errors
 from realm_tf.index import index_refresher
 from realm_tf.models import knowledge_retriever
 from realm_tf.serving import answerer
@@ -195,3 +196,47 @@ def test_evaluate_and_the_export_aggregate_answers_alike(exported, tmp_path):
     decoded = open_qa.OpenQaTask(summed).decode(model, outputs)
     np.testing.assert_allclose([a.score for a in asked], decoded["score"].numpy(), rtol=1e-4)
     np.testing.assert_allclose([p["score"] for p in evaluated], decoded["score"].numpy(), rtol=1e-4)
+
+
+def _corrupt(version: str, how: str) -> str:
+    """Damages a copied export in one of the ways a disk or a killed copy does; returns the file damaged."""
+    variables = os.path.join(version, "variables", "variables.data-00000-of-00001")
+    if how == "truncated":
+        with open(variables, "r+b") as f:
+            f.truncate(os.path.getsize(variables) // 2)
+        return variables
+    if how == "flipped":
+        with open(variables, "r+b") as f:
+            f.seek(os.path.getsize(variables) // 3)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        return variables
+    os.remove(os.path.join(version, "saved_model.pb"))
+    return os.path.join(version, "saved_model.pb")
+
+
+@pytest.mark.parametrize("how", ["truncated", "flipped", "no_graph"])
+def test_a_damaged_version_is_named_and_the_previous_one_served(exported, tmp_path, how, capsys, caplog):
+    import shutil
+
+    from realm_tf import cli
+
+    _, path, _, _ = exported
+    base = tmp_path / "served"
+    for version in ("1", "2"):
+        shutil.copytree(path, base / version)
+    _corrupt(str(base / "2"), how)
+    expected = answerer.Answerer(path).ask(QUESTIONS[0]).answer
+    served = answerer.Answerer(str(base))  # the base path: version 2 is damaged, version 1 serves
+    assert served.path == str(base / "1") and served.ask(QUESTIONS[0]).answer == expected
+    assert any(str(base / "2") in r.getMessage() and "previous complete version" in r.getMessage()
+               for r in caplog.records)
+    # The damaged version alone: an error that names it and says what to do, exit code 2, no traceback.
+    with pytest.raises(errors.UserError) as raised:
+        answerer.Answerer(str(base / "2"))
+    assert str(base / "2") in str(raised.value) and "Export it again" in str(raised.value)
+    capsys.readouterr()
+    assert cli.main(["ask", QUESTIONS[0], "--model", str(base / "2")]) == 2
+    err = capsys.readouterr().err
+    assert str(base / "2") in err and "Traceback" not in err
