@@ -83,7 +83,7 @@ def run_in_child(argv: Sequence[str]) -> int:
 
     ``realm-tf demo`` runs each stage this way: TensorFlow's BFC allocator keeps every region a process once
     mapped, so stages run in one process hold the sum of their peaks, and in children only the largest
-    (issue #20, benchmarks/RESULTS.md)."""
+    (``benchmarks/stage_memory.py``)."""
     import subprocess
 
     sys.stdout.flush()

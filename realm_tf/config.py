@@ -241,7 +241,7 @@ class TrainerConfig:
     default, one per core. With 1, every op runs whole on the thread that runs it and independent ops (the
     reader's length groups, ``model.reader_length_buckets``) run side by side on the inter-op threads: on a
     machine with as few cores as groups there are no hand-offs between threads inside each op (``tasks/
-    distribution.set_intra_op_threads``; on 2 cores: 96% fewer context switches, issue #20).
+    distribution.set_intra_op_threads``).
     ``max_minutes`` > 0 stops a run (with a checkpoint) once it has trained that long, before ``steps`` if
     need be; ``eval_examples`` caps the held-out evaluation at the end of ``realm-tf pretrain``.
     ``learning_rate_decay``: ``linear`` (REALM, BERT: linear decay to 0 at ``steps``) or ``constant`` (no decay

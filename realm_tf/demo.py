@@ -10,7 +10,7 @@ training questions → ``evaluate`` on held-out questions → ``export`` the ser
 questions.
 
 ``realm-tf demo`` runs each stage in a process of its own (``cli.run_in_child``; ``--one-process``: all in
-one), so the demo holds one stage's memory at a time, under 4 GB (issue #20): TensorFlow's BFC allocator keeps
+one), so the demo holds one stage's memory at a time, under 4 GB: TensorFlow's BFC allocator keeps
 what a process once took.
 
 The demo's few pre-training steps are all in REALM's reader-only phase (``trainer.freeze_retriever_steps``, the
@@ -64,7 +64,7 @@ def _overrides(work: str, pretrain_steps: int, finetune_steps: int, reader_steps
         # Fine-tuning: the retriever from the pre-training run, the reader from its warm start; a short schedule.
         f"qa.retriever_checkpoint={work}/pretrain", f"qa.reader_checkpoint={work}/reader",
         # Every training stage in one precision: in bfloat16, pre-training held 0.5 GB and fine-tuning 0.4 GB less
-        # than in float32 here (issue #20, part 9).
+        # than in float32 here (benchmarks/training_memory.py).
         f"finetune.steps={finetune_steps}", f"finetune.precision={precision}", "finetune.learning_rate=5e-5",
         "finetune.warmup_steps=2", "finetune.summary_every_steps=5", "finetune.checkpoint_every_steps=1000",
     ]
@@ -146,7 +146,7 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
         # Two length groups. Where the cores are no more than the groups, each op runs on one thread and the
         # groups run side by side (trainer.intra_op_threads=1): on 2 cores 96% fewer context switches and half
         # the kernel time, for 10% fewer steps/s. Three groups run faster still but held 3.8-4.1 GB, over the
-        # demo's 4 GB; four held 4.0-4.2 GB (benchmarks/RESULTS.md, issue #20, part 8).
+        # demo's 4 GB; four held 4.0-4.2 GB (benchmarks/stage_memory.py).
         groups = 2
         threads = 1 if (os.cpu_count() or 1) <= groups else 0
         call("train-reader", *sets, "--set", f"qa.reader_checkpoint={cfg.trainer.model_dir}", "--set",

@@ -1,4 +1,4 @@
-"""Process-wide CPU settings that ``realm-tf`` applies before TensorFlow allocates its first tensor (issue #20).
+"""Process-wide CPU settings that ``realm-tf`` applies before TensorFlow allocates its first tensor.
 
 TensorFlow's default CPU allocator hands every tensor to glibc's ``malloc``. Tensors above glibc's mmap threshold
 (at most 32 MB) are mapped on allocation and unmapped on release, so each step of REALM pre-training (attention

@@ -6,7 +6,7 @@ as ``tf.einsum`` over the projections' ``[batch, seq_len, heads, head_size]`` la
 oneDNN einsum moves that layout into and out of a head-major one inside the op, and the op costs several times
 its matmul: at MiniLM's shapes (32 blocks of 160 wordpieces, 12 heads of 32) the scores product took 17 ms for
 2 ms of oneDNN matmul, and the attention products were 27% of block embedding's op time for 6% of its FLOPs
-(issue #20, ``benchmarks/RESULTS.md``). Head-major, both products with the softmax between take half the time
+(``benchmarks/bert_kernels.py``). Head-major, both products with the softmax between take half the time
 (11.1 against 21.4 ms, ``benchmarks/bert_kernels.py``).
 
 :class:`HeadMajorAttention` transposes Q, K and V to ``[batch, heads, seq_len, head_size]`` once and multiplies
@@ -93,7 +93,7 @@ def _attention_dropout(probabilities: tf.Tensor, rate: float) -> tf.Tensor:
     ``tf.nn.dropout`` (inside Keras' ``Dropout``) draws one 32-bit Philox number per element, turns it into a float,
     compares, and selects between the scaled input and a broadcast zero. Here each element takes 16 random bits
     (half a 32-bit draw), kept when they are at least ``round(rate · 2¹⁶)``, and the mask is multiplied in.
-    Forward and backward on ``[8, 12, 320, 320]`` bfloat16: 15.6 ms against 31.4 ms (issue #20, RESULTS part 8).
+    Forward and backward on ``[8, 12, 320, 320]`` bfloat16: 15.6 ms against 31.4 ms (``benchmarks/bert_kernels.py``).
     The scale is ``2¹⁶ / (2¹⁶ - threshold)``, the inverse of the exact keep probability (rounded to the compute
     dtype, as ``tf.nn.dropout``'s is); ``tf.nn.dropout`` on bfloat16 also keeps 89.85% at rate 0.1, not 90%
     (its uniform draws have 8 bits), and scales by 1/0.9.

@@ -7,7 +7,7 @@ instead of einsums, and the two dense layers into
 :class:`realm_tf.layers.matmul_einsum_dense.MatmulEinsumDense`, with the GELU moved into the first, so that each
 is one oneDNN matmul with its bias and activation fused, and its layer norms into
 :class:`realm_tf.layers.fused_layer_normalization.FusedLayerNormalization`, one oneDNN kernel each at BERT's
-ε = 1e-12 (issue #20). The layer objects stay the ones the block
+ε = 1e-12. The layer objects stay the ones the block
 made (the subclasses add methods, no state), so the variables, their names, their order and the checkpoint keys
 are the block's own, and so is every output up to float rounding.
 """

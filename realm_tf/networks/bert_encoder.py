@@ -38,8 +38,8 @@ class BertEncoder(networks.BertEncoderV2):
     """tf-models' ``BertEncoderV2`` (Devlin et al., 2019) whose transformer layers are
     :class:`realm_tf.layers.head_major_encoder_block.HeadMajorEncoderBlock`: attention products as batched
     matmuls, projections as oneDNN matmuls with their bias and GELU fused, layer norms as one oneDNN kernel each
-    (:class:`realm_tf.layers.fused_layer_normalization.FusedLayerNormalization`; issue #20;
-    ``benchmarks/RESULTS.md``, "Close to the machine's limit", parts 6 and 7). Same arguments, variables,
+    (:class:`realm_tf.layers.fused_layer_normalization.FusedLayerNormalization`; measured by
+    ``benchmarks/bert_kernels.py``). Same arguments, variables,
     checkpoint keys and config as ``BertEncoderV2``; outputs equal to float rounding."""
 
     def __init__(self, **kwargs: Any):

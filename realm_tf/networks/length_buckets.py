@@ -4,13 +4,13 @@ REALM's BERTs read rows of very different lengths: blocks of the bundled corpus 
 and a 99th percentile of 288, and join_BERT(x, z) adds the query's. A batch padded to its longest row spends
 most of its FLOPs on padding, which attention masks out and which therefore changes no output. Sorting the
 ``rows`` by length and reading them in ``num_buckets`` groups, each cut to its own longest row, gives the same
-outputs up to float rounding for a fraction of the work (issues #15 §2 and #20). The groups are fixed in number
+outputs up to float rounding for a fraction of the work. The groups are fixed in number
 (not in length), so the function is traced once for any lengths, on CPU and GPU; TPUs need static shapes and
 use one group with ``data.static_padding``.
 
 With ``compiled`` (``model.compiled_inference``), inference (``training`` false) runs BERT as one XLA program
 (``jit_compile``): the layer norms, GELUs, softmaxes and bias additions around the matmuls are fused instead of
-being one kernel and one memory pass each, which on CPU is a quarter of BERT's forward time (issue #20). XLA
+being one kernel and one memory pass each, which on CPU is a quarter of BERT's forward time (``benchmarks/bert_kernels.py``). XLA
 compiles one program per input shape, so a compiled group's length is rounded up to a multiple of
 :data:`LENGTH_MULTIPLE` and every group has the same number of rows (the last one padded with empty
 rows): a few programs serve every batch. Training never compiles (dropout's random numbers are not cheaper
@@ -19,7 +19,8 @@ under XLA, and a step's shapes vary more).
 Training rounds every length BERT reads up to a multiple of :data:`LENGTH_MULTIPLE` too. TensorFlow's CPU
 kernels (oneDNN) are created for each input shape and kept in a cache per thread, up to 1,024 per kind: a
 reader warm start that met every length from 1 to 320 held 0.5 GB more of them after 400 steps than with
-lengths in multiples of 32, which cost it 0-4% of its steps per second in padding (issue #20, part 9).
+lengths in multiples of 32, which cost it 0-4% of its steps per second in padding
+(``benchmarks/training_memory.py``).
 Inference keeps exact lengths (a few more shapes there cost less than the padding).
 """
 from __future__ import annotations

@@ -50,7 +50,7 @@ def set_intra_op_threads(threads: int) -> int:
     TensorFlow sizes its intra-op pool when its runtime starts, so this must run before the first op; later (a
     second task in one process) the pool keeps its size and a warning says so. Splitting an op hands its pieces
     to pool threads and wakes the caller when they are done: on two cores a training step does that thousands of
-    times, each a context switch (issue #20). With one thread per op, independent ops still run concurrently on
+    times, each a context switch. With one thread per op, independent ops still run concurrently on
     the inter-op threads.
     """
     current = tf.config.threading.get_intra_op_parallelism_threads()
