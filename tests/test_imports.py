@@ -272,7 +272,7 @@ def test_no_import_cycles():
 
 
 # The parts of realm_tf, lowest first: a module may import only from its own part or from parts below it
-# (README, "Architecture"). beam_jobs sit beside the package and use it; the package reaches them only from
+# (docs/architecture.md). beam_jobs sit beside the package and use it; the package reaches them only from
 # its entry points (cli) and from the index builder, which runs embed_blocks.
 PARTS = ("errors", "resources", "library_logs", "process_settings", "config", "artifacts", "layers", "data", "networks", "models",
          "index", "serving", "tasks", "demo", "cli")
