@@ -156,7 +156,10 @@ def _cmd_evaluate_lm(args: argparse.Namespace) -> int:
     cfg = _load(args)
     result = lm_evaluation.evaluate(cfg, args.model or cfg.retro_trainer.model_dir, retrieval=not args.baseline,
                                     split=args.split, database=args.database, neighbours=not args.retrieval_off,
-                                    knn=args.knn)
+                                    knn=args.knn, documents=args.documents)
+    if args.documents:
+        print(f"{result['documents']} documents of {args.documents} ({result['document_chunks']} chunks); withheld from the "
+              f"database as copies of them: {len(result['withheld'])}")
     for alpha, bpb in result["bpb"].items():
         knn = f", with kNN-LM {result['knn_bpb'][alpha]:.4f}" if args.knn else ""
         print(f"alpha <= {alpha}: bpb {bpb:.4f} over {result['chunks'][alpha]} chunks{knn}")
@@ -497,6 +500,11 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                                               help="the train-retro run (default: retro_trainer.model_dir)"),
                                p.add_argument("--baseline", action="store_true", help="the run is a baseline decoder"),
                                p.add_argument("--split", choices=("validation", "test"), default="test"),
+                               p.add_argument("--documents", default=None, metavar="FILE",
+                                              help="score the documents of this file instead: JSONL {text[, id, "
+                                                   "title]} or plain text (blank lines between documents); held "
+                                                   "out by definition, and any copy of one in the database is "
+                                                   "withheld from it and reported"),
                                p.add_argument("--database", choices=("train_only", "all_but_own"),
                                               default="train_only",
                                               help="train_only: training documents' chunks only (no leakage); "

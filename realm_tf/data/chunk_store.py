@@ -77,6 +77,14 @@ class ChunkStore:
     def __len__(self) -> int:
         return len(self.doc_ids)
 
+    def extended(self, tokens: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
+                 doc_ids: Sequence[str]) -> "ChunkStore":
+        """A store of this database's chunks followed by new ones (ids ``len(self)``, ``len(self) + 1``, ...)."""
+        old = range(len(self))
+        return ChunkStore([self.tokens(c) for c in old] + list(tokens),
+                          [self.continuation(c) for c in old] + list(continuations),
+                          self.doc_ids + list(doc_ids), source=f"{self.source} + {len(doc_ids)} new chunks")
+
     def document_of(self, doc_id: str) -> int:
         """The ordinal of ``doc_id`` in :attr:`doc_index`, or -1 for a document the database does not hold."""
         return self._doc_ordinal.get(doc_id, -1)

@@ -24,6 +24,7 @@ import tf_keras
 
 from realm_tf import config as config_lib
 from realm_tf import errors
+from realm_tf.data import document_files
 from realm_tf.data import retro_sequences
 from realm_tf.index import knn_datastore
 from realm_tf.tasks import knn_lm
@@ -210,9 +211,24 @@ def tune_knn(scores: TokenScores, datastore: knn_datastore.KnnDatastore, k: int,
     return best[1], best[2], {name: v[0] for name, v in grid.items()}
 
 
+def hold_out(task: retro_lm.RetroLmTask, path: str) -> dict[str, Any]:
+    """Makes the documents of ``path`` (:func:`realm_tf.data.document_files.read_documents`) the task's ``test``
+    split (``RetroLmTask.hold_out_documents``: copies of them in the database are withheld and reported)."""
+    documents = document_files.read_documents(path)
+    streams = task.tokenizer(tf.constant([d.text for d in documents])).to_list()  # [documents, (wordpieces)]
+    empty = [d.id for d, s in zip(documents, streams) if not s]
+    if empty:
+        raise errors.UserError(f"{path}: documents without a wordpiece: {', '.join(empty[:5])}")
+    held = task.hold_out_documents([(f"held_out:{d.id}", s) for d, s in zip(documents, streams)])
+    if held["withheld"]:
+        logger.info("%s: %d of its documents are in the database too; withheld from it: %s", path,
+                    len(held["withheld"]), ", ".join(held["withheld"][:10]))
+    return {"documents_file": path, **held}
+
+
 def evaluate(cfg: config_lib.ExperimentConfig, model_dir: str, retrieval: bool, split: str = "test",
              database: str = "train_only", neighbours: bool = True, knn: bool = False,
-             alphas: Sequence[float] = ALPHAS, batch_size: int = 8) -> dict[str, Any]:
+             alphas: Sequence[float] = ALPHAS, batch_size: int = 8, documents: str | None = None) -> dict[str, Any]:
     """Bits-per-byte of the decoder of ``model_dir`` on ``split``'s documents, at every α.
 
     Args:
@@ -220,6 +236,7 @@ def evaluate(cfg: config_lib.ExperimentConfig, model_dir: str, retrieval: bool, 
       database: where neighbours (RETRO) and the leakage overlaps r(C) are searched (``retro_lm.DATABASES``).
       neighbours: False masks RETRO's neighbours ("retrieval off").
       knn: also kNN-LM (``retro.knn_dir``'s datastore; λ and T tuned on the validation split).
+      documents: score the documents of this file instead of the ``split`` (:func:`hold_out`).
 
     Returns ``{"bpb": {α: bpb}, "chunks": {α: count}, "bpb_by_bucket": {bucket: bpb}, "chunks_by_bucket":
     {bucket: count}, "tokens", "bytes", ...}`` (and ``knn_*`` with ``knn``); buckets as
@@ -227,6 +244,8 @@ def evaluate(cfg: config_lib.ExperimentConfig, model_dir: str, retrieval: bool, 
     """
     task = retro_lm.RetroLmTask(cfg, retrieval=retrieval)
     model = restore_decoder(task, model_dir)
+    held = hold_out(task, documents) if documents else {}
+    split = "test" if documents else split
     scores = score_tokens(task, model, split, neighbours=neighbours, database=database, with_knn_keys=knn,
                           batch_size=batch_size)
     chunks = np.unique(scores.chunk_ids)
@@ -238,7 +257,7 @@ def evaluate(cfg: config_lib.ExperimentConfig, model_dir: str, retrieval: bool, 
         "neighbours": neighbours, "tokens": int(scores.targets.size), "bytes": int(scores.bytes.sum()),
         "bpb": {str(a): v[0] for a, v in by_alpha.items()}, "chunks": {str(a): v[1] for a, v in by_alpha.items()},
         "bpb_by_bucket": {b: v[0] for b, v in by_bucket.items()},
-        "chunks_by_bucket": {b: v[1] for b, v in by_bucket.items()}}
+        "chunks_by_bucket": {b: v[1] for b, v in by_bucket.items()}, **held}
     if knn:
         datastore = knn_datastore.KnnDatastore.load(cfg.retro.knn_dir, cfg.index.kind)
         validation = score_tokens(task, model, "validation", neighbours=neighbours, database=database,

@@ -29,6 +29,7 @@ from realm_tf import errors
 from realm_tf.data import answer_normalization
 from realm_tf.data import block_store as block_store_lib
 from realm_tf.data import corpus_versions
+from realm_tf.data import document_files
 from realm_tf.data import question_split
 from realm_tf.index import index_publisher
 from realm_tf.layers import bert_tokenizer
@@ -64,14 +65,7 @@ def read_questions(path: str) -> list[QaExample]:
     examples = []
     try:
         with opener(path, "rt", encoding="utf-8") as f:
-            for line_number, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{line_number}"
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise errors.UserError(f"{where}: not valid JSON: {e.msg}") from e
+            for where, row in document_files.json_rows(path, f):
                 question, answers = row.get("question") if isinstance(row, dict) else None, None
                 if isinstance(row, dict):
                     answers = row.get("answers", row.get("answer"))
@@ -82,7 +76,8 @@ def read_questions(path: str) -> list[QaExample]:
                 if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
                     raise errors.UserError(f"{where}: needs 'answers', a list of strings")
                 gold = row.get("gold_passage_ids") or ()
-                examples.append(QaExample(question.strip(), tuple(answers), str(row.get("id", f"line{line_number}")),
+                line = where.rsplit(":", 1)[1]
+                examples.append(QaExample(question.strip(), tuple(answers), str(row.get("id", f"line{line}")),
                                           tuple(str(g) for g in gold)))
     except OSError as e:
         raise errors.UserError(f"{path}: cannot read questions: {e.strerror or e}") from e

@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 #: documents' other paragraphs are then retrievable, as in the paper's Wikipedia setting).
 DATABASES = ("train_only", "all_but_own")
 
+#: The split of a database document withheld from every database (a copy of a document being scored).
+WITHHELD = "withheld"
+
 #: Variables RETRO-fitting trains (§4.2): the chunked cross-attention and the neighbour encoder.
 RETRO_FIT_VARIABLES = ("cca", "neighbour_encoder")
 
@@ -109,17 +112,59 @@ class RetroLmTask(base_task.Task):
 
     def allowed_chunks(self, database: str) -> np.ndarray | None:
         """The database chunks a search may return (``DATABASES``): ``train_only`` the training documents'
-        chunks (bool ``[num_chunks]``), ``all_but_own`` all (None; the own document is excluded per query)."""
+        chunks (bool ``[num_chunks]``), ``all_but_own`` all (None; the own document is excluded per query) but
+        those withheld by :meth:`hold_out_documents`."""
         if database not in DATABASES:
             raise errors.UserError(f"unknown database {database!r}: one of {', '.join(DATABASES)}")
-        return self.chunk_splits == "train" if database == "train_only" else None
+        if database == "train_only":
+            return self.chunk_splits == "train"
+        return self.chunk_splits != WITHHELD if (self.chunk_splits == WITHHELD).any() else None
 
-    def document_chunks(self, split: str) -> list[tuple[str, np.ndarray]]:
-        """``(doc_id, int64 chunk ids in order)`` of the documents of ``split`` (``retro_sequences.SPLITS``)."""
-        if split not in retro_sequences.SPLITS:
+    def hold_out_documents(self, documents: Sequence[tuple[str, Sequence[int]]]) -> dict[str, Any]:
+        """Makes ``documents`` (``(doc_id, token stream)``, text from outside the database) the ``test`` split.
+
+        Each is cut into chunks as the database is (``retro_chunks.chunk_document``) and keyed with the frozen
+        BERT; the chunks join the store after the database's, where no search returns them. A database document
+        with the same token stream as one of them is withheld from every database (counted and returned), so
+        that no document is scored against its own copy; the database's own test documents move to
+        ``validation``. Returns ``{"documents", "document_chunks", "withheld": [database doc ids]}``.
+        """
+        from realm_tf.data import retro_chunks  # pylint: disable=import-outside-toplevel
+        from realm_tf.models import chunk_key_embedder  # pylint: disable=import-outside-toplevel
+
+        retro, store, retriever = self.cfg.retro, self.store, self.retriever
+        streams: dict[bytes, list[str]] = {}
+        for doc_id, chunk_ids in self.document_chunks(None):
+            streams.setdefault(self._stream(chunk_ids).astype(np.int32).tobytes(), []).append(doc_id)
+        withheld = sorted({d for _, tokens in documents
+                           for d in streams.get(np.asarray(tokens, np.int32).tobytes(), [])})
+        new_chunks = [chunk for doc_id, tokens in documents for chunk in retro_chunks.chunk_document(
+            doc_id, [int(t) for t in tokens], retro.chunk_length, retro.continuation_length).chunks]
+        keys = [retriever.keys]
+        for start in range(0, len(new_chunks), 64):
+            batch = [list(c.tokens) for c in new_chunks[start:start + 64]]
+            keys.append(retriever.embedder(chunk_key_embedder.pack_chunks(
+                batch, self.tokenizer.cls_id, self.tokenizer.sep_id)).numpy())  # [B, hidden]
+        extended = store.extended([c.tokens for c in new_chunks], [c.continuation for c in new_chunks],
+                                  [c.doc_id for c in new_chunks])
+        splits = np.where(self.chunk_splits == "test", "validation", self.chunk_splits).astype(object)
+        splits[np.isin(np.asarray(store.doc_ids, object), withheld)] = WITHHELD
+        self.__dict__["chunk_splits"] = np.concatenate([splits, np.full(len(new_chunks), "test", object)]).astype(str)
+        self.__dict__["store"] = extended
+        self.__dict__["retriever"] = retro_neighbours.RetroNeighbourRetriever(
+            self.cfg, extended, retriever.index, retriever.embedder, self.tokenizer.cls_id, self.tokenizer.sep_id,
+            keys=np.concatenate(keys).astype(np.float32))
+        self._neighbour_tables.clear()
+        return {"documents": len(documents), "document_chunks": len(new_chunks), "withheld": withheld}
+
+    def document_chunks(self, split: str | None) -> list[tuple[str, np.ndarray]]:
+        """``(doc_id, int64 chunk ids in order)`` of the documents of ``split`` (``retro_sequences.SPLITS``; None:
+        every document of the store)."""
+        if split is not None and split not in retro_sequences.SPLITS:
             raise errors.UserError(f"unknown split {split!r}: one of {', '.join(retro_sequences.SPLITS)}")
+        rows = np.arange(len(self.store)) if split is None else np.flatnonzero(self.chunk_splits == split)
         chunks: dict[str, list[int]] = {}
-        for chunk_id in np.flatnonzero(self.chunk_splits == split).tolist():  # ids run through a document in order
+        for chunk_id in rows.tolist():  # ids run through a document in order
             chunks.setdefault(self.store.doc_ids[chunk_id], []).append(chunk_id)
         return [(doc_id, np.asarray(ids, np.int64)) for doc_id, ids in chunks.items()]
 

@@ -42,7 +42,8 @@ class RetroNeighbourRetriever:
 
     Args:
       cfg: ``retro.chunk_length`` (m), ``retro.continuation_length`` (r − m), ``retro.num_neighbours`` (k).
-      store: the chunk database (its row i is row i of the index).
+      store: the chunk database (its row i is row i of the index; rows past the index's, e.g. held-out
+        documents being scored, are never returned).
       index: the MIPS index over the database keys (a built or loaded ``MipsIndex``).
       embedder: the frozen chunk-key BERT (the one that keyed the database).
       cls_id / sep_id: the vocabulary's [CLS] and [SEP].
@@ -109,13 +110,14 @@ class RetroNeighbourRetriever:
         chosen = np.full([len(keys), count], -1, np.int64)  # [C, count]
         todo = np.arange(len(keys))
         ask = max(self.candidates, count + 2)
+        searchable = self.index.num_blocks  # the store may also hold chunks that are not in the index
         while todo.size:
-            ask = min(ask, len(self.store))
+            ask = min(ask, searchable)
             rows, _ = self.index.search_batched(keys[todo], ask)  # [T, ask] best first
             found = chunk_store_lib.select_neighbours(rows, self.store.doc_index, own[todo], count, allowed)
             chosen[todo] = found
             short = (found < 0).any(axis=1)
-            if ask >= len(self.store) or not short.any():
+            if ask >= searchable or not short.any():
                 break
             todo, ask = todo[short], ask * 4
         return chosen

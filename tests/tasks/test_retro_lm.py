@@ -195,3 +195,42 @@ def test_generate_retrieves_after_each_chunk_and_is_consistent_with_scoring(trai
                      "--max-tokens", "9", *sum((["--set", s] for s in sets), [])]) == 0
     out = capsys.readouterr().out
     assert "chunk 0 (prompt)" in out and "-> conditions chunk 1" in out
+
+
+def test_evaluate_lm_scores_a_documents_file_and_withholds_database_copies(trained, pretraining_workspace, tmp_path,
+                                                                         capsys):
+    from realm_tf.tasks import lm_evaluation
+
+    root, sets = trained
+    fit = sets + [f"retro_trainer.model_dir={root}/fit"]
+    cfg = config.load_config(TINY, fit)
+    task = retro_lm.RetroLmTask(cfg)
+    train_ids = {doc_id for doc_id, _ in task.documents("train")}
+    rows = [json.loads(line) for line in open(pretraining_workspace / "corpus.jsonl", encoding="utf-8")]
+    copy = next(r for r in rows if str(r["id"]) in train_ids and len(r["text"]) > 200)
+    path = tmp_path / "mine.jsonl"
+    path.write_text(json.dumps({"id": "copy", "text": copy["text"]}) + "\n\n" + json.dumps(
+        {"id": "new", "text": "The lighthouse keeper counted ships every evening, writing each name in a ledger "
+                              "that his daughter later gave to the harbour museum in 1931."}) + "\n")
+    flags = ["evaluate-lm", "--config", TINY, *sum((["--set", s] for s in fit), []), "--model", str(root / "fit")]
+    capsys.readouterr()
+    assert cli.main([*flags, "--documents", str(path)]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["documents"] == 2 and result["withheld"] == [str(copy["id"])]  # the copy is found and reported
+    # The same held-out documents through numpy, and none of their neighbours from the withheld copy.
+    held = retro_lm.RetroLmTask(cfg)
+    lm_evaluation.hold_out(held, str(path))
+    assert sorted(d for d, _ in held.documents("test")) == ["held_out:copy", "held_out:new"]
+    model = lm_evaluation.restore_decoder(held, str(root / "fit"))
+    np.testing.assert_allclose(result["bpb"]["1.0"], _numpy_bits_per_byte(held, model, "test", True), rtol=1e-4)
+    copy_rows = held.store.doc_index == held.store.document_of(str(copy["id"]))
+    for database in ("train_only", "all_but_own"):
+        chosen = held.neighbour_table("test", database)[held.chunk_splits == "test"]
+        assert (chosen >= 0).any() and not copy_rows[chosen[chosen >= 0]].any()
+        assert (held.chunk_splits[chosen[chosen >= 0]] != "test").all()  # never each other either
+    # A malformed line: a clear error naming the file and line, exit code 2, no result.
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"text": \n')
+    assert cli.main([*flags, "--documents", str(bad)]) == 2
+    out = capsys.readouterr()
+    assert "bad.jsonl:2: not valid JSON" in out.err and not out.out.strip()
