@@ -49,6 +49,15 @@ def token_byte_lengths(vocab: Sequence[str]) -> np.ndarray:
     return out
 
 
+def original_byte_lengths(ends: Sequence[int]) -> np.ndarray:
+    """int64 ``[n]``: the UTF-8 bytes of the original text each of a text's n wordpieces stands for, from the
+    end of the previous piece (the text's start for the first) to its own end (``ends``: byte offsets one past
+    each piece). Spaces, punctuation and characters that normalisation changed (case, accents) count where they
+    stand, and the lengths add up to the text's bytes up to its last piece."""
+    ends = np.asarray(ends, np.int64)
+    return np.diff(np.concatenate([np.zeros(1, np.int64), ends]))
+
+
 def text_bytes(ids: Sequence[int], byte_lengths: np.ndarray, vocab: Sequence[str]) -> int:
     """UTF-8 bytes of the text the wordpieces ``ids`` detokenize to (words joined by single spaces)."""
     ids = [int(i) for i in ids]

@@ -42,14 +42,17 @@ OVERLAP_NEIGHBOURS = 10
 @dataclasses.dataclass(frozen=True)
 class TokenScores:
     """Every scored token of a split: ``chunk_ids`` int64 ``[T]`` (its database chunk), ``targets`` int32
-    ``[T]``, ``log_probs`` float64 ``[T]`` (log p_LM of the target, nats), ``bytes`` int64 ``[T]`` and, if
-    asked for, ``knn_keys`` float32 ``[T, width]`` (the kNN-LM key of the context that predicts it)."""
+    ``[T]``, ``log_probs`` float64 ``[T]`` (log p_LM of the target, nats), ``bytes`` int64 ``[T]`` (the UTF-8
+    bytes of the original text the token stands for), ``wordpiece_bytes`` int64 ``[T]`` (the bytes it adds to
+    the detokenised, lower-cased wordpiece text) and, if asked for, ``knn_keys`` float32 ``[T, width]`` (the
+    kNN-LM key of the context that predicts it)."""
 
     chunk_ids: np.ndarray
     targets: np.ndarray
     log_probs: np.ndarray
     bytes: np.ndarray
     knn_keys: np.ndarray | None = None
+    wordpiece_bytes: np.ndarray | None = None
 
     def with_log_probs(self, log_probs: np.ndarray) -> "TokenScores":
         return dataclasses.replace(self, log_probs=np.asarray(log_probs, np.float64))
@@ -89,7 +92,9 @@ def score_tokens(task: retro_lm.RetroLmTask, model: tf_keras.Model, split: str, 
         log_probs = tf.nn.log_softmax(tf.cast(outputs["logits"], tf.float32), axis=-1)  # [b, n, V]
         return log_probs, outputs["knn_keys"]
 
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("chunk_ids", "targets", "log_probs", "bytes", "keys")}
+    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("chunk_ids", "targets", "log_probs", "bytes",
+                                                          "wordpiece_bytes", "keys")}
+    offsets = (np.arange(task.cfg.retro.sequence_length) + 1) % m  # [n]: each target's place in its chunk
     seen = 0
     dataset = task.dataset(split, exclude_own_document=True, neighbours=neighbours, batch_size=batch_size,
                            database=database)
@@ -105,7 +110,11 @@ def score_tokens(task: retro_lm.RetroLmTask, model: tf_keras.Model, split: str, 
         parts["chunk_ids"].append(chunk_of[mask])
         parts["targets"].append(targets[mask])
         parts["log_probs"].append(picked[mask].astype(np.float64))
-        parts["bytes"].append(byte_lengths[targets[mask]])
+        parts["wordpiece_bytes"].append(byte_lengths[targets[mask]])
+        scored_chunks, scored_offsets = chunk_of[mask], np.broadcast_to(offsets, targets.shape)[mask]  # [t] each
+        parts["bytes"].append(np.fromiter((task.original_bytes(int(c))[o] for c, o in
+                                           zip(scored_chunks.tolist(), scored_offsets.tolist())), np.int64,
+                                          count=scored_chunks.size))
         if with_knn_keys:
             parts["keys"].append(keys.numpy()[mask])
         seen += targets.shape[0]
@@ -114,7 +123,8 @@ def score_tokens(task: retro_lm.RetroLmTask, model: tf_keras.Model, split: str, 
     if not parts["targets"]:
         raise errors.UserError(f"split {split!r} has no documents (retro.validation_fraction / test_fraction)")
     cat = {k: np.concatenate(v) for k, v in parts.items() if v}
-    return TokenScores(cat["chunk_ids"], cat["targets"], cat["log_probs"], cat["bytes"], cat.get("keys"))
+    return TokenScores(cat["chunk_ids"], cat["targets"], cat["log_probs"], cat["bytes"], cat.get("keys"),
+                       cat["wordpiece_bytes"])
 
 
 def chunk_overlaps(task: retro_lm.RetroLmTask, chunk_ids: np.ndarray, database: str = "train_only",
@@ -219,7 +229,8 @@ def hold_out(task: retro_lm.RetroLmTask, path: str) -> dict[str, Any]:
     empty = [d.id for d, s in zip(documents, streams) if not s]
     if empty:
         raise errors.UserError(f"{path}: documents without a wordpiece: {', '.join(empty[:5])}")
-    held = task.hold_out_documents([(f"held_out:{d.id}", s) for d, s in zip(documents, streams)])
+    held = task.hold_out_documents([(f"held_out:{d.id}", s) for d, s in zip(documents, streams)],
+                                   texts=[d.text for d in documents])
     if held["withheld"]:
         logger.info("%s: %d of its documents are in the database too; withheld from it: %s", path,
                     len(held["withheld"]), ", ".join(held["withheld"][:10]))
@@ -240,7 +251,9 @@ def evaluate(cfg: config_lib.ExperimentConfig, model_dir: str, retrieval: bool, 
 
     Returns ``{"bpb": {α: bpb}, "chunks": {α: count}, "bpb_by_bucket": {bucket: bpb}, "chunks_by_bucket":
     {bucket: count}, "tokens", "bytes", ...}`` (and ``knn_*`` with ``knn``); buckets as
-    :func:`bits_per_byte_by_bucket`.
+    :func:`bits_per_byte_by_bucket`. ``bpb`` counts the documents' original UTF-8 bytes; ``bpb_wordpieces`` the
+    bytes of their detokenised wordpieces (lower-cased and re-spaced by the uncased tokenizer), as the training
+    metric ``bits_per_byte`` does.
     """
     task = retro_lm.RetroLmTask(cfg, retrieval=retrieval)
     model = restore_decoder(task, model_dir)
@@ -255,6 +268,9 @@ def evaluate(cfg: config_lib.ExperimentConfig, model_dir: str, retrieval: bool, 
     result: dict[str, Any] = {
         "model_dir": model_dir, "split": split, "database": database, "retrieval": retrieval,
         "neighbours": neighbours, "tokens": int(scores.targets.size), "bytes": int(scores.bytes.sum()),
+        "wordpiece_bytes": int(scores.wordpiece_bytes.sum()),
+        "bpb_wordpieces": {str(a): v[0] for a, v in bits_per_byte_by_alpha(
+            dataclasses.replace(scores, bytes=scores.wordpiece_bytes), overlaps, alphas).items()},
         "bpb": {str(a): v[0] for a, v in by_alpha.items()}, "chunks": {str(a): v[1] for a, v in by_alpha.items()},
         "bpb_by_bucket": {b: v[0] for b, v in by_bucket.items()},
         "chunks_by_bucket": {b: v[1] for b, v in by_bucket.items()}, **held}

@@ -22,11 +22,14 @@ import tf_keras
 
 from realm_tf import config as config_lib
 from realm_tf import errors
+from realm_tf.data import block_store as block_store_lib
 from realm_tf.data import chunk_store as chunk_store_lib
+from realm_tf.data import corpus_versions
 from realm_tf.data import retro_sequences
 from realm_tf.index import index_loader
 from realm_tf.index import index_publisher
 from realm_tf.index import mips_index
+from realm_tf.layers import bert_tokenizer
 from realm_tf.models import chunk_key_embedder
 from realm_tf.models import retro_decoder
 from realm_tf.tasks import base_task
@@ -65,6 +68,8 @@ class RetroLmTask(base_task.Task):
         super().__init__(cfg)
         self.retrieval = retrieval
         self._neighbour_tables: dict[tuple[str, str, bool, int], np.ndarray] = {}
+        self._held_out_texts: dict[str, list[str]] = {}  # doc id -> its text, for documents held out from outside
+        self._original_bytes: dict[int, np.ndarray] = {}  # chunk id -> int64 [its tokens]
         # [vocab]: UTF-8 bytes each wordpiece adds to the detokenised text (for bits-per-byte).
         self._byte_lengths = tf.constant(retro_sequences.token_byte_lengths(self.tokenizer.vocab), tf.float32)
 
@@ -120,8 +125,10 @@ class RetroLmTask(base_task.Task):
             return self.chunk_splits == "train"
         return self.chunk_splits != WITHHELD if (self.chunk_splits == WITHHELD).any() else None
 
-    def hold_out_documents(self, documents: Sequence[tuple[str, Sequence[int]]]) -> dict[str, Any]:
-        """Makes ``documents`` (``(doc_id, token stream)``, text from outside the database) the ``test`` split.
+    def hold_out_documents(self, documents: Sequence[tuple[str, Sequence[int]]],
+                           texts: Sequence[str] | None = None) -> dict[str, Any]:
+        """Makes ``documents`` (``(doc_id, token stream)``, text from outside the database; ``texts``: the text
+        each stream was tokenized from, for :meth:`original_bytes`) the ``test`` split.
 
         Each is cut into chunks as the database is (``retro_chunks.chunk_document``) and keyed with the frozen
         BERT; the chunks join the store after the database's, where no search returns them. A database document
@@ -155,7 +162,48 @@ class RetroLmTask(base_task.Task):
             self.cfg, extended, retriever.index, retriever.embedder, self.tokenizer.cls_id, self.tokenizer.sep_id,
             keys=np.concatenate(keys).astype(np.float32))
         self._neighbour_tables.clear()
+        self._original_bytes.clear()
+        if texts is not None:
+            self._held_out_texts.update((doc_id, [text]) for (doc_id, _), text in zip(documents, texts))
         return {"documents": len(documents), "document_chunks": len(new_chunks), "withheld": withheld}
+
+    @functools.cached_property
+    def document_texts(self) -> dict[str, list[str]]:
+        """Document id → the texts of its blocks, in order: the text the chunk database's tokens were cut from
+        (``data.blocks_dir``'s current corpus version, which ``build-chunk-database`` reads)."""
+        blocks = block_store_lib.BlockStore.load(corpus_versions.current_pattern(self.cfg.data.blocks_dir))
+        return {doc_id: [blocks.texts[b] for b in ids] for doc_id, ids in blocks.blocks_of_documents().items()}
+
+    def original_bytes(self, chunk_id: int) -> np.ndarray:
+        """int64 ``[tokens of the chunk]``: the UTF-8 bytes of the original text each of its tokens stands for
+        (``retro_sequences.original_byte_lengths`` over its document's text), so that bits-per-byte counts the
+        text as written, not its lower-cased, re-spaced wordpieces."""
+        if chunk_id not in self._original_bytes:
+            doc_id = self.store.doc_ids[chunk_id]
+            chunk_ids = self._document_chunk_index[doc_id]
+            texts = self._held_out_texts.get(doc_id) or self.document_texts.get(doc_id)
+            if not texts:
+                raise errors.UserError(f"document {doc_id!r} of the chunk database has no blocks in "
+                                       f"{self.cfg.data.blocks_dir}: rebuild the chunk database from that corpus")
+            ids, _, ends = bert_tokenizer.traced_tokenize_with_offsets(self.tokenizer)(tf.constant(texts))
+            stream = np.concatenate([np.asarray(row, np.int64) for row in ids.to_list()])
+            lengths = np.concatenate([retro_sequences.original_byte_lengths(row) for row in ends.to_list()])
+            if not np.array_equal(stream, self._stream(chunk_ids)):
+                raise errors.UserError(f"document {doc_id!r}: its text in {self.cfg.data.blocks_dir} does not "
+                                       f"tokenize to the chunk database's tokens: rebuild the chunk database")
+            start = 0
+            for c in chunk_ids.tolist():
+                size = len(self.store.tokens(c))
+                self._original_bytes[c] = lengths[start:start + size]
+                start += size
+        return self._original_bytes[chunk_id]
+
+    @property
+    def _document_chunk_index(self) -> dict[str, np.ndarray]:
+        """Document id → its chunk ids in order (built once per store)."""
+        if getattr(self, "_chunk_index_of", (None,))[0] is not self.store:
+            self._chunk_index_of = (self.store, dict(self.document_chunks(None)))
+        return self._chunk_index_of[1]
 
     def document_chunks(self, split: str | None) -> list[tuple[str, np.ndarray]]:
         """``(doc_id, int64 chunk ids in order)`` of the documents of ``split`` (``retro_sequences.SPLITS``; None:

@@ -39,3 +39,12 @@ def test_byte_count_is_that_of_the_detokenized_text():
     assert lengths[vocab.index("[CLS]")] == 0
     assert retro_sequences.bits_per_byte(math.log(2) * 30, 10) == pytest.approx(3.0)
     assert np.isnan(retro_sequences.bits_per_byte(1.0, 0))
+
+
+def test_original_byte_lengths_count_every_byte_up_to_the_last_piece():
+    text = "Émile  Zola, 1890."  # multi-byte, a double space, punctuation split from words
+    ends = [len(text[:k].encode("utf-8")) for k in (5, 11, 12, 17, 18)]  # pieces: Émile, Zola, ",", 1890, "."
+    lengths = retro_sequences.original_byte_lengths(ends)
+    assert lengths.tolist() == [6, 6, 1, 5, 1]  # "Émile" is 6 bytes; "  Zola" carries the two spaces
+    assert lengths.sum() == len(text.encode("utf-8"))
+    assert retro_sequences.original_byte_lengths([]).size == 0

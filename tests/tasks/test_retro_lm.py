@@ -120,8 +120,17 @@ def test_evaluate_lm_and_knn_datastore_match_numpy(trained, capsys, progress_tot
     for neighbours in (True, False):  # RETRO with retrieval on, and off (all neighbours masked)
         result = lm_evaluation.evaluate(cfg, str(root / "fit"), retrieval=True, split="validation",
                                         neighbours=neighbours)
-        np.testing.assert_allclose(result["bpb"]["1.0"], _numpy_bits_per_byte(task, model, "validation", neighbours),
-                                   rtol=1e-4)
+        np.testing.assert_allclose(result["bpb_wordpieces"]["1.0"],
+                                   _numpy_bits_per_byte(task, model, "validation", neighbours), rtol=1e-4)
+        # bpb counts the original text's bytes: the same NLL over the documents' own UTF-8 bytes, every byte of a
+        # document's blocks but those before each sequence's unscored first token (numpy: the texts' lengths)
+        texts = task.document_texts
+        docs = dict(task.document_chunks("validation"))
+        per_sequence = cfg.retro.sequence_length // cfg.retro.chunk_length  # chunks; a sequence's first is unscored
+        unscored = sum(int(task.original_bytes(int(c))[0]) for ids in docs.values() for c in ids[::per_sequence])
+        assert result["bytes"] == sum(len(t.encode("utf-8")) for d in docs for t in texts[d]) - unscored
+        np.testing.assert_allclose(result["bpb"]["1.0"], result["bpb_wordpieces"]["1.0"] *
+                                   result["wordpiece_bytes"] / result["bytes"], rtol=1e-9)
         assert result["chunks"]["0.0"] <= result["chunks"]["0.5"] <= result["chunks"]["1.0"]
         assert sum(result["chunks_by_bucket"].values()) == result["chunks"]["1.0"]  # the buckets partition them
         assert result["chunks_by_bucket"]["0"] == result["chunks"]["0.0"]
@@ -131,7 +140,7 @@ def test_evaluate_lm_and_knn_datastore_match_numpy(trained, capsys, progress_tot
     first = next(iter(retro_lm.RetroLmTask(more).examples("validation", neighbours=True)))
     assert first["neighbour_ids"].shape[1] == 3  # [chunks, k, r]
     result = lm_evaluation.evaluate(more, str(root / "fit"), retrieval=True, split="validation")
-    np.testing.assert_allclose(result["bpb"]["1.0"], _numpy_bits_per_byte(
+    np.testing.assert_allclose(result["bpb_wordpieces"]["1.0"], _numpy_bits_per_byte(
         retro_lm.RetroLmTask(more), model, "validation", True), rtol=1e-4)
 
     # kNN-LM's datastore: one entry per real target of the training sequences, in sequence-key order
@@ -222,7 +231,14 @@ def test_evaluate_lm_scores_a_documents_file_and_withholds_database_copies(train
     lm_evaluation.hold_out(held, str(path))
     assert sorted(d for d, _ in held.documents("test")) == ["held_out:copy", "held_out:new"]
     model = lm_evaluation.restore_decoder(held, str(root / "fit"))
-    np.testing.assert_allclose(result["bpb"]["1.0"], _numpy_bits_per_byte(held, model, "test", True), rtol=1e-4)
+    np.testing.assert_allclose(result["bpb_wordpieces"]["1.0"], _numpy_bits_per_byte(held, model, "test", True),
+                               rtol=1e-4)
+    # the held-out documents' bytes are those of the file's text (less each sequence's unscored first token)
+    texts = [json.loads(line)["text"] for line in path.read_text().splitlines() if line.strip()]
+    per_sequence = cfg.retro.sequence_length // cfg.retro.chunk_length
+    firsts = sum(int(held.original_bytes(int(c))[0]) for _, ids in held.document_chunks("test")
+                 for c in ids[::per_sequence])
+    assert result["bytes"] == sum(len(t.encode("utf-8")) for t in texts) - firsts
     copy_rows = held.store.doc_index == held.store.document_of(str(copy["id"]))
     for database in ("train_only", "all_but_own"):
         chosen = held.neighbour_table("test", database)[held.chunk_splits == "test"]
