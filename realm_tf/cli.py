@@ -163,6 +163,9 @@ def _cmd_evaluate_lm(args: argparse.Namespace) -> int:
     for alpha, bpb in result["bpb"].items():
         knn = f", with kNN-LM {result['knn_bpb'][alpha]:.4f}" if args.knn else ""
         print(f"alpha <= {alpha}: bpb {bpb:.4f} over {result['chunks'][alpha]} chunks{knn}")
+    print(f"(bits per byte of the documents' original UTF-8 text, {result['bytes']} bytes; per byte of their "
+          f"detokenised wordpieces, {result['wordpiece_bytes']} bytes: {result['bpb_wordpieces']['1.0']:.4f} at "
+          f"alpha <= 1)")
     for bucket, bpb in result["bpb_by_bucket"].items():
         knn = f", with kNN-LM {result['knn_bpb_by_bucket'][bucket]:.4f}" if args.knn else ""
         print(f"r(C) in {bucket}: bpb {bpb:.4f} over {result['chunks_by_bucket'][bucket]} chunks{knn}")
