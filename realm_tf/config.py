@@ -361,6 +361,10 @@ class RetroConfig:
         chunked cross-attention and the neighbour encoder on top of it, frozen; "" trains everything.
       knn_dir: versions of kNN-LM's datastore (Khandelwal et al., 2020; ``beam_jobs/build_knn_datastore``).
       knn_neighbours: K, datastore entries retrieved per token (kNN-LM: 1024; fewer here, the datastore is small).
+      own_neighbour_rate: p, a positive control of the whole retrieval path: this fraction of chunks (chosen by
+        chunk id, the same ones in training and evaluation) get their own database entry [C_u, C_{u+1}] as first
+        neighbour, the own-document exclusion waived for it. With the causal shift the next chunk reads it, so a
+        decoder that reads its neighbours can copy; 0 (the default) is RETRO.
     """
 
     chunks_dir: str = "/tmp/realm_tf/retro/chunks"
@@ -383,6 +387,7 @@ class RetroConfig:
     retro_fit_from: str = ""
     knn_dir: str = "/tmp/realm_tf/retro/knn"
     knn_neighbours: int = 64
+    own_neighbour_rate: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -545,6 +550,9 @@ def _check_lengths(cfg: ExperimentConfig, source: str, lines: Mapping[str, int])
     if cfg.retro.chunk_length < 1 or cfg.retro.continuation_length < 0:
         raise ConfigError(f"{_where(source, lines, 'retro.chunk_length')}: retro.chunk_length must be >= 1 and "
                           "retro.continuation_length >= 0")
+    if not 0.0 <= cfg.retro.own_neighbour_rate <= 1.0:
+        raise ConfigError(f"{_where(source, lines, 'retro.own_neighbour_rate')}: retro.own_neighbour_rate="
+                          f"{cfg.retro.own_neighbour_rate} must be in [0, 1]")
     if cfg.retro.sequence_length % cfg.retro.chunk_length:
         raise ConfigError(f"{_where(source, lines, 'retro.sequence_length')}: retro.sequence_length="
                           f"{cfg.retro.sequence_length} is not a multiple of retro.chunk_length={cfg.retro.chunk_length}")

@@ -54,6 +54,15 @@ def latest_checkpoint(model_dir: str) -> str | None:
     return tf.train.latest_checkpoint(f"{model_dir}/checkpoints") or tf.train.latest_checkpoint(model_dir)
 
 
+def own_neighbour_chunks(chunk_ids: np.ndarray, rate: float) -> np.ndarray:
+    """bool ``[len(chunk_ids)]``: the chunks whose first neighbour is their own database entry
+    (``retro.own_neighbour_rate``): a fraction ``rate`` of all chunk ids, chosen by a hash of the id (Knuth's
+    multiplicative hash), so the same chunks in every process, epoch and split; -1 (padding) never."""
+    chunk_ids = np.asarray(chunk_ids, np.int64)
+    position = ((np.maximum(chunk_ids, 0).astype(np.uint64) * np.uint64(2654435761)) % np.uint64(2 ** 32)) / 2 ** 32
+    return (chunk_ids >= 0) & (position < rate)
+
+
 class RetroLmTask(base_task.Task):
     """The decoder, its input pipeline with neighbours, loss and metrics (trainer section ``retro_trainer``).
 
@@ -267,6 +276,9 @@ class RetroLmTask(base_task.Task):
                 if self.retrieval:
                     chosen = np.where(sequence_chunks[:, None] >= 0, table[np.maximum(sequence_chunks, 0)], -1) \
                         if table is not None else np.full([per_sequence, retro.num_neighbours], -1, np.int64)
+                    if table is not None and retro.own_neighbour_rate > 0:  # the positive control: controlled leakage
+                        forced = own_neighbour_chunks(sequence_chunks, retro.own_neighbour_rate)  # [n / m]
+                        chosen[forced, 0] = sequence_chunks[forced]
                     found = self.retriever.read(chosen, pad) if table is not None else None
                     example["neighbour_ids"], example["neighbour_mask"] = (
                         (found.tokens, found.mask) if found is not None else

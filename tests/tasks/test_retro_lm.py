@@ -250,3 +250,27 @@ def test_evaluate_lm_scores_a_documents_file_and_withholds_database_copies(train
     assert cli.main([*flags, "--documents", str(bad)]) == 2
     out = capsys.readouterr()
     assert "bad.jsonl:2: not valid JSON" in out.err and not out.out.strip()
+
+
+def test_the_positive_control_puts_each_chosen_chunks_own_entry_first(retro_sets):
+    _, sets = retro_sets
+    controlled = retro_lm.RetroLmTask(config.load_config(TINY, sets + ["retro.own_neighbour_rate=1.0"]))
+    plain = retro_lm.RetroLmTask(config.load_config(TINY, sets))
+    r = controlled.cfg.retro.chunk_length + controlled.cfg.retro.continuation_length
+    checked = 0
+    for forced, normal in zip(controlled.examples("train"), plain.examples("train")):
+        for position, chunk_id in enumerate(forced["chunk_ids"].tolist()):
+            if chunk_id < 0:
+                assert not forced["neighbour_mask"][position].any()  # padding chunks get nothing
+                continue
+            own = np.concatenate([controlled.store.tokens(chunk_id), controlled.store.continuation(chunk_id)])[:r]
+            first = forced["neighbour_ids"][position, 0][forced["neighbour_mask"][position, 0]]
+            assert first.tolist() == own.tolist()  # [C_u, C_{u+1}]: the chunk, then what follows it
+            np.testing.assert_array_equal(forced["neighbour_ids"][position, 1:], normal["neighbour_ids"][position, 1:])
+            checked += 1
+    assert checked > 20
+    ids = np.arange(10_000)
+    share = retro_lm.own_neighbour_chunks(ids, 0.1).mean()
+    assert 0.09 < share < 0.11 and not retro_lm.own_neighbour_chunks(np.array([-1]), 1.0).any()
+    np.testing.assert_array_equal(retro_lm.own_neighbour_chunks(ids, 0.1), retro_lm.own_neighbour_chunks(ids, 0.1))
+    assert (retro_lm.own_neighbour_chunks(ids, 0.03) <= retro_lm.own_neighbour_chunks(ids, 0.1)).all()  # nested doses
