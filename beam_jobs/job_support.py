@@ -160,7 +160,7 @@ class BeamJob(abc.ABC):
         as ``realm-tf --verbose``)."""
         library_logs.show_on_stderr()
         process_settings.apply()  # before the job's first tensor
-        library_logs.quiet_known_noise(verbose=os.environ.get(VERBOSE_VARIABLE, "") not in ("", "0"))
+        library_logs.quiet_known_noise()  # REALM_TF_VERBOSE=1 keeps everything
         try:
             self.run(sys.argv[1:])
         except (errors.UserError, FileNotFoundError) as e:

@@ -23,6 +23,10 @@ from typing import Iterator, Sequence
 
 logger = logging.getLogger(__name__)
 
+#: The environment variable that keeps every start-up message (``1``), for programs without a ``--verbose`` flag
+#: (``python -m beam_jobs.<job>``, whose flags are Beam's).
+VERBOSE_VARIABLE = "REALM_TF_VERBOSE"
+
 #: Python log messages of other libraries dropped by :func:`quiet_known_noise`: ``(logger, message prefix)``.
 #: Beam logs both when its optional Google Cloud dependencies (the ``[gcp]`` extra) are not installed.
 PYTHON_NOISE = (
@@ -71,8 +75,9 @@ def native_stderr_filtered(drop: Sequence[re.Pattern[str]]) -> Iterator[None]:
 def quiet_known_noise(verbose: bool = False, find_devices: bool = True) -> None:
     """Drops :data:`PYTHON_NOISE` from the loggers that emit it, and (``find_devices``) imports TensorFlow and
     lists its devices with :data:`NATIVE_NOISE` dropped from what its native code prints, logging the CUDA
-    devices it finds in one line. ``verbose``: changes nothing, everything is shown."""
-    if verbose:
+    devices it finds in one line. ``verbose`` (or :data:`VERBOSE_VARIABLE` set to 1): changes nothing, everything
+    is shown."""
+    if verbose or os.environ.get(VERBOSE_VARIABLE, "") not in ("", "0"):
         return
     by_logger: dict[str, list[str]] = {}
     for name, prefix in PYTHON_NOISE:

@@ -48,3 +48,14 @@ def test_a_command_that_runs_tensorflow_and_beam_prints_none_of_the_known_noise(
     assert "1 documents" in err or "documents:" in err  # the command's own report is there
     for line in NOISE:
         assert line not in err, err
+
+
+def test_the_environment_variable_keeps_everything(monkeypatch):
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "filters", [])
+    monkeypatch.setenv(library_logs.VERBOSE_VARIABLE, "1")
+    library_logs.quiet_known_noise(find_devices=False)
+    assert root.filters == []
+    monkeypatch.setenv(library_logs.VERBOSE_VARIABLE, "0")
+    library_logs.quiet_known_noise(find_devices=False)
+    assert len(root.filters) == 1
