@@ -79,6 +79,7 @@ class RetroLmTask(base_task.Task):
         self._neighbour_tables: dict[tuple[str, str, bool, int], np.ndarray] = {}
         self._held_out_texts: dict[str, list[str]] = {}  # doc id -> its text, for documents held out from outside
         self._original_bytes: dict[int, np.ndarray] = {}  # chunk id -> int64 [its tokens]
+        self._chunk_index: dict[str, np.ndarray] | None = None  # doc id -> its chunk ids, in order
         # [vocab]: UTF-8 bytes each wordpiece adds to the detokenised text (for bits-per-byte).
         self._byte_lengths = tf.constant(retro_sequences.token_byte_lengths(self.tokenizer.vocab), tf.float32)
 
@@ -146,11 +147,10 @@ class RetroLmTask(base_task.Task):
         ``validation``. Returns ``{"documents", "document_chunks", "withheld": [database doc ids]}``.
         """
         from realm_tf.data import retro_chunks  # pylint: disable=import-outside-toplevel
-        from realm_tf.models import chunk_key_embedder  # pylint: disable=import-outside-toplevel
 
         retro, store, retriever = self.cfg.retro, self.store, self.retriever
         streams: dict[bytes, list[str]] = {}
-        for doc_id, chunk_ids in self.document_chunks(None):
+        for doc_id, chunk_ids in self._document_chunk_index.items():
             streams.setdefault(self._stream(chunk_ids).astype(np.int32).tobytes(), []).append(doc_id)
         withheld = sorted({d for _, tokens in documents
                            for d in streams.get(np.asarray(tokens, np.int32).tobytes(), [])})
@@ -172,6 +172,7 @@ class RetroLmTask(base_task.Task):
             keys=np.concatenate(keys).astype(np.float32))
         self._neighbour_tables.clear()
         self._original_bytes.clear()
+        self._chunk_index = None
         if texts is not None:
             self._held_out_texts.update((doc_id, [text]) for (doc_id, _), text in zip(documents, texts))
         return {"documents": len(documents), "document_chunks": len(new_chunks), "withheld": withheld}
@@ -209,10 +210,10 @@ class RetroLmTask(base_task.Task):
 
     @property
     def _document_chunk_index(self) -> dict[str, np.ndarray]:
-        """Document id → its chunk ids in order (built once per store)."""
-        if getattr(self, "_chunk_index_of", (None,))[0] is not self.store:
-            self._chunk_index_of = (self.store, dict(self.document_chunks(None)))
-        return self._chunk_index_of[1]
+        """Document id → its chunk ids in order (built once per store; :meth:`hold_out_documents` resets it)."""
+        if self._chunk_index is None:
+            self._chunk_index = dict(self.document_chunks(None))
+        return self._chunk_index
 
     def document_chunks(self, split: str | None) -> list[tuple[str, np.ndarray]]:
         """``(doc_id, int64 chunk ids in order)`` of the documents of ``split`` (``retro_sequences.SPLITS``; None:
