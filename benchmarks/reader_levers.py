@@ -41,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 from realm_tf import process_settings  # noqa: E402
 from realm_tf.tasks import answer_errors  # noqa: E402
+import result_records  # noqa: E402  (benchmarks/)
 import open_qa_benchmark  # noqa: E402  (benchmarks/)
 import stages  # noqa: E402  (benchmarks/)
 
@@ -157,6 +158,24 @@ def main() -> int:
                         "outcomes": metrics["outcomes"], "reader_oracle": metrics["reader_oracle"]}
     for name in names:
         print(f"\n{name}:\n{answer_errors.format_table(results[name]['outcomes'])}")
+        r = record[name]
+        if name == "base":
+            result_records.write(f"open-qa-reader-gold-block-{args.split}", area="Open-QA", order=20, verdict="open",
+                                 claim=f"The reader's EM on each {args.split} question's gold blocks (goal 0.50)",
+                                 figure=f"EM {r['exact_match']:.3f}, F1 {r['f1']:.3f} on {r['num_questions']} "
+                                        f"questions ({args.steps} warm-start steps); reader oracle "
+                                        f"{r['reader_oracle']:.3f}")
+            continue
+        (em, em_low, em_high), (f1, f1_low, f1_high) = r["em_difference"], r["f1_difference"]
+        helps = f1_low > 0 or em_low > 0
+        result_records.write(
+            f"open-qa-lever-{name.replace('_', '-')}", area="Open-QA", order=30,
+            verdict="holds" if helps else "negative",
+            claim=f"Reader lever {name} against {r['compared_with']} ({args.split} gold blocks): "
+                  + ("helps" if helps else "no difference outside the interval"),
+            figure=f"EM {r['exact_match']:.3f} ({em:+.3f}), F1 {r['f1']:.3f} ({f1:+.3f}) on {r['num_questions']} "
+                   f"questions",
+            interval=f"95% paired bootstrap: EM [{em_low:+.3f}, {em_high:+.3f}], F1 [{f1_low:+.3f}, {f1_high:+.3f}]")
     print("\nstage minutes: " + stage.minutes())
     print(json.dumps(record))
     return 0

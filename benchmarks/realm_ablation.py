@@ -41,6 +41,8 @@ import sys
 import time
 from typing import Any, Sequence
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
@@ -48,6 +50,8 @@ from realm_tf import config as config_lib  # noqa: E402
 from realm_tf.index import index_publisher  # noqa: E402
 from realm_tf.tasks import answer_errors  # noqa: E402
 from realm_tf.tasks import held_out_progress  # noqa: E402
+import reader_levers  # noqa: E402  (benchmarks/)
+import result_records  # noqa: E402  (benchmarks/)
 import open_qa_benchmark  # noqa: E402  (benchmarks/)
 import stages  # noqa: E402  (benchmarks/)
 
@@ -246,7 +250,27 @@ def print_table(results: dict[str, dict[str, Any]], out: str) -> None:
         print(f"\npre-training run {name}: " + ", ".join(
             f"step {p['step']}: MLM acc {p['mlm_accuracy']:.4f}, utility {p['retrieval_utility']:.4f}" for p in curve))
     print(json.dumps(results))
-
+    for order, (row, r) in enumerate(results.items()):
+        retriever, reader = ROWS[row]
+        steps = ", ".join(f"{name} {curve[-1]['step']} steps" for name, curve in curves.items() if curve and
+                          name in (retriever, reader))
+        figure = (f"dev EM {r['exact_match']:.3f}, F1 {r['f1']:.3f}, accuracy@5 {r['accuracy@5']:.3f}, gold-block EM "
+                  f"{r['gold_exact_match']:.3f} on {r['num_questions']} questions" + (f" ({steps})" if steps else ""))
+        verdict, interval = "holds", ""
+        if row != "import" and "import" in results:  # against no pre-training, questions paired
+            before = reader_levers.per_question(f"{out}/rows/import/predictions-dev.jsonl", "exact_match")
+            now = reader_levers.per_question(f"{out}/rows/{row}/predictions-dev.jsonl", "exact_match")
+            ids = sorted(before.keys() & now.keys())
+            mean, low, high = reader_levers.paired_bootstrap(np.array([before[i] for i in ids]),
+                                                             np.array([now[i] for i in ids]))
+            figure += f"; EM {mean:+.3f} vs import"
+            interval = f"95% paired bootstrap over questions [{low:+.3f}, {high:+.3f}]"
+            verdict = "holds" if low > 0 else "negative"
+        result_records.write(
+            f"realm-ablation-{row.replace('_', '-')}", area="REALM pre-training", order=10 + order, verdict=verdict,
+            claim=f"REALM's ablation row {row}: retriever from {retriever}, reader from {reader}, then the same "
+                  f"Open-QA fine-tuning" + ("" if row == "import" else ": better than no pre-training"),
+            figure=figure, interval=interval)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,0 +1,82 @@
+"""``benchmarks/RESULTS.md`` is the rendering of ``benchmarks/records/*.json``: it cannot drift from them, every
+record carries its evidence, and no result names a machine's absolute paths."""
+import json
+import os
+import pathlib
+import re
+import sys
+
+import pytest
+
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import result_records  # noqa: E402  (benchmarks/)
+
+
+def _record(**changes):
+    record = {"area": "Open-QA", "claim": "The reader reads.", "figure": "EM 0.5 on 10 questions",
+              "command": ".venv/bin/python benchmarks/x.py", "commit": "abc1234", "machine": "2 vCPU x, AVX2",
+              "date": "2026-11-26", "verdict": "holds"}
+    record.update(changes)
+    return {k: v for k, v in record.items() if v is not None}
+
+
+def test_results_md_is_the_rendering_of_the_records():
+    records = result_records.load_records()
+    assert records, "no records in benchmarks/records/"
+    rendered = result_records.render(records)
+    assert (BENCHMARKS / "RESULTS.md").read_text(encoding="utf-8") == rendered, (
+        "benchmarks/RESULTS.md is stale: run `python benchmarks/result_records.py`")
+    assert len(rendered.splitlines()) <= 250
+    for name, record in records:  # every claim is a row of its area's table, with its command
+        section = rendered.split(f"## {record['area']}\n", 1)[1].split("\n## ", 1)[0]
+        row = next((line for line in section.splitlines() if line.startswith("| " + record["claim"][:40])), None)
+        assert row is not None, name
+        assert record["commit"] in row and record["date"] in row
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"claim": None}, "missing claim"),
+    ({"area": "Misc"}, "area 'Misc'"),
+    ({"verdict": "maybe"}, "verdict 'maybe'"),
+    ({"commit": "HEAD"}, "not a git hash"),
+    ({"date": "26/11/2026"}, "not YYYY-MM-DD"),
+    ({"command": "python /work/main/benchmarks/x.py"}, "absolute path"),
+    ({"figure": "see /tmp/run/log"}, "absolute path"),
+    ({"seed": 1}, "unknown field"),
+    ({"notebook": "no-such-entry.md"}, "not in benchmarks/notebook"),
+])
+def test_a_malformed_record_is_refused_with_its_name_and_field(change, message):
+    with pytest.raises(ValueError, match=re.escape(message)) as raised:
+        result_records.validate(_record(**change), "records/bad.json")
+    assert "records/bad.json" in str(raised.value)
+
+
+def test_a_record_that_is_not_json_names_its_file_and_line(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps(_record()))
+    (tmp_path / "b.json").write_text('{"area": "Open-QA",\n "claim": }\n')
+    with pytest.raises(ValueError, match=r"b\.json:2: not JSON"):
+        result_records.load_records(str(tmp_path))
+
+
+def test_write_fills_in_the_evidence_and_renders_again(tmp_path):
+    results = tmp_path / "RESULTS.md"
+    record = result_records.write("open-qa-x", area="Open-QA", claim="A claim.", figure="EM 0.5",
+                                  records_dir=str(tmp_path / "records"), results_path=str(results),
+                                  command=".venv/bin/python benchmarks/x.py --flag 1")
+    assert re.fullmatch(r"[0-9a-f]{7,40}(\+dirty)?", record["commit"]) and "vCPU" in record["machine"]
+    assert json.loads((tmp_path / "records" / "open-qa-x.json").read_text()) == record
+    first = results.read_text()
+    assert "| A claim. | EM 0.5 | holds |" in first
+    result_records.write("open-qa-x", area="Open-QA", claim="A claim.", figure="EM 0.6",
+                         records_dir=str(tmp_path / "records"), results_path=str(results), command="make demo")
+    assert "EM 0.6" in results.read_text() and "EM 0.5" not in results.read_text()  # replaced, not appended
+    assert not [p for p in os.listdir(tmp_path / "records") if p.startswith(".tmp")]  # no partial files left
+
+
+def test_no_result_or_notebook_entry_names_a_machine_path():
+    pattern = result_records.MACHINE_PATH
+    for path in [BENCHMARKS / "RESULTS.md", *sorted((BENCHMARKS / "notebook").glob("*.md"))]:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            assert not pattern.search(line), f"{path.name}:{number}: {line.strip()[:120]}"
