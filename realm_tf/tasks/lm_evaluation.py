@@ -112,9 +112,12 @@ def score_tokens(task: retro_lm.RetroLmTask, model: tf_keras.Model, split: str, 
         parts["log_probs"].append(picked[mask].astype(np.float64))
         parts["wordpiece_bytes"].append(byte_lengths[targets[mask]])
         scored_chunks, scored_offsets = chunk_of[mask], np.broadcast_to(offsets, targets.shape)[mask]  # [t] each
-        parts["bytes"].append(np.fromiter((task.original_bytes(int(c))[o] for c, o in
-                                           zip(scored_chunks.tolist(), scored_offsets.tolist())), np.int64,
-                                          count=scored_chunks.size))
+        distinct, where = np.unique(scored_chunks, return_inverse=True)  # [u], [t]
+        chunk_bytes = np.zeros([distinct.size, m], np.int64)  # [u, m]: a document's last chunk may be shorter
+        for row, chunk_id in enumerate(distinct.tolist()):
+            lengths = task.original_bytes(int(chunk_id))
+            chunk_bytes[row, :lengths.size] = lengths
+        parts["bytes"].append(chunk_bytes[where.reshape(-1), scored_offsets])
         if with_knn_keys:
             parts["keys"].append(keys.numpy()[mask])
         seen += targets.shape[0]

@@ -295,13 +295,32 @@ def test_reader_only_step_leaves_the_retriever_alone(setup):
 
 
 def test_staged_pretraining_warms_the_head_freezes_then_trains_the_retriever(tmp_path, pretraining_workspace,
-                                                                             workspace_overrides, read_scalars):
+                                                                             workspace_overrides, read_scalars,
+                                                                             parse_records):
+    """Head warm-up, a frozen retriever, then a trained one; and the held-out evaluation at the end scores the
+    held-out salient spans of the shards given as ``eval_pattern`` (here: a strict subset of them)."""
     cfg = config.load_config(TINY, workspace_overrides(tmp_path, pretraining_workspace) + [
         "trainer.steps=4", "trainer.freeze_retriever_steps=2", "trainer.mlm_head_warmup_blocks=16",
         "trainer.checkpoint_every_steps=1", "trainer.keep_checkpoints=10", "trainer.summary_every_steps=1",
-        "refresh.mode=external", "refresh.export_every_steps=1", "trainer.trivial_retrieval_rate_while_frozen=1.0"])
-    result = realm_pretraining.pretrain(cfg, evaluate=False)
+        "refresh.mode=external", "refresh.export_every_steps=1", "trainer.trivial_retrieval_rate_while_frozen=1.0",
+        "trainer.eval_examples=1000", "data.pretraining_heldout_fraction=0.5"])
+    files = tf.io.gfile.glob(f"{pretraining_workspace}/pretraining/pretraining-*")
+    serialized = [r.numpy() for r in tf.data.TFRecordDataset(files)]
+    records = parse_records(serialized, example_schemas.pretraining_feature_spec())
+    uids = tf.constant([r[example_schemas.SOURCE_UID] for r in records])
+    held = realm_pretraining.heldout_predicate(0.5, heldout=True)({example_schemas.SOURCE_UID: uids}).numpy()
+    salient_held = [s for s, r, h in zip(serialized, records, held)
+                    if h and r[example_schemas.MASKING] == b"salient"]
+    batch = cfg.data.batch_size  # the held-out batches are whole ones
+    kept = salient_held[:(len(salient_held) // 2 // batch + 1) * batch]
+    assert batch <= len(kept) < len(salient_held)  # a strict subset: only the given shards are read
+    os.makedirs(tmp_path / "eval")
+    with tf.io.TFRecordWriter(str(tmp_path / "eval" / "pretraining-00000-of-00001.tfrecord")) as writer:
+        for record in kept:
+            writer.write(record)
+    result = realm_pretraining.pretrain(cfg, eval_pattern=str(tmp_path / "eval" / "pretraining-*"))
     assert result["step"] == 4
+    assert result["eval"]["num_examples"] == len(kept)
     assert result["trivial_retrievals_kept"] >= 0 and result["index_versions"]
     # Exports only once the retriever trains (the bootstrap export of step 0 built the first index).
     assert sorted(int(n) for n in os.listdir(cfg.refresh.export_dir) if n.isdigit()) == [0, 3]
@@ -351,27 +370,3 @@ def test_span_in_candidates_against_the_blocks_themselves(setup):
              "reader_input_mask": tf.constant(mask), "target_ids": tf.constant([[6, 9, 0]]),
              "target_weights": tf.constant([[1.0, 1.0, 0.0]])}
     assert realm_pretraining.span_in_candidates(batch).tolist() == [[False, True]]
-
-
-def test_heldout_evaluation_reads_the_eval_pattern(tmp_path, pretraining_workspace, workspace_overrides,
-                                                   parse_records):
-    """A run trained on one masking is scored on the held-out salient spans of another set of shards."""
-    cfg = config.load_config(TINY, workspace_overrides(tmp_path, pretraining_workspace) + [
-        "trainer.steps=1", "trainer.eval_examples=1000", "data.pretraining_heldout_fraction=0.5",
-        "refresh.mode=external", "refresh.export_every_steps=0"])
-    files = tf.io.gfile.glob(f"{pretraining_workspace}/pretraining/pretraining-*")
-    serialized = [r.numpy() for r in tf.data.TFRecordDataset(files)]
-    records = parse_records(serialized, example_schemas.pretraining_feature_spec())
-    uids = tf.constant([r[example_schemas.SOURCE_UID] for r in records])
-    held = realm_pretraining.heldout_predicate(0.5, heldout=True)({example_schemas.SOURCE_UID: uids}).numpy()
-    salient_held = [s for s, r, h in zip(serialized, records, held)
-                    if h and r[example_schemas.MASKING] == b"salient"]
-    batch = cfg.data.batch_size  # the held-out batches are whole ones
-    kept = salient_held[:(len(salient_held) // 2 // batch + 1) * batch]
-    assert batch <= len(kept) < len(salient_held)  # a strict subset: only the given shards are read
-    os.makedirs(tmp_path / "eval")
-    with tf.io.TFRecordWriter(str(tmp_path / "eval" / "pretraining-00000-of-00001.tfrecord")) as writer:
-        for record in kept:
-            writer.write(record)
-    result = realm_pretraining.pretrain(cfg, eval_pattern=str(tmp_path / "eval" / "pretraining-*"))
-    assert result["eval"]["num_examples"] == len(kept)

@@ -96,16 +96,16 @@ def _numpy_bits_per_byte(task, model, split, neighbours):
     vocab = task.tokenizer.vocab
     lengths = np.array([0 if (t.startswith("[") and t.endswith("]")) else
                         len(t[2:].encode()) if t.startswith("##") else len(t.encode()) + 1 for t in vocab])
-    nll = num_bytes = 0.0
-    for example in task.examples(split, neighbours=neighbours):
-        features = {k: example[k][None] for k in ("input_ids", "neighbour_ids", "neighbour_mask") if k in example}
-        logits = model(features, training=False)["logits"].numpy()[0].astype(np.float64)  # [n, V]
-        log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
-            - logits.max(-1, keepdims=True)
-        real = example["target_mask"]
-        nll -= log_probs[np.arange(len(real)), example["targets"]][real].sum()
-        num_bytes += lengths[example["targets"][real]].sum()
-    return nll / (np.log(2) * num_bytes)
+    examples = list(task.examples(split, neighbours=neighbours))
+    stacked = {k: np.stack([e[k] for e in examples]) for k in examples[0]}
+    inputs = {k: stacked[k] for k in ("input_ids", "neighbour_ids", "neighbour_mask") if k in stacked}
+    logits = np.concatenate([model({k: v[i:i + 64] for k, v in inputs.items()}, training=False)["logits"].numpy()
+                             for i in range(0, len(examples), 64)]).astype(np.float64)  # [S, n, V]
+    top = logits.max(-1, keepdims=True)
+    log_probs = logits - np.log(np.exp(logits - top).sum(-1, keepdims=True)) - top  # [S, n, V]
+    real, targets = stacked["target_mask"], stacked["targets"]  # [S, n]
+    nll = -np.take_along_axis(log_probs, targets[..., None], -1)[..., 0][real].sum()
+    return nll / (np.log(2) * lengths[targets[real]].sum())
 
 
 def test_evaluate_lm_and_knn_datastore_match_numpy(trained, capsys, progress_totals):
