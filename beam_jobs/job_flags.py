@@ -65,6 +65,9 @@ def add_preprocess_args(parser: argparse.ArgumentParser) -> None:
                         help="title wordpieces kept in every block")
     parser.add_argument("--progress_interval", type=float, default=10.0, metavar="SECONDS",
                         help="print progress lines at most this often (0: never)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the corpus already in --output (its blocks, and the updates made on it with "
+                             "update-corpus); without it, a non-empty --output is refused")
 
 
 def add_embed_blocks_args(parser: argparse.ArgumentParser) -> None:

@@ -447,6 +447,20 @@ def count_input_lines(paths: Sequence[str], input_format: str = "auto") -> int:
     return total
 
 
+def refuse_to_replace(output_dir: str, overwrite: bool) -> None:
+    """UserError when ``output_dir`` already holds a corpus (a manifest, block shards or update versions) and
+    ``overwrite`` is not set: preprocessing again would replace its blocks and discard its updates."""
+    held = []
+    if filesystems.FileSystems.exists(job_manifest.manifest_path(output_dir)) or filesystems.FileSystems.match(
+            [filesystems.FileSystems.join(output_dir, f"{BLOCKS_PREFIX}-*")])[0].metadata_list:
+        held.append("a preprocessed corpus")
+    if filesystems.FileSystems.exists(filesystems.FileSystems.join(output_dir, corpus_versions.VERSIONS_DIR)):
+        held.append(f"the updates made on it ({corpus_versions.VERSIONS_DIR}/, from update-corpus)")
+    if held and not overwrite:
+        raise errors.UserError(f"--output {output_dir}: already holds {' and '.join(held)}; preprocessing again "
+                               f"would replace it. Pass --overwrite to do so, or choose another --output")
+
+
 class PreprocessCorpusJob(job_support.BeamJob):
     """``python -m beam_jobs.preprocess_corpus`` / ``realm-tf preprocess``.
 
@@ -496,6 +510,7 @@ class PreprocessCorpusJob(job_support.BeamJob):
             total = count_input_lines(paths, args.format)
             logger.info("preprocess: %d input file(s), %s lines (counted in %.1fs)", len(paths), f"{total:,}",
                         time.time() - start)
+        refuse_to_replace(args.output, args.overwrite)
         job_support.prepare_output(args.output, f"{BLOCKS_PREFIX}-*-of-*.tfrecord",
                                    f"{DEAD_LETTER_PREFIX}-*-of-*.jsonl")
         corpus_versions.discard_updates(args.output)  # this run is a new version 0: older updates do not apply

@@ -486,6 +486,14 @@ def _account(counts: Mapping[str, int], pre: Mapping[str, int], deletes: int) ->
         raise RuntimeError(f"update_corpus: delete ids unaccounted for: {requests} placed != {deletes} given")
 
 
+class _NothingChanged(Exception):
+    """An update that adds, replaces and deletes nothing: no version is published."""
+
+    def __init__(self, counts: Mapping[str, int]) -> None:
+        super().__init__("nothing changed")
+        self.counts = counts
+
+
 class UpdateCorpusJob(job_support.BeamJob):
     """``python -m beam_jobs.update_corpus`` / ``realm-tf update-corpus``."""
 
@@ -536,6 +544,8 @@ class UpdateCorpusJob(job_support.BeamJob):
                     ("embed_blocks", embed_blocks.NAMESPACE))}
                 counts = counters["update_corpus"]
                 _account(counts, counters["preprocess_corpus"], len(deletes))
+                if not any(counts.get(f"documents_{change}", 0) for change in (ADDED, REPLACED, DELETED)):
+                    raise _NothingChanged(counts)  # nothing is published: the staged versions are dropped
                 if counts.get(BASE_BLOCKS_READ, 0) != base.num_blocks:
                     raise embedding_matrix.IncompleteEmbeddingsError(
                         f"{base.blocks_pattern}: {counts.get(BASE_BLOCKS_READ, 0)} blocks read but index version "
@@ -550,6 +560,14 @@ class UpdateCorpusJob(job_support.BeamJob):
                     index_staging.path, index_version, matrix, index,
                     self._index_metadata(cfg, base, manifest, blocks_dir))
                 corpus_staging.metadata = manifest
+        except _NothingChanged as nothing:
+            logger.warning("update-corpus: nothing changed (%d documents unchanged, %d deletes of unknown ids): no "
+                           "version published; index version %d and corpus version %d still serve",
+                           nothing.counts.get(f"documents_{UNCHANGED}", 0),
+                           nothing.counts.get(f"dead_letters_{UNKNOWN_ID}", 0), base.index_version,
+                           base.corpus_version)
+            return {"published": False, "index_version": base.index_version, "corpus_version": base.corpus_version,
+                    "counters": dict(nothing.counts)}
         except FileExistsError as e:
             raise index_publisher.IndexVersionExistsError(
                 f"{corpus_final} / {index_final}: published concurrently by another update or refresh; nothing of "
@@ -559,7 +577,7 @@ class UpdateCorpusJob(job_support.BeamJob):
         index_publisher.delete_old_versions(index_dir, cfg.index.keep_versions, protect=index_version)
         in_use = {index_publisher.corpus_version(meta) for meta in index_publisher.published_metadata(index_dir)}
         corpus_versions.prune(blocks_dir, keep=in_use)
-        summary = {**manifest, "index_path": index_final, "corpus_path": corpus_final}
+        summary = {**manifest, "index_path": index_final, "corpus_path": corpus_final, "published": True}
         if args.serve:
             from realm_tf.serving import open_qa_export  # pylint: disable=import-outside-toplevel
 

@@ -22,6 +22,7 @@ import tensorflow as tf  # noqa: E402
 from realm_tf import config as config_lib  # noqa: E402
 from realm_tf.layers import bert_tokenizer  # noqa: E402
 from realm_tf.tasks import open_qa  # noqa: E402
+import result_records  # noqa: E402  (benchmarks/)
 
 
 def main() -> int:
@@ -35,6 +36,7 @@ def main() -> int:
     tokenizer = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, cfg.model.lower_case)
     print(f"{'file':<36}{'split':>6}{'questions':>10}{'answers':>9}{'median wp':>10}{'p90 wp':>8}"
           f"{f'no answer <= {width} wp':>22}{'all > 5 words':>15}")
+    record: dict[str, str] = {}  # claim and figure: the dev split of the first file
     for path in args.questions:
         examples = open_qa.read_questions(path)
         for split in ("train", "dev"):
@@ -50,6 +52,15 @@ def main() -> int:
             print(f"{os.path.basename(path):<36}{split:>6}{len(chosen):>10}{len(answers):>9}"
                   f"{np.median(lengths):>10.0f}{np.percentile(lengths, 90):>8.0f}"
                   f"{f'{too_long} ({too_long / len(chosen):.1%})':>22}{f'{wordy / len(chosen):.1%}':>15}")
+            if path == args.questions[0] and split == "dev":
+                share = too_long / len(chosen)
+                record = dict(
+                    claim=f"{share:.1%} of the dev questions of {os.path.basename(path)} have only references longer "
+                          f"than the reader's {width}-wordpiece span limit, which caps EM at {1 - share:.2f} there.",
+                    figure=f"{too_long:,} of {len(chosen):,} dev questions ({share:.1%}) have no reference of "
+                           f"≤ {width} wordpieces; median {np.median(lengths):.0f}, p90 "
+                           f"{np.percentile(lengths, 90):.0f} wordpieces")
+    result_records.write("open-qa-long-references", area="Open-QA", order=80, **record)
     return 0
 
 

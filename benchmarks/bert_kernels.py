@@ -41,6 +41,7 @@ import tf_keras  # noqa: E402  pylint: disable=wrong-import-position
 from realm_tf import config as config_lib  # noqa: E402  pylint: disable=wrong-import-position
 from realm_tf.layers import head_major_attention  # noqa: E402  pylint: disable=wrong-import-position
 from realm_tf.networks import bert_encoder  # noqa: E402  pylint: disable=wrong-import-position
+import result_records  # noqa: E402  pylint: disable=wrong-import-position  (benchmarks/)
 
 
 def best_seconds(function, repeats: int) -> float:
@@ -134,6 +135,7 @@ def main() -> None:
           f"(useful FLOPs: real wordpieces only, {useful / 1e9:.1f} GFLOP):")
     signature = {key: tf.TensorSpec([None, None], tf.int32) for key in inputs}
     outputs = {}
+    encoder_seconds: dict[tuple[str, bool], float] = {}  # (encoder, XLA) -> best seconds
     for name, encoder in (("tf-models' BertEncoderV2", theirs), ("realm_tf's BertEncoder", ours)):
         for jit in (False, True):
             # Batch and length unknown to the graph, as in the embedder's and the served SavedModels.
@@ -141,13 +143,32 @@ def main() -> None:
                                 jit_compile=jit, input_signature=[signature])
             forward = functools.partial(graph, inputs)
             outputs[name, jit] = _read(forward())
-            print(_row(f"{name}, {'XLA' if jit else 'plain graph'}", best_seconds(forward, args.repeats), useful))
+            encoder_seconds[name, jit] = best_seconds(forward, args.repeats)
+            print(_row(f"{name}, {'XLA' if jit else 'plain graph'}", encoder_seconds[name, jit], useful))
     real = mask.astype(bool)
     difference = np.abs(outputs["realm_tf's BertEncoder", False] - outputs["tf-models' BertEncoderV2", False])
     print(f"    max |BertEncoder - BertEncoderV2| over real wordpieces = {difference[real].max():.2e}")
     sgemm_after = machine_reference.sgemm_gflops()
     print(f"numpy sgemm 2048^3 float32 ({machine_reference.sgemm_kernel()}): {sgemm_before:.1f} GFLOP/s before, "
           f"{sgemm_after:.1f} after")
+    ms = {key: 1e3 * seconds for key, seconds in encoder_seconds.items()}
+    (ours_plain, ours_xla), (theirs_plain, theirs_xla) = (
+        (ms[name, False], ms[name, True]) for name in ("realm_tf's BertEncoder", "tf-models' BertEncoderV2"))
+    faster = ours_plain < theirs_plain
+    result_records.write(
+        "speed-bert-encoder-kernels", area="Speed and memory", order=50, verdict="holds" if faster else "negative",
+        claim="realm_tf's BertEncoder (head-major attention, fused MatMul-BiasAdd-GELU, oneDNN layer norms) is "
+              f"{'faster' if faster else 'not faster'} than tf-models' BertEncoderV2 with the same weights.",
+        figure=f"{cfg.num_layers}-layer encoder, width {width}, {batch} × {length}: {ours_plain:.2f} ms "
+               f"({useful / ours_plain / 1e6:.1f} GFLOP/s) vs {theirs_plain:.2f} ms "
+               f"({useful / theirs_plain / 1e6:.1f} GFLOP/s); sgemm {sgemm_before:.1f} / {sgemm_after:.1f} GFLOP/s")
+    pays = ours_xla < ours_plain
+    result_records.write(
+        "speed-xla-inference", area="Speed and memory", order=80, verdict="holds" if pays else "negative",
+        claim=f"Compiling realm_tf's encoder for inference with XLA {'pays' if pays else 'does not pay'} against its "
+              "plain graph (model.compiled_inference).",
+        figure=f"{batch} × {length}: realm_tf's encoder {ours_xla:.2f} ms under XLA vs {ours_plain:.2f} ms plain "
+               f"graph; tf-models' {theirs_xla:.2f} ms vs {theirs_plain:.2f} ms")
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 
 from realm_tf import config as config_lib  # noqa: E402
 
+import result_records  # noqa: E402  (benchmarks/)
 import stages  # noqa: E402  (benchmarks/)
 
 
@@ -127,6 +128,14 @@ def main() -> int:
           f"blocks after the update; served: {served}")
     print("the base system built the same way: " + ", ".join(f"{k} {v:.1f}s" for k, v in base.items()))
     print(f"stage minutes: {stage.minutes()}")
+    result_records.write(
+        "knowledge-update-vs-rebuild", area="Knowledge updates", order=10,
+        verdict="holds" if update < total_full / 10 and manifest["blocks_embedded"] < full_blocks else "negative",
+        claim=f"Adding {counts['new']} passages and deleting {counts['deleted']} embeds only the new blocks and serves "
+              "a new version in a small fraction of a full rebuild's time.",
+        figure=f"update-corpus --serve {update:.1f} s vs full rebuild {total_full:.1f} s "
+               f"({100 * update / total_full:.1f}%); {manifest['blocks_embedded']:,} blocks embedded vs "
+               f"{full_blocks:,}; {os.cpu_count()} cores (load {os.getloadavg()[0]:.1f} at the end)")
     return 0
 
 

@@ -39,6 +39,7 @@ import numpy as np  # noqa: E402
 from realm_tf import config as config_lib  # noqa: E402
 from realm_tf.index import index_publisher  # noqa: E402
 
+import result_records  # noqa: E402  (benchmarks/)
 import stages  # noqa: E402  (benchmarks/)
 from realm_tf.serving import answerer  # noqa: E402
 from realm_tf.tasks import answer_errors  # noqa: E402
@@ -86,6 +87,34 @@ def format_latency(latencies_ms: np.ndarray) -> str:
 def error_categories(predictions_path: str) -> dict[str, int]:
     """Every answer of a predictions file in one outcome of :mod:`realm_tf.tasks.answer_errors`."""
     return answer_errors.count_outcomes(answer_errors.read_predictions(predictions_path))
+
+
+def write_bm25_record(cfg: config_lib.ExperimentConfig, out: str, bm25: dict[str, Any],
+                      dense: dict[str, Any] | None) -> None:
+    """The record of the BM25 + reader row, against the dense system's dev metrics when ``out`` has them: the EM
+    gap in standard errors of the per-question differences (the same questions)."""
+    not_read = error_categories(f"{out}/predictions-dev-bm25.jsonl")["answer_not_read"]
+    figure = (f"EM {bm25['exact_match']:.3f}, F1 {bm25['f1']:.3f}, acc@5 {bm25['accuracy@5']:.3f} on "
+              f"{bm25['num_questions']} dev questions; no answer in the {cfg.model.reader_beam_size} blocks read for "
+              f"{not_read} questions")
+    if dense is None:
+        result_records.write("open-qa-bm25-baseline", area="Open-QA", order=20, verdict="open", figure=figure,
+                             claim="BM25 with the same reader recipe, not yet compared: the run directory has no "
+                                   "dev metrics of the dense system.")
+        return
+    figure += f" (dense: {error_categories(f'{out}/predictions-dev.jsonl')['answer_not_read']})"
+    ems = [{p["id"]: float(p["exact_match"]) for p in answer_errors.read_predictions(path)}
+           for path in (f"{out}/predictions-dev.jsonl", f"{out}/predictions-dev-bm25.jsonl")]
+    differences = np.array([ems[0][i] - ems[1][i] for i in ems[0].keys() & ems[1].keys()])  # [num_questions]
+    gap = dense["exact_match"] - bm25["exact_match"]
+    error = differences.std(ddof=1) / np.sqrt(len(differences)) if len(differences) > 1 else 0.0
+    below = gap > 0 and dense["accuracy@5"] > bm25["accuracy@5"]
+    result_records.write(
+        "open-qa-bm25-baseline", area="Open-QA", order=20, verdict="holds" if below else "negative", figure=figure,
+        claim=f"BM25 with the same reader recipe scores {'below' if below else 'no lower than'} the dense system: "
+              f"acc@5 {bm25['accuracy@5']:.3f} vs {dense['accuracy@5']:.3f}, EM {bm25['exact_match']:.3f} vs "
+              f"{dense['exact_match']:.3f}" + (f", a gap of {gap / error:.1f} standard errors of the per-question "
+                                                 "differences." if error else "."))
 
 
 def run_bm25_arm(stage: stages.Stages, bm25_sets: list[str], questions: str, out: str) -> dict[str, Any]:
@@ -156,6 +185,11 @@ def main() -> int:
             print(f"{key:<16}{bm25[key]:>10.3f}")
         print(f"dev outcomes (bm25): {error_categories(f'{out}/predictions-dev-bm25.jsonl')}")
         print("stage minutes: " + stage.minutes())
+        dense = None  # the dense rows, when this directory's run measured them before
+        if os.path.exists(f"{out}/metrics-dev.json") and os.path.exists(f"{out}/predictions-dev.jsonl"):
+            with open(f"{out}/metrics-dev.json", encoding="utf-8") as f:
+                dense = json.load(f)
+        write_bm25_record(cfg, out, bm25, dense)
         return 0
     stage("finetune", lambda: stages.cli(["finetune", *sets, "--train", args.questions]))
 
@@ -209,6 +243,25 @@ def main() -> int:
         print(f"dev outcomes ({name}): {error_categories(path)}")
     print(served["latency"])
     print("stage minutes: " + stage.minutes())
+    dense, gold, warm_start = results["dense"], results["gold_finetuned"], results["gold_warm_start"]
+    with open(os.path.join(args.blocks, "manifest.json"), encoding="utf-8") as f:
+        num_blocks = json.load(f)["blocks"]
+    result_records.write(
+        "open-qa-dense-dev-em", area="Open-QA", order=10,
+        claim=f"The REALM-style system ({cfg.model.projection_size}-d {cfg.model.projection_init}-initialised "
+              f"retriever and span reader, fine-tuned {cfg.finetune.steps:,} steps) answers held-out NQ questions "
+              "over the whole bundled corpus.",
+        figure=f"EM {dense['exact_match']:.3f}, F1 {dense['f1']:.3f}, acc@5 {dense['accuracy@5']:.3f}, reader oracle "
+               f"{dense['reader_oracle']:.3f} on {dense['num_questions']} dev questions ({num_blocks:,} blocks)")
+    write_bm25_record(cfg, out, results["bm25"], dense)
+    reached = gold["exact_match"] >= 0.5
+    result_records.write(
+        "open-qa-gold-block-reader-em", area="Open-QA", order=30, verdict="holds" if reached else "open",
+        claim="Handed the gold blocks, the fine-tuned reader "
+              + ("reaches the 0.50 gold-block EM goal." if reached else
+                 "is still short of the 0.50 gold-block EM goal: reading, not retrieval, limits the system."),
+        figure=f"EM {gold['exact_match']:.3f}, F1 {gold['f1']:.3f} on the gold blocks of {gold['num_questions']} dev "
+               f"questions (warm-start reader alone: {warm_start['exact_match']:.3f} / {warm_start['f1']:.3f})")
     return 0
 
 

@@ -15,6 +15,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from realm_tf.tasks import answer_errors  # noqa: E402
+import result_records  # noqa: E402  (benchmarks/)
 
 
 def main() -> int:
@@ -34,6 +35,19 @@ def main() -> int:
                 continue
             for p in members[:args.examples]:
                 print(f"  [{name}] {p['question']!r}: said {p['prediction']!r}; reference {p['answers'][0][:80]!r}")
+    if len(args.predictions) == 1:  # one system's answers
+        count = {name: len(members) for name, members in by_outcome.items()}
+        wrong = len(rows) - count["correct"]
+        read = max((len(p.get("retrieved_block_ids", [])) for p in rows), default=0)
+        result_records.write(
+            "open-qa-dev-errors", area="Open-QA", order=70,
+            verdict="holds" if wrong - count["answer_not_read"] > count["answer_not_read"] else "negative",
+            claim=f"The end-to-end system's wrong answers are reading errors more than retrieval misses; "
+                  f"{count['too_short'] / max(wrong, 1):.0%} are a short form inside a longer reference.",
+            figure=f"{wrong:,} wrong of {len(rows):,}: answer not in the {read} blocks read "
+                   f"{count['answer_not_read']}, wrong block {count['wrong_block']}, right block wrong span "
+                   f"{count['right_block_wrong_span']}, "
+                   f"prediction inside the reference {count['too_short']} ({count['too_short'] / max(wrong, 1):.0%})")
     return 0
 
 

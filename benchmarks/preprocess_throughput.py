@@ -25,6 +25,7 @@ import apache_beam as beam  # noqa: E402  pylint: disable=wrong-import-position
 
 from beam_jobs import preprocess_corpus  # noqa: E402  pylint: disable=wrong-import-position
 from realm_tf.data import job_manifest  # noqa: E402  pylint: disable=wrong-import-position
+import result_records  # noqa: E402  pylint: disable=wrong-import-position  (benchmarks/)
 
 _CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "data", "open_qa",
                        "passages.jsonl.gz")
@@ -50,12 +51,15 @@ def main() -> None:
     parser.add_argument("--input", default=os.path.normpath(_CORPUS))
     parser.add_argument("--max_block_length", type=int, default=288)
     args = parser.parse_args()
+    load_start = os.getloadavg()[0]
     print(f"corpus: {os.path.relpath(args.input)}; max_block_length={args.max_block_length}; "
           f"Beam {beam.__version__}; Python {platform.python_version()}; {os.cpu_count()} CPUs; "
-          "load average at start: {:.1f}".format(os.getloadavg()[0]))
+          "load average at start: {:.1f}".format(load_start))
     print(f"{'mode':<42} {'documents':>9} {'blocks':>7} {'seconds':>8} {'docs/s':>8} {'blocks/s':>9}")
+    timings: list[float] = []  # seconds of each mode of _MODES
     for name, beam_args in _MODES:
         seconds, manifest = _run(args.input, args.max_block_length, beam_args)
+        timings.append(seconds)
         documents, blocks = manifest["documents"], manifest["blocks"]
         print(f"{name:<42} {documents:>9,} {blocks:>7,} {seconds:>8.1f} {documents / seconds:>8.0f} "
               f"{blocks / seconds:>9.0f}", flush=True)
@@ -63,6 +67,14 @@ def main() -> None:
           f"dead letters {manifest['dead_letters_total']:,} {manifest['dead_letters']}")
     print("load average (1/5/15 min) at the end: {:.1f} {:.1f} {:.1f} (other processes share the CPUs)"
           .format(*os.getloadavg()))
+    single, workers = timings
+    result_records.write(
+        "data-preprocess-throughput", area="Data pipeline", order=10, verdict="holds" if single < 60 else "negative",
+        claim=f"The Beam preprocessing job cuts the whole bundled corpus into {args.max_block_length}-wordpiece blocks "
+              f"in seconds; multi_processing workers are {'slower' if workers > single else 'faster'} at this size.",
+        figure=f"{documents:,} documents → {blocks:,} blocks in {single:.1f} s ({blocks / single:.0f} blocks/s), "
+               f"1 process on a {os.cpu_count()}-CPU machine (load ~{load_start:.0f}); 2 multi_processing workers "
+               f"{workers:.1f} s")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from beam_jobs import generate_pretraining_data  # noqa: E402  pylint: disable=w
 from realm_tf import config as config_lib  # noqa: E402  pylint: disable=wrong-import-position
 from realm_tf.data import inverse_cloze_task as ict  # noqa: E402  pylint: disable=wrong-import-position
 from realm_tf.data import salient_span_masking  # noqa: E402  pylint: disable=wrong-import-position
+import result_records  # noqa: E402  pylint: disable=wrong-import-position  (benchmarks/)
 
 _REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
 _PASSAGES = os.path.join(_REPO, "data", "open_qa", "passages.jsonl.gz")
@@ -154,6 +155,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  body_ids mismatches          {ic.get(generate_ict_data.BODY_IDS_MISMATCH, 0):>8}")
     print(f"  job wall time                {ict_seconds:>8.1f}s  -> {ict_examples / ict_seconds:.0f} examples/s")
     print(f"outputs under {workdir}")
+    if not args.limit:  # the whole corpus only
+        share = salient / max(examples, 1)
+        result_records.write(
+            "data-pretraining-examples", area="Data pipeline", order=30,
+            claim=f"{share:.0%} of pre-training queries get a salient span to mask; the rest fall back to whole-word "
+                  "random masking.",
+            figure=f"{examples:,} examples: {share:.1%} salient span, {fallback / max(examples, 1):.1%} random "
+                   f"fallback, {c.get(generate_pretraining_data.NO_SPAN_DROPPED, 0):,} dropped; "
+                   f"{examples / pre_seconds:.0f} examples/s; ICT: {ict_examples:,} examples at "
+                   f"{ict_examples / ict_seconds:.0f} examples/s")
     return 0
 
 

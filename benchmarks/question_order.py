@@ -13,9 +13,12 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import math
 import random
 import statistics
 import sys
+
+import result_records  # (benchmarks/)
 
 
 def main() -> int:
@@ -26,6 +29,8 @@ def main() -> int:
                         help="evaluate predictions (repeatable): their exact match per position block")
     parser.add_argument("--sample", type=int, default=800,
                         help="also describe the demo's seeded random sample of this many questions (0: no)")
+    parser.add_argument("--prefix", type=int, default=1600,
+                        help="the first positions whose exact match is compared with the rest's, per predictions file")
     args = parser.parse_args()
     opener = gzip.open if args.questions.endswith(".gz") else open
     with opener(args.questions, "rt", encoding="utf-8") as f:
@@ -56,6 +61,26 @@ def main() -> int:
         sample = [words[i] for i in chosen]
         print(f"seeded random sample of {len(chosen)} (the demo's): mean reference {statistics.fmean(sample):.2f} "
               f"words, {sum(w > 5 for w in sample) / len(sample):.3f} longer than 5")
+    if results:
+        split = []  # per predictions file: (EM over the prefix, EM after it, their difference in standard errors)
+        for path, rows_of_file in zip(args.predictions, results):
+            at = [(position[str(p["id"])], bool(p["exact_match"])) for p in rows_of_file if str(p["id"]) in position]
+            n_first, n_rest = sum(i < args.prefix for i, _ in at), sum(i >= args.prefix for i, _ in at)
+            first = sum(em for i, em in at if i < args.prefix) / max(n_first, 1)
+            rest = sum(em for i, em in at if i >= args.prefix) / max(n_rest, 1)
+            error = math.sqrt(first * (1 - first) / max(n_first, 1) + rest * (1 - rest) / max(n_rest, 1))
+            split.append((first, rest, (rest - first) / error if error else 0.0))
+            print(f"{path}: EM over positions 0-{args.prefix - 1} {first:.3f} ({n_first}), after them {rest:.3f} "
+                  f"({n_rest}): {split[-1][2]:.1f} standard errors apart")
+        firsts, rests, apart = zip(*split)
+        result_records.write(
+            "demo-heldout-sample-order", area="Tests and the demo", order=30,
+            verdict="holds" if min(apart) >= 2 else "negative",
+            claim=f"The bundled NQ file is not in random order (its first {args.prefix:,} questions are harder for "
+                  "every reader), so the demo samples its questions at random with a fixed seed.",
+            figure=f"dev EM by file position, {len(results)} readers: {min(firsts):.2f}-{max(firsts):.2f} over "
+                   f"positions 0-{args.prefix - 1:,} vs {min(rests):.2f}-{max(rests):.2f} after, "
+                   f"{min(apart):.1f}-{max(apart):.1f} standard errors apart")
     return 0
 
 

@@ -29,6 +29,7 @@ import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 from realm_tf import config as config_lib  # noqa: E402
 from realm_tf.data import question_split  # noqa: E402
 import open_qa_benchmark  # noqa: E402  (benchmarks/)
+import result_records  # noqa: E402  (benchmarks/)
 import scalar_windows  # noqa: E402  (benchmarks/)
 import stages  # noqa: E402  (benchmarks/)
 
@@ -154,6 +155,18 @@ def main() -> int:
               f"F1 {r['f1']:.3f} ({r['num_questions']} questions)")
     print("stage minutes: " + stage.minutes())
     print(json.dumps({f"{t:g}": r for t, r in results.items()}))
+    if len(args.temperatures) == 2 and not args.sets and not args.all_nq:  # one temperature against the other
+        t = args.temperatures[1]
+        alone, other_alone = len(right[t] - right[first]), len(right[first] - right[t])
+        p = mcnemar_p(alone, other_alone)
+        better = results[t]["exact_match"] > results[first]["exact_match"] and p < 0.05
+        result_records.write(
+            "open-qa-reader-source-temperature", area="Open-QA", order=100, verdict="holds" if better else "negative",
+            claim=f"Drawing the warm start's NQ questions {'more' if t < first else 'less'} often (source temperature "
+                  f"T = {t:g}) {'gives' if better else 'does not give'} a better reader than T = {first:g}.",
+            figure=f"dev gold blocks, {results[t]['num_questions']} questions: EM {results[t]['exact_match']:.3f} vs "
+                   f"{results[first]['exact_match']:.3f}, F1 {results[t]['f1']:.3f} vs {results[first]['f1']:.3f}; "
+                   f"discordant {alone} to {other_alone} (McNemar p = {p:.2f})")
     return 0
 
 

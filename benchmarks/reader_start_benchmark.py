@@ -28,7 +28,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
+import numpy as np  # noqa: E402
 import open_qa_benchmark  # noqa: E402  (benchmarks/)
+import reader_levers  # noqa: E402  (benchmarks/)
+import result_records  # noqa: E402  (benchmarks/)
 import scalar_windows  # noqa: E402  (benchmarks/)
 import stages  # noqa: E402  (benchmarks/)
 
@@ -90,6 +93,27 @@ def main() -> int:
               f"({metrics['num_questions']} questions)")
     print("stage minutes: " + stage.minutes())
     print(json.dumps({name: {k: gold[name][k] for k in ("exact_match", "f1", "num_questions")} for name in gold}))
+    differences = {}  # the REALM start minus the import, questions paired
+    for key in ("exact_match", "f1"):
+        before, now = (reader_levers.per_question(f"{out}/predictions-dev-gold-{name}.jsonl", key)
+                       for name in ("import", "realm"))
+        ids = sorted(before.keys() & now.keys())
+        differences[key] = reader_levers.paired_bootstrap(np.array([before[i] for i in ids]),
+                                                          np.array([now[i] for i in ids]))
+    (em, em_low, em_high), (f1, f1_low, f1_high) = differences["exact_match"], differences["f1"]
+    better = em_low > 0 or f1_low > 0
+    realm, imported = gold["realm"], gold["import"]
+    result_records.write(
+        "realm-pretraining-reader-start", area="REALM pre-training", order=50,
+        verdict="holds" if better else "negative",
+        claim="Starting the reader warm start from a REALM pre-training run is "
+              + ("better than from the MiniLM import." if better else
+                 "no better than from the MiniLM import, which stays the starting point."),
+        figure=f"dev gold blocks, {realm['num_questions']} questions: EM {realm['exact_match']:.3f}, F1 "
+               f"{realm['f1']:.3f} from REALM pre-training vs {imported['exact_match']:.3f} / {imported['f1']:.3f} "
+               "from the import",
+        interval=f"95% paired bootstrap, 10,000 resamples: EM {em:+.3f} [{em_low:+.3f}, {em_high:+.3f}], F1 "
+                 f"{f1:+.3f} [{f1_low:+.3f}, {f1_high:+.3f}]")
     return 0
 
 

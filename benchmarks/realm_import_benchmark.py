@@ -28,6 +28,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests", "networks"))
 
 import realm_tf  # pylint: disable=wrong-import-position,unused-import  # sets TF env vars before TF loads
+import result_records  # pylint: disable=wrong-import-position  (benchmarks/)
 
 STAGE_SCRIPT = """
 import json, resource, sys, time
@@ -172,12 +173,35 @@ def main() -> None:
     small, large = args.num_blocks
     measured = {n: dict(measure(os.path.join(args.workdir, str(n)), n, args.words)) for n in (small, large)}
     print(f"linear fit a + b * blocks through {small:,} and {large:,} blocks, at {args.target_blocks:,}:")
+    extrapolated: dict[str, tuple[float, float]] = {}  # stage -> (minutes, GB of peak RSS)
     for name in measured[large]:
         fitted = []
         for key in ("seconds", "peak_rss_mib"):
             b = (measured[large][name][key] - measured[small][name][key]) / (large - small)
             fitted.append(measured[large][name][key] + b * (args.target_blocks - large))
         print(f"  {name:<7} ~{fitted[0] / 60:>7.1f} min   peak RSS ~{fitted[1] / 1024:>6.1f} GiB")
+        extrapolated[name] = (fitted[0] / 60, fitted[1] * 2 ** 20 / 1e9)
+    if large == 1_000_000:
+        m = measured[large]
+        result_records.write(
+            "google-release-import-1m", area="Google's release", order=10,
+            claim="A release-shaped REALM-NQ (synthetic blocks and block_emb, tiny networks) is imported, exported and "
+                  "served in minutes at a million blocks.",
+            figure=f"{large:,} blocks: import {m['import']['seconds']:.1f} s, {m['import']['peak_rss_mib']:,} MiB peak "
+                   f"RSS; export {m['export']['seconds']:.1f} s, {m['export']['peak_rss_mib']:,} MiB; ask "
+                   f"{m['ask']['seconds']:.1f} s, {m['ask']['peak_rss_mib']:,} MiB")
+    memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    (import_min, import_gb), (export_min, export_gb), (ask_min, ask_gb) = (
+        extrapolated[name] for name in ("import", "export", "ask"))
+    beyond = max(export_gb, ask_gb) > memory_gb
+    result_records.write(
+        "google-release-full-scale", area="Google's release", order=20, verdict="open",
+        claim=f"At REALM's {args.target_blocks:,} blocks, exporting and serving the release would need "
+              f"{'more' if beyond else 'less'} memory than this machine's {memory_gb:.0f} GB (extrapolated, not "
+              "measured: the real files cannot be downloaded here).",
+        figure=f"linear fit through {small:,} and {large:,} blocks: import ~{import_min:.0f} min, ~{import_gb:.0f} GB; "
+               f"export ~{export_min:.0f} min, ~{export_gb:.0f} GB; loading the served model ~{ask_min:.0f} min, "
+               f"~{ask_gb:.0f} GB")
 
 
 if __name__ == "__main__":

@@ -146,7 +146,17 @@ def invocation(argv: list[str] | None = None) -> str:
     argv = list(sys.argv if argv is None else argv)
     repo = os.path.dirname(HERE)
     script = os.path.relpath(os.path.abspath(argv[0]), repo) if argv else ""
-    return " ".join([".venv/bin/python", shlex.quote(script), *(shlex.quote(a) for a in argv[1:])])
+    return " ".join([".venv/bin/python", shlex.quote(script), *(shlex.quote(_portable(a, repo)) for a in argv[1:])])
+
+
+def _portable(argument: str, repo: str) -> str:
+    """``argument`` without this machine's absolute paths: the checkout's become repo-relative, the temporary
+    directory's ``$TMPDIR``, the home directory's ``~``, and any other under a machine root ``<local>``, so that the
+    record validates and means the same on another machine."""
+    for prefix, replacement in ((repo + os.sep, ""), (repo, "."), (tempfile.gettempdir() + os.sep, "$TMPDIR/"),
+                                (os.path.expanduser("~") + os.sep, "~/")):
+        argument = argument.replace(prefix, replacement)
+    return MACHINE_PATH.sub("<local>/", argument)
 
 
 def write(name: str, *, area: str, claim: str, figure: str, verdict: str = "holds", interval: str = "",

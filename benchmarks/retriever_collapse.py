@@ -29,6 +29,7 @@ from realm_tf.data import block_store  # noqa: E402
 from realm_tf.data import example_schemas  # noqa: E402
 from realm_tf.layers import bert_tokenizer  # noqa: E402
 from realm_tf.tasks import realm_pretraining  # noqa: E402
+import result_records  # noqa: E402  (benchmarks/)
 
 
 def mean_cosine(x: np.ndarray, limit: int = 2000) -> float:
@@ -94,6 +95,17 @@ def main() -> int:
     print(f"mean cosine between block embeddings {mean_cosine(embeddings):.3f}, between query embeddings "
           f"{mean_cosine(np.concatenate(queries)):.3f}; distinct top-1 blocks {len(set(tops))} of {n}")
     print("span recall@j, j = 1.." + str(args.k) + ": " + " ".join(f"{h / max(n, 1):.3f}" for h in hits))
+    version = os.path.basename(os.path.normpath(args.embeddings))
+    collapsed = len(set(tops)) < n / 10  # most queries share a handful of top-1 blocks
+    result_records.write(
+        "realm-pretraining-retriever-collapse", area="REALM pre-training", order=30,
+        verdict="negative" if collapsed else "holds",
+        claim=f"REALM's retriever {'has collapsed' if collapsed else 'has not collapsed'} in pre-training: "
+              + ("every query retrieves much the same blocks." if collapsed else
+                 "queries retrieve blocks of their own."),
+        figure=(f"index at step {int(version)}" if version.isdigit() else f"embeddings {version}")
+               + f": mean cosine {mean_cosine(embeddings):.3f} between blocks, {len(set(tops))} distinct top-1 block"
+               f"{'' if len(set(tops)) == 1 else 's'} for {n} queries, span recall@{args.k} {hits[-1] / max(n, 1):.3f}")
     return 0
 
 

@@ -26,6 +26,7 @@ import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
 from realm_tf.models import retro_decoder  # noqa: E402
+import result_records  # noqa: E402  (benchmarks/)
 
 
 def make_batch(rng: np.random.Generator, batch: int, chunks: int, m: int, vocab: int) -> dict[str, np.ndarray]:
@@ -104,6 +105,16 @@ def main() -> int:
         for label, (first, later) in rows.items():
             print(f"{name + ', ' + label:<46}{first:>16.3f}{later:>14.3f}")
         print(f"{'':<4}({name} trained in {seconds:.0f} s)")
+    retro = {label: later for label, (_, later) in results["RETRO"][0].items()}  # bits per token on chunks >= 1
+    baseline, other = results["baseline"][0]["neighbours"][1], retro["another sequence's neighbours"]
+    result_records.write(
+        "retro-copy-check", area="RETRO and kNN-LM", order=30,
+        verdict="holds" if retro["neighbours"] < baseline / 2 else "negative",
+        claim="The RETRO decoder can learn to copy through chunked cross-attention when every chunk's neighbour holds "
+              "its continuation.",
+        figure=f"random tokens, chunks ≥ 1, held out: {retro['neighbours']:.3f} bits/token with neighbours vs "
+               f"{baseline:.3f} baseline, {retro['retrieval off']:.3f} retrieval off, "
+               f"{other:.3f} with another sequence's neighbours")
     return 0
 
 

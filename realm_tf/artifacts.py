@@ -20,6 +20,7 @@ complete versions, and :func:`delete_old_versions` prunes. Works on any TensorFl
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -39,6 +40,10 @@ OPEN_QA_EXPORT = "realm_qa.json"  # the serving SavedModel of the Open-QA system
 RETRO_EXPORT = "retro_lm.json"  # the SavedModel of a RETRO / baseline decoder (scoring and generation)
 JOB_MANIFEST = "manifest.json"  # a Beam job's output directory (counts, shards, config)
 STAGING_PREFIX = ".staging-"
+#: In a marker: ``{relative path: {"bytes": n, "sha256": hex}}`` of every file the artifact holds. Readers check
+#: the sizes on load (a truncated or missing file is named at once); ``realm-tf verify`` checks the digests.
+FILES = "files"
+MARKERS = (RETRIEVER_EXPORT, INDEX, OPEN_QA_EXPORT, RETRO_EXPORT, JOB_MANIFEST)
 
 
 class Staging:
@@ -71,7 +76,7 @@ def staged(final: str, marker: str, replace: bool = False, pause_before_commit: 
         yield staging
         if staging.metadata is None:
             raise ValueError(f"{final}: nothing set the metadata of {marker}")
-        write_marker(staging.path, marker, staging.metadata)
+        write_marker(staging.path, marker, {**staging.metadata, FILES: file_checksums(staging.path, exclude=(marker,))})
         if pause_before_commit > 0:
             logger.warning("%s: staged; pausing %.1fs before the commit", staging.path, pause_before_commit)
             time.sleep(pause_before_commit)
@@ -119,7 +124,85 @@ def read_marker(directory: str, marker: str, what: str = "artifact") -> dict[str
     if not isinstance(marker_value, dict):
         raise errors.UserError(f"{path}: not a JSON object: this {what} is damaged. Rebuild it, or delete "
                                f"{directory} so that readers use the previous complete version")
+    problems = check_files(directory, marker_value, full=False)
+    if problems:
+        raise errors.UserError(f"{problems[0]}: this {what} is damaged ({marker} lists every file it holds). "
+                               f"Rebuild it, or delete {directory} so that readers use the previous complete version")
     return marker_value
+
+
+def sha256_of(path: str, chunk_bytes: int = 8 << 20) -> str:
+    """Hex SHA-256 of a file, read in chunks (any TensorFlow filesystem)."""
+    digest = hashlib.sha256()
+    with tf.io.gfile.GFile(path, "rb") as f:
+        while True:
+            chunk = f.read(chunk_bytes)
+            if not chunk:
+                return digest.hexdigest()
+            digest.update(chunk)
+
+
+def file_checksums(directory: str, exclude: Collection[str] = (), recursive: bool = True) -> dict[str, dict[str, Any]]:
+    """``{relative path: {"bytes", "sha256"}}`` of the files under ``directory`` (only its own files unless
+    ``recursive``), hidden ones (``.name``) and ``exclude`` left out; the content of a marker's :data:`FILES`."""
+    out: dict[str, dict[str, Any]] = {}
+    for parent, subdirs, names in tf.io.gfile.walk(directory):
+        relative_parent = os.path.relpath(parent, directory)
+        if not recursive:
+            subdirs[:] = []
+        if any(part.startswith(".") for part in relative_parent.split(os.sep) if part != "."):
+            continue
+        for name in names:
+            relative = name if relative_parent == "." else os.path.join(relative_parent, name)
+            if name.startswith(".") or relative in exclude:
+                continue
+            path = os.path.join(parent, name)
+            out[relative] = {"bytes": tf.io.gfile.stat(path).length, "sha256": sha256_of(path)}
+    return dict(sorted(out.items()))
+
+
+def check_files(directory: str, marker_value: Mapping[str, Any], full: bool = False) -> list[str]:
+    """What is wrong with the files a marker lists (``[]``: nothing): each missing file, each whose size differs
+    (truncated or overwritten) and, when ``full``, each whose SHA-256 differs (corrupted). A marker written
+    without :data:`FILES` has nothing to check."""
+    problems = []
+    for relative, expected in dict(marker_value.get(FILES) or {}).items():
+        path = os.path.join(directory, relative)
+        if not tf.io.gfile.exists(path):
+            problems.append(f"{path}: missing")
+            continue
+        size = tf.io.gfile.stat(path).length
+        if size != expected["bytes"]:
+            problems.append(f"{path}: {size} bytes where {expected['bytes']} were written (truncated or overwritten)")
+        elif full and sha256_of(path) != expected["sha256"]:
+            problems.append(f"{path}: its SHA-256 differs from the one written (corrupted)")
+    return problems
+
+
+def verify(path: str) -> list[tuple[str, list[str]]]:
+    """``[(artifact directory, problems)]`` for ``path``: a complete artifact (any of :data:`MARKERS`) or a
+    directory of numbered versions of one; every listed file's size and SHA-256 is checked. An artifact written
+    without checksums is reported as such. ValueError when ``path`` holds no artifact."""
+    path = path.rstrip("/")
+    found = [m for m in MARKERS if is_complete(path, m)]
+    targets = [(path, m) for m in found] or [(v, m) for m in MARKERS for v in complete_versions(path, m).values()]
+    if not targets:
+        raise ValueError(f"{path}: no artifact here (none of {', '.join(MARKERS)}, nor numbered versions "
+                         f"holding one)")
+    out = []
+    for directory, marker in targets:
+        try:
+            with tf.io.gfile.GFile(os.path.join(directory, marker)) as f:
+                value = json.loads(f.read())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            out.append((directory, [f"{os.path.join(directory, marker)}: not valid JSON ({e})"]))
+            continue
+        if not isinstance(value, dict) or not value.get(FILES):
+            out.append((directory, [f"{os.path.join(directory, marker)}: written without checksums "
+                                    f"(nothing to verify; publish it again to add them)"]))
+            continue
+        out.append((directory, check_files(directory, value, full=True)))
+    return out
 
 
 def is_complete(directory: str, marker: str) -> bool:

@@ -355,6 +355,26 @@ def _cmd_ask(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_verify(args: argparse.Namespace) -> int:
+    """Checks every file of published artifacts against the sizes and SHA-256 digests in their markers."""
+    from realm_tf import artifacts
+
+    damaged = 0
+    for path in args.paths:
+        try:
+            results = artifacts.verify(path)
+        except ValueError as e:
+            raise errors.UserError(str(e)) from e
+        for directory, problems in results:
+            damaged += bool(problems)
+            print(f"{'DAMAGED' if problems else 'ok':<8} {directory}")
+            for problem in problems:
+                print(f"         {problem}")
+    if damaged:
+        print(f"{damaged} damaged: rebuild each (or delete it, so that readers use the previous complete version)")
+    return 1 if damaged else 0
+
+
 def _add_export_destination_args(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--base_path", default=None, metavar="DIR",
@@ -617,6 +637,11 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
                        p.add_argument("--snippet", type=int, default=160, help="characters of each block shown"))),
     "refresh-index": ("index builder: re-embed the corpus for each new retriever export (--watch: keep going)",
                       _cmd_refresh_index, _add_refresh_index_args),
+    "verify": ("check published artifacts (index versions, exports, served models, job outputs) file by file "
+               "against the SHA-256 digests in their markers; exit code 1 when one is damaged", _cmd_verify,
+               lambda p: p.add_argument("paths", nargs="+", metavar="PATH",
+                                        help="an artifact directory, or a directory of numbered versions of one "
+                                             "(each is checked)")),
 }
 
 

@@ -22,6 +22,9 @@ from typing import MutableMapping
 
 #: Where compiled XLA programs are kept between processes: ``$XDG_CACHE_HOME/realm_tf/xla``.
 XLA_CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "realm_tf", "xla")
+#: The cache is kept under this size (``REALM_TF_XLA_CACHE_MAX_MB``, default 2 GiB): each process start drops the
+#: least recently used programs beyond it, so a cache keyed by program shape cannot grow without bound.
+XLA_CACHE_MAX_BYTES = int(float(os.environ.get("REALM_TF_XLA_CACHE_MAX_MB", "2048")) * (1 << 20))
 
 # TensorFlow reads these when it creates its CPU allocator (at the first tensor) and its XLA flags (at the first
 # compiled function).
@@ -40,7 +43,36 @@ def apply(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
     environ = os.environ if environ is None else environ
     for name, value in DEFAULTS.items():
         environ.setdefault(name, value)
+    if environ["TF_XLA_FLAGS"] == DEFAULTS["TF_XLA_FLAGS"]:  # our cache (another one is its owner's to keep)
+        bound_cache(XLA_CACHE_DIR, XLA_CACHE_MAX_BYTES)
     return {name: environ[name] for name in DEFAULTS}
+
+
+def bound_cache(directory: str, max_bytes: int) -> list[str]:
+    """Deletes the least recently used files under ``directory`` (by access or modification time, whichever is
+    later) until the rest take at most ``max_bytes``; returns the paths deleted. Files that vanish meanwhile (a
+    concurrent process pruning too) are skipped; a missing directory is an empty cache."""
+    entries = []
+    for parent, _, names in os.walk(directory):
+        for name in names:
+            path = os.path.join(parent, name)
+            try:
+                stat = os.stat(path)
+            except FileNotFoundError:
+                continue
+            entries.append((max(stat.st_atime, stat.st_mtime), stat.st_size, path))
+    total = sum(size for _, size, _ in entries)
+    removed = []
+    for _, size, path in sorted(entries):
+        if total <= max_bytes:
+            break
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
+        total -= size
+        removed.append(path)
+    return removed
 
 
 def native_bfloat16(cpuinfo: str = "/proc/cpuinfo") -> bool:

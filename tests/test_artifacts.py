@@ -1,11 +1,14 @@
 """artifacts: a staged directory appears complete (marker last) or not at all; listing and pruning."""
+import hashlib
 import json
 import os
 import pathlib
+import re
 
 import pytest
 
 from realm_tf import artifacts
+from realm_tf import errors
 
 
 def _entries(path):
@@ -21,7 +24,8 @@ def test_staged_publishes_the_directory_with_its_marker_and_leaves_no_staging(tm
         staging.metadata = {"version": 4}
     assert _entries(tmp_path) == ["0000000004"]
     assert _entries(final) == ["index.json", "payload.bin"]
-    assert artifacts.read_marker(str(final), artifacts.INDEX) == {"version": 4}
+    marker = artifacts.read_marker(str(final), artifacts.INDEX)
+    assert marker == {"version": 4, "files": {"payload.bin": {"bytes": 3, "sha256": hashlib.sha256(b"abc").hexdigest()}}}
     assert artifacts.complete_versions(str(tmp_path), artifacts.INDEX) == {4: str(final)}
 
 
@@ -66,13 +70,13 @@ def test_a_complete_artifact_is_replaced_only_when_asked_and_an_incomplete_one_a
             staging.metadata = {"n": 2}
     with artifacts.staged(final, artifacts.OPEN_QA_EXPORT, replace=True) as staging:
         staging.metadata = {"n": 3}
-    assert artifacts.read_marker(final, artifacts.OPEN_QA_EXPORT) == {"n": 3}
+    assert artifacts.read_marker(final, artifacts.OPEN_QA_EXPORT) == {"n": 3, "files": {}}
     os.remove(os.path.join(final, artifacts.OPEN_QA_EXPORT))  # a crash left it without its marker
     with pytest.raises(FileNotFoundError, match="not a complete serving export"):
         artifacts.read_marker(final, artifacts.OPEN_QA_EXPORT, "serving export")
     with artifacts.staged(final, artifacts.OPEN_QA_EXPORT) as staging:
         staging.metadata = {"n": 4}
-    assert json.loads(open(os.path.join(final, artifacts.OPEN_QA_EXPORT)).read()) == {"n": 4}
+    assert json.loads(open(os.path.join(final, artifacts.OPEN_QA_EXPORT)).read()) == {"n": 4, "files": {}}
 
 
 def test_versions_list_only_complete_numeric_directories_and_pruning_keeps_the_protected(tmp_path):
@@ -128,3 +132,59 @@ def test_a_model_base_path_serves_its_newest_complete_version(tmp_path):
     assert artifacts.newest_complete(str(base), artifacts.OPEN_QA_EXPORT) == str(base / "2")
     assert artifacts.newest_complete(str(base / "1"), artifacts.OPEN_QA_EXPORT) == str(base / "1")  # one export
     assert artifacts.next_version_dir(str(base) + "/", artifacts.OPEN_QA_EXPORT) == str(base / "3")
+
+
+def _published(root, name="3"):
+    """A version holding a top-level file and a nested one, with its checksums in the marker."""
+    with artifacts.staged(str(root / name), artifacts.INDEX) as staging:
+        os.makedirs(os.path.join(staging.path, "searcher"))
+        with open(os.path.join(staging.path, "embeddings.npy"), "wb") as f:
+            f.write(bytes(range(256)) * 40)
+        with open(os.path.join(staging.path, "searcher", "tree.bin"), "wb") as f:
+            f.write(b"tree" * 100)
+        staging.metadata = {"version": int(name)}
+    return root / name
+
+
+def test_the_marker_lists_every_file_with_its_size_and_sha256(tmp_path):
+    version = _published(tmp_path)
+    files = json.loads((version / "index.json").read_text())["files"]
+    assert sorted(files) == ["embeddings.npy", os.path.join("searcher", "tree.bin")]
+    for relative, expected in files.items():  # against hashlib on the bytes on disk
+        data = (version / relative).read_bytes()
+        assert expected == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    assert artifacts.verify(str(version)) == [(str(version), [])]
+    assert artifacts.verify(str(tmp_path)) == [(str(version), [])]  # a directory of versions: each one
+
+
+@pytest.mark.parametrize("damage, found_on_load", [("truncate", True), ("delete", True), ("flip", False)])
+def test_a_damaged_file_is_named_on_load_or_by_verify(tmp_path, damage, found_on_load):
+    version = _published(tmp_path)
+    path = version / "searcher" / "tree.bin"
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[:50])
+    elif damage == "delete":
+        path.unlink()
+    else:  # one flipped bit: same size, so only the digest finds it
+        data = bytearray(path.read_bytes())
+        data[17] ^= 0x01
+        path.write_bytes(bytes(data))
+    if found_on_load:  # the cheap check on every load: sizes and presence
+        with pytest.raises(errors.UserError, match=re.escape(str(path))) as raised:
+            artifacts.read_marker(str(version), artifacts.INDEX, "index version")
+        assert "index version is damaged" in str(raised.value) and "delete" in str(raised.value)
+    else:
+        assert artifacts.read_marker(str(version), artifacts.INDEX)["version"] == 3
+    [(where, problems)] = artifacts.verify(str(version))
+    assert where == str(version) and len(problems) == 1 and problems[0].startswith(str(path))
+    assert {"truncate": "truncated", "delete": "missing", "flip": "corrupted"}[damage] in problems[0]
+
+
+def test_verify_reports_a_marker_without_checksums_and_refuses_a_directory_without_artifacts(tmp_path):
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "index.json").write_text(json.dumps({"version": 1}))
+    [(_, problems)] = artifacts.verify(str(tmp_path / "old"))
+    assert "without checksums" in problems[0]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no artifact here"):
+        artifacts.verify(str(tmp_path / "empty"))

@@ -46,3 +46,31 @@ def test_a_stage_in_a_child_process_returns_its_exit_code(capfd):
     assert "steps: 78" in capfd.readouterr().out
     assert cli.run_in_child(["config", "--config", "configs/tiny.yaml", "--set", "trainer.nope=1"]) == 2
     assert "unknown key 'trainer.nope'" in capfd.readouterr().err
+
+
+def test_verify_passes_a_clean_index_and_names_each_damaged_file(tmp_path, capsys):
+    import numpy as np
+
+    from realm_tf.index import brute_force_index
+    from realm_tf.index import index_publisher
+
+    embeddings = np.random.default_rng(0).normal(size=[30, 8]).astype(np.float32)  # [num_blocks, dim]
+    index = brute_force_index.BruteForceIndex()
+    index.build(embeddings)
+    for version in (1, 2):
+        index_publisher.publish(str(tmp_path), version, embeddings, index, {"vocab_hash": "v", "export_step": version,
+                                                                           "export_path": "none"}, 5)
+    capsys.readouterr()
+    assert cli.main(["verify", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("ok ") == 2 and "DAMAGED" not in out
+    damaged = tmp_path / "0000000002" / "embeddings.npy"
+    data = bytearray(damaged.read_bytes())
+    data[-3] ^= 0xFF  # same size: only the digest can tell
+    damaged.write_bytes(bytes(data))
+    assert cli.main(["verify", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert f"DAMAGED  {tmp_path / '0000000002'}" in out and str(damaged) in out and "corrupted" in out
+    assert f"ok       {tmp_path / '0000000001'}" in out
+    assert cli.main(["verify", str(tmp_path / "nothing")]) == 2  # no artifact there: a clear error, no traceback
+    assert "no artifact here" in capsys.readouterr().err

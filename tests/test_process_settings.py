@@ -58,3 +58,16 @@ def test_native_bfloat16_reads_the_cpu_flags(tmp_path):
     path.write_text("processor\t: 0\nflags\t\t: fpu amx_bf16 amx_tile\n")
     assert process_settings.native_bfloat16(str(path))
     assert not process_settings.native_bfloat16(str(tmp_path / "missing"))
+
+
+def test_the_compiled_program_cache_keeps_the_most_recently_used_under_its_bound(tmp_path):
+    (tmp_path / "sub").mkdir()
+    sizes = {"a": 400, "b": 300, "sub/c": 200, "d": 100}  # a is the least recently used, d the most
+    for age, (name, size) in enumerate(sizes.items()):
+        (tmp_path / name).write_bytes(b"x" * size)
+        os.utime(tmp_path / name, (1_000_000 + age, 1_000_000 + age))
+    assert process_settings.bound_cache(str(tmp_path), 1000) == []  # 1,000 bytes: already within
+    removed = process_settings.bound_cache(str(tmp_path), 350)  # keep 200 + 100: the two most recent
+    assert sorted(os.path.relpath(p, tmp_path) for p in removed) == ["a", "b"]
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == ["d", "sub/c"]
+    assert process_settings.bound_cache(str(tmp_path / "missing"), 0) == []

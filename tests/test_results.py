@@ -5,6 +5,7 @@ import os
 import pathlib
 import re
 import sys
+import tempfile
 
 import pytest
 
@@ -80,3 +81,12 @@ def test_no_result_or_notebook_entry_names_a_machine_path():
     for path in [BENCHMARKS / "RESULTS.md", *sorted((BENCHMARKS / "notebook").glob("*.md"))]:
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             assert not pattern.search(line), f"{path.name}:{number}: {line.strip()[:120]}"
+
+
+def test_the_recorded_command_names_no_machine_path():
+    repo = str(BENCHMARKS.parent)
+    command = result_records.invocation([f"{repo}/benchmarks/x.py", "--out", f"{repo}/runs/a", "--tmp",
+                                         f"{tempfile.gettempdir()}/scratch", "--data=/work/elsewhere/d.jsonl"])
+    assert command == (".venv/bin/python benchmarks/x.py --out runs/a --tmp '$TMPDIR/scratch' "
+                       "'--data=<local>/elsewhere/d.jsonl'")
+    result_records.validate(_record(command=command), "records/x.json")  # accepted

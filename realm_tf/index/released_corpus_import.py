@@ -125,7 +125,7 @@ def import_blocks(blocks_path: str, blocks_dir: str, tokenizer: bert_tokenizer.B
             "vocab_hash": tokenizer.vocab_hash, "lower_case": tokenizer.get_config()["lower_case"],
             "schema": sorted(example_schemas.block_feature_spec()), "seconds": round(time.time() - start, 1),
             "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    return staging.metadata
+    return artifacts.read_marker(final, artifacts.JOB_MANIFEST, "blocks directory")  # with its files' checksums
 
 
 def block_emb_shape(block_emb_path: str) -> tuple[str, tuple[int, int]]:

@@ -80,7 +80,7 @@ class Answerer:
                 import scann  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import  (ScaNN's ops)
             self.model = tf.saved_model.load(path)
             self._serve = self.model.signatures["serving_default"]
-        except (OSError, IndexError, ValueError, KeyError, tf.errors.OpError) as e:
+        except (errors.UserError, OSError, IndexError, ValueError, KeyError, tf.errors.OpError) as e:
             first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise errors.UserError(f"{path}: the Open-QA export cannot be loaded ({type(e).__name__}: {first_line}): "
                                    f"it is damaged. Export it again (realm-tf export), or delete {path} so that the "

@@ -351,3 +351,19 @@ def test_bad_arguments_are_clean_errors(tmp_path):
         preprocess_corpus.run(["--input", str(tmp_path / "c.jsonl"), "--output", str(tmp_path / "o"),
                                "--set", "data.max_block_length=4"])
     assert not (tmp_path / "o" / "manifest.json").exists()
+
+
+def test_a_corpus_already_in_the_output_is_replaced_only_with_overwrite(tmp_path):
+    (tmp_path / "c.jsonl").write_text('{"title": "t", "text": "one small passage"}\n')
+    out = tmp_path / "blocks"
+    args = ["--input", str(tmp_path / "c.jsonl"), "--output", str(out), "--set", "data.max_block_length=32",
+            "--progress_interval", "0"]
+    preprocess_corpus.run(args)
+    first = json.loads((out / "manifest.json").read_text())
+    (out / "versions" / "1").mkdir(parents=True)  # an update made on this corpus (update-corpus)
+    with pytest.raises(errors.UserError, match=r"already holds a preprocessed corpus and the updates made on it "
+                                               r"\(versions/.*--overwrite"):
+        preprocess_corpus.run(args)
+    assert json.loads((out / "manifest.json").read_text()) == first and (out / "versions" / "1").is_dir()  # kept
+    preprocess_corpus.run(args + ["--overwrite"])
+    assert (out / "manifest.json").exists() and not (out / "versions").exists()  # replaced, updates discarded

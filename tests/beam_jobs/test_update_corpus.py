@@ -190,10 +190,13 @@ def test_bad_requests_are_clear_errors_and_nothing_is_published(workspace):
         _update(root, "--delete", f"@{root}/missing.txt")
     assert index_publisher.complete_versions(f"{root}/index") == [0]
     assert corpus_versions.current_version(f"{root}/blocks") == 0
-    # Deleting only unknown ids still publishes (the same blocks) and reports every one.
+    # Deleting only unknown ids changes nothing: nothing is published, and every id is reported.
     summary = _update(root, "--delete", "nope-1,nope-2")
-    assert summary["dead_letters"]["unknown_id"] == 2 and summary["blocks"] == summary["blocks_kept"]
-    assert summary["blocks_embedded"] == 0
+    assert summary["published"] is False and summary["counters"]["dead_letters_unknown_id"] == 2
+    assert (summary["index_version"], summary["corpus_version"]) == (0, 0)
+    assert index_publisher.complete_versions(f"{root}/index") == [0]
+    assert corpus_versions.current_version(f"{root}/blocks") == 0
+    assert not [n for n in os.listdir(f"{root}/index") if n.startswith(".staging")]  # nothing left behind
 
 
 def _block(doc_id, index, text):

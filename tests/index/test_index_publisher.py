@@ -162,6 +162,16 @@ def test_a_truncated_embeddings_file_is_named_with_what_to_do(tmp_path):
     file = os.path.join(path, index_publisher.EMBEDDINGS_NPY)
     with open(file, "r+b") as f:
         f.truncate(os.path.getsize(file) - 17)
+    # index.json lists each file's size: the truncation is named on load, before numpy reads the file
+    with pytest.raises(errors.UserError, match=r"embeddings\.npy: \d+ bytes where \d+ were written \(truncated.*"
+                                               r"damaged.*delete"):
+        index_publisher.read_embeddings(path)
+    marker = os.path.join(path, "index.json")  # a version published without the file list: numpy's error, named
+    with open(marker, encoding="utf-8") as f:
+        meta = json.load(f)
+    del meta["files"]
+    with open(marker, "w", encoding="utf-8") as f:
+        json.dump(meta, f)
     with pytest.raises(errors.UserError, match=r"embeddings\.npy: cannot be read .*damaged.*delete"):
         index_publisher.read_embeddings(path)
 
