@@ -8,7 +8,8 @@ import sys
 from realm_tf import library_logs
 
 NOISE = ("failed call to cuInit", "Failed to import GCSFileSystem", "apitools not found",
-         "oneDNN supports DT_INT64 only on platforms with AVX-512")
+         "oneDNN supports DT_INT64 only on platforms with AVX-512", "Resource module is not available",
+         "Skipping loop optimization", "All log messages before absl::InitializeLog()")
 
 
 def test_native_lines_are_filtered_by_pattern_and_the_rest_is_written(capfd):
@@ -27,6 +28,7 @@ def test_python_noise_is_dropped_from_its_logger_only(caplog):
         logging.getLogger("apache_beam.io.filesystems").warning("Failed to import GCSFileSystem; skipped")
         logging.getLogger("apache_beam.io.filesystems").warning("a real filesystem warning")
         logging.warning("apitools not found, and bigquery client libraries are not available")
+        logging.warning("Resource module is not available for current platform, memory usage cannot be fetched.")
         logging.warning("something else on the root logger")
     assert [r.getMessage() for r in caplog.records] == ["a real filesystem warning",
                                                         "something else on the root logger"]
@@ -59,3 +61,15 @@ def test_the_environment_variable_keeps_everything(monkeypatch):
     monkeypatch.setenv(library_logs.VERBOSE_VARIABLE, "0")
     library_logs.quiet_known_noise(find_devices=False)
     assert len(root.filters) == 1
+
+
+def test_tensorflows_native_warnings_are_off_unless_the_environment_or_verbose_says_otherwise(monkeypatch):
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    monkeypatch.delenv(library_logs.VERBOSE_VARIABLE, raising=False)
+    library_logs.quiet_known_noise(verbose=True, find_devices=False)
+    assert "TF_CPP_MIN_LOG_LEVEL" not in os.environ  # --verbose: TensorFlow's own default
+    library_logs.quiet_known_noise(find_devices=False)
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "2"  # errors only
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
+    library_logs.quiet_known_noise(find_devices=False)
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0"  # the user's choice wins
