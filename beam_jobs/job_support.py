@@ -36,6 +36,9 @@ from realm_tf.data import corpus_versions
 from realm_tf.data import job_manifest
 
 logger = logging.getLogger(__name__)
+# Beam's worker processes import this module (through the job's transforms) without running a launcher: their
+# known-harmless library messages are dropped too (REALM_TF_VERBOSE=1 keeps them; TensorFlow is not imported here).
+library_logs.quiet_known_noise(find_devices=False)
 
 
 def resolve(args: argparse.Namespace, beam_args: Sequence[str]
