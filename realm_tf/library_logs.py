@@ -36,10 +36,6 @@ PYTHON_NOISE = (
     # there): logged on the root logger of each worker that loads a model
     ("", "Resource module is not available for current platform"),
 )
-#: TensorFlow's native log level in a quiet start (unless the environment sets one): its INFO and WARNING lines
-#: (grappler's notes on the graphs it optimises, absl's banner before its logging starts) are dropped at the
-#: source; its errors still show. Child processes (the demo's stages, Beam's workers) inherit it.
-NATIVE_LOG_LEVEL = ("TF_CPP_MIN_LOG_LEVEL", "2")
 #: Lines TensorFlow's native code writes to stderr while it looks for devices: a CUDA build finding no driver or
 #: no GPU, and oneDNN's note that int64 kernels need AVX-512 (an optimisation it skips, not an error).
 NATIVE_NOISE = (
@@ -80,14 +76,12 @@ def native_stderr_filtered(drop: Sequence[re.Pattern[str]]) -> Iterator[None]:
 
 
 def quiet_known_noise(verbose: bool = False, find_devices: bool = True) -> None:
-    """Drops :data:`PYTHON_NOISE` from the loggers that emit it, sets :data:`NATIVE_LOG_LEVEL` unless the environment
-    has a level, and (``find_devices``) imports TensorFlow and
+    """Drops :data:`PYTHON_NOISE` from the loggers that emit it, and (``find_devices``) imports TensorFlow and
     lists its devices with :data:`NATIVE_NOISE` dropped from what its native code prints, logging the CUDA
     devices it finds in one line. ``verbose`` (or :data:`VERBOSE_VARIABLE` set to 1): changes nothing, everything
     is shown."""
     if verbose or os.environ.get(VERBOSE_VARIABLE, "") not in ("", "0"):
         return
-    os.environ.setdefault(*NATIVE_LOG_LEVEL)  # before TensorFlow is first imported, which reads it
     by_logger: dict[str, list[str]] = {}
     for name, prefix in PYTHON_NOISE:
         by_logger.setdefault(name, []).append(prefix)

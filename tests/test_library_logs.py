@@ -8,8 +8,7 @@ import sys
 from realm_tf import library_logs
 
 NOISE = ("failed call to cuInit", "Failed to import GCSFileSystem", "apitools not found",
-         "oneDNN supports DT_INT64 only on platforms with AVX-512", "Resource module is not available",
-         "Skipping loop optimization", "All log messages before absl::InitializeLog()")
+         "oneDNN supports DT_INT64 only on platforms with AVX-512", "Resource module is not available")
 
 
 def test_native_lines_are_filtered_by_pattern_and_the_rest_is_written(capfd):
@@ -62,14 +61,3 @@ def test_the_environment_variable_keeps_everything(monkeypatch):
     library_logs.quiet_known_noise(find_devices=False)
     assert len(root.filters) == 1
 
-
-def test_tensorflows_native_warnings_are_off_unless_the_environment_or_verbose_says_otherwise(monkeypatch):
-    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
-    monkeypatch.delenv(library_logs.VERBOSE_VARIABLE, raising=False)
-    library_logs.quiet_known_noise(verbose=True, find_devices=False)
-    assert "TF_CPP_MIN_LOG_LEVEL" not in os.environ  # --verbose: TensorFlow's own default
-    library_logs.quiet_known_noise(find_devices=False)
-    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "2"  # errors only
-    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
-    library_logs.quiet_known_noise(find_devices=False)
-    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0"  # the user's choice wins

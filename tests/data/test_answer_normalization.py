@@ -81,3 +81,22 @@ def test_beatles_variants_normalize_equal():
     assert (answer_normalization.normalize_answer("The Beatles")
             == answer_normalization.normalize_answer("beatles")
             == answer_normalization.normalize_answer("the beatles!"))
+
+
+def test_normaliser_and_f1_equal_tf_models_copy_of_the_official_squad_script():
+    """tf-models ships the official SQuAD v1.1 evaluation (``official/nlp/tools/squad_evaluate_v1_1.py``): an
+    independent reference for the normaliser and the token F1 on real answers of the bundled questions."""
+    import gzip
+    import itertools
+    import json
+
+    from official.nlp.tools import squad_evaluate_v1_1 as official  # pylint: disable=protected-access
+
+    with gzip.open("data/open_qa/qa_squad_dev.jsonl.gz", "rt", encoding="utf-8") as f:
+        answers = [a for line in itertools.islice(f, 300) for a in json.loads(line)["answers"]]
+    answers += ["The Beatles", "1914–1918", "the.the", "Men 's hockey", "", "A a AN the"]
+    for answer in answers:
+        assert answer_normalization.normalize_answer(answer) == official._normalize_answer(answer)
+    for prediction, truth in zip(answers, answers[7:] + answers[:7]):
+        assert answer_normalization.f1_score(prediction, truth) == pytest.approx(official._f1_score(prediction, truth))
+        assert answer_normalization.f1_score(truth, truth) == pytest.approx(official._f1_score(truth, truth))
