@@ -8,7 +8,7 @@ STAMP := $(VENV)/.setup-$(SETUP_HASH)
 export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: venv test test-fast demo clean
+.PHONY: venv test test-fast lint build-file demo clean
 
 venv: $(STAMP)
 
@@ -24,8 +24,16 @@ $(STAMP): setup.py
 # out in collection order (tests/conftest.py puts the minutes-long end-to-end files first), not by test count.
 PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
-test: venv
+test: venv lint
 	$(PYTEST) tests
+
+# ruff (ruff.toml): pyflakes, pycodestyle and import order in the code's style; part of `make test`, so CI runs it.
+lint: venv
+	$(VENV)/bin/ruff check .
+
+# BUILD is generated from the imports (tests/import_graph.py); tests/test_imports.py fails when it is stale.
+build-file: venv
+	$(PY) tests/import_graph.py --write
 
 # The inner loop: everything but the end-to-end runs marked `slow` (CI runs `make test`).
 test-fast: venv

@@ -34,6 +34,8 @@ import uuid
 from typing import Any, Iterable, Iterator, Sequence
 
 import realm_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
+
+# isort: split
 import apache_beam as beam
 import numpy as np
 from apache_beam.io import filesystems

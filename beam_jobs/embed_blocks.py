@@ -30,8 +30,8 @@ After the pipeline has finished, the **launching process** reads the shards back
 works as well as local disk; :mod:`realm_tf.index.embedding_matrix`), orders the vectors by block_id into one matrix and
 checks that every id 0..N-1 is present exactly once (N from the blocks' ``manifest.json`` when there is
 one, else the largest id + 1). Any missing, duplicated or out-of-range id, or any failed block, refuses the
-publish with :class:`realm_tf.index.embedding_matrix.IncompleteEmbeddingsError` naming the ids (the shards are kept for inspection).
-Otherwise it builds the index (``index.kind``: ScaNN or brute force, with the config's ScaNN parameters) on
+publish with :class:`realm_tf.index.embedding_matrix.IncompleteEmbeddingsError` naming the ids (the shards are kept for
+inspection). Otherwise it builds the index (``index.kind``: ScaNN or brute force, with the config's ScaNN parameters) on
 the whole matrix, in the same process, and publishes it with
 :func:`realm_tf.index.index_publisher.publish` (staging + rename, ``index.json`` last), version = the
 export's step, with the export step/path, vocabulary hash, counts and timings in ``index.json``. By default
@@ -57,6 +57,8 @@ import uuid
 from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 import realm_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
+
+# isort: split
 import apache_beam as beam
 import numpy as np
 from apache_beam.io import filesystems
@@ -456,8 +458,8 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
             filesystems.FileSystems.delete([embeddings_dir])
         except Exception:  # pylint: disable=broad-except  # object stores have no directories to delete
             pass
-    summary = {**index_publisher.read_index_json(path), "index_path": path, "publish_seconds": round(publish_seconds, 3),
-               "total_seconds": round(time.time() - started, 3),
+    summary = {**index_publisher.read_index_json(path), "index_path": path,
+               "publish_seconds": round(publish_seconds, 3), "total_seconds": round(time.time() - started, 3),
                "embeddings_dir": embeddings_dir if keep_embeddings else None}
     logger.info("%s", format_summary(summary))
     return summary
@@ -487,7 +489,8 @@ def format_summary(summary: Mapping[str, Any]) -> str:
     rate = summary["num_blocks"] / summary["embed_seconds"] if summary["embed_seconds"] else 0.0
     return (f"embed_blocks: published index version {summary['version']} ({summary['kind']}, "
             f"{summary['num_blocks']:,} x {summary['dim']}) at {summary['index_path']}\n"
-            f"  export:   {summary['export_path']} (step {summary['export_step']}, vocab {summary['vocab_hash'][:12]})\n"
+            f"  export:   {summary['export_path']} (step {summary['export_step']}, "
+            f"vocab {summary['vocab_hash'][:12]})\n"
             f"  blocks:   {counts.get(BLOCKS_READ, 0):,} read, {counts.get(BLOCKS_EMBEDDED, 0):,} embedded, "
             f"{counts.get(BLOCKS_FAILED, 0):,} failed, {counts.get(BLOCKS_UNPARSEABLE, 0):,} unparseable; "
             f"{counts.get(BATCHES, 0):,} batches, {efficiency} of the padded wordpieces real\n"

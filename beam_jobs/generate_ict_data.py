@@ -30,6 +30,8 @@ import sys
 from typing import Iterator, Mapping, Sequence
 
 import realm_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
+
+# isort: split
 import apache_beam as beam
 
 from beam_jobs import job_flags

@@ -35,6 +35,8 @@ import time
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import realm_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
+
+# isort: split
 import apache_beam as beam
 import numpy as np
 from apache_beam.io import fileio

@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 
 from realm_tf.data import answer_normalization  # pylint: disable=wrong-import-position
 from realm_tf.data import span_annotators  # pylint: disable=wrong-import-position
+
 import result_records  # pylint: disable=wrong-import-position  (benchmarks/)
 
 _DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "data", "open_qa")

@@ -16,12 +16,15 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
+
+# isort: split
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from realm_tf import config as config_lib  # noqa: E402
 from realm_tf.layers import bert_tokenizer  # noqa: E402
 from realm_tf.tasks import open_qa  # noqa: E402
+
 import result_records  # noqa: E402  (benchmarks/)
 
 

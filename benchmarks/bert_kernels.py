@@ -30,17 +30,20 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.p
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
 
-import machine_reference  # noqa: E402  pylint: disable=wrong-import-position  (benchmarks/machine_reference.py)
 import realm_tf  # noqa: F401,E402  pylint: disable=wrong-import-position,unused-import  (TF env before TF loads)
+
+import machine_reference  # noqa: E402  pylint: disable=wrong-import-position  (benchmarks/machine_reference.py)
+
+# isort: split
 import numpy as np  # noqa: E402  pylint: disable=wrong-import-position
 import tensorflow as tf  # noqa: E402  pylint: disable=wrong-import-position
-from official.nlp.modeling import networks  # noqa: E402  pylint: disable=wrong-import-position
-
 import tf_keras  # noqa: E402  pylint: disable=wrong-import-position
+from official.nlp.modeling import networks  # noqa: E402  pylint: disable=wrong-import-position
 
 from realm_tf import config as config_lib  # noqa: E402  pylint: disable=wrong-import-position
 from realm_tf.layers import head_major_attention  # noqa: E402  pylint: disable=wrong-import-position
 from realm_tf.networks import bert_encoder  # noqa: E402  pylint: disable=wrong-import-position
+
 import result_records  # noqa: E402  pylint: disable=wrong-import-position  (benchmarks/)
 
 

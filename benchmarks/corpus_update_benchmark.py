@@ -25,7 +25,6 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
-
 from realm_tf import config as config_lib  # noqa: E402
 
 import result_records  # noqa: E402  (benchmarks/)

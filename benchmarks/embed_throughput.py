@@ -48,10 +48,13 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import realm_tf  # noqa: F401  pylint: disable=wrong-import-position,unused-import  (TF env before TF loads)
+
 import machine_reference  # noqa: E402  pylint: disable=wrong-import-position  (benchmarks/machine_reference.py)
 import op_profile  # noqa: E402  pylint: disable=wrong-import-position  (benchmarks/op_profile.py)
 import result_records  # noqa: E402  pylint: disable=wrong-import-position  (benchmarks/)
-import realm_tf  # noqa: F401  pylint: disable=wrong-import-position,unused-import  (TF env before TF loads)
+
+# isort: split
 import apache_beam as beam  # pylint: disable=wrong-import-position
 import numpy as np  # pylint: disable=wrong-import-position
 import tensorflow as tf  # pylint: disable=wrong-import-position
@@ -287,7 +290,8 @@ def main() -> None:
           f"{summary['dim']}); max |job - in-process| = {max_diff:.2e}; seconds: embed {job_embed:.1f}, assemble "
           f"{summary['assemble_seconds']:.2f}, build {summary['build_seconds']:.2f}")
     if ops:
-        print("op time of one profiled sorted pass, by op type (einsums by layer):\n" + op_profile.format_breakdown(ops))
+        print("op time of one profiled sorted pass, by op type (einsums by layer):\n"
+              + op_profile.format_breakdown(ops))
     if ceiling:
         print("TensorFlow float32 matmul at the encoder's shapes (a batch's mean wordpieces as rows), best of 5:")
         for name, rate, share in ceiling:

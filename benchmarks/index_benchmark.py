@@ -28,14 +28,16 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
-import realm_tf  # pylint: disable=wrong-import-position,unused-import  # sets TF env vars before TF loads
-from realm_tf import config  # pylint: disable=wrong-import-position
+import realm_tf  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
 
+# isort: split
 import numpy as np  # pylint: disable=wrong-import-position
 import tensorflow as tf  # pylint: disable=wrong-import-position
 
+from realm_tf import config  # pylint: disable=wrong-import-position
 from realm_tf.index import brute_force_index  # pylint: disable=wrong-import-position
 from realm_tf.index import scann_index  # pylint: disable=wrong-import-position
+
 import result_records  # pylint: disable=wrong-import-position  (benchmarks/)
 
 

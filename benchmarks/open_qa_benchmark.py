@@ -34,16 +34,18 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
+
+# isort: split
 import numpy as np  # noqa: E402
 
 from realm_tf import config as config_lib  # noqa: E402
 from realm_tf.index import index_publisher  # noqa: E402
-
-import result_records  # noqa: E402  (benchmarks/)
-import stages  # noqa: E402  (benchmarks/)
 from realm_tf.serving import answerer  # noqa: E402
 from realm_tf.tasks import answer_errors  # noqa: E402
 from realm_tf.tasks import open_qa  # noqa: E402
+
+import result_records  # noqa: E402  (benchmarks/)
+import stages  # noqa: E402  (benchmarks/)
 
 ROWS = ("exact_match", "f1", "regex_match", "reader_oracle", "accuracy@1", "accuracy@5", "accuracy@20",
         "accuracy@100")

@@ -15,6 +15,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from realm_tf.tasks import answer_errors  # noqa: E402
+
 import result_records  # noqa: E402  (benchmarks/)
 
 

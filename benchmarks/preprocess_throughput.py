@@ -21,10 +21,13 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir))
 
 import realm_tf  # noqa: F401,E402  pylint: disable=wrong-import-position
+
+# isort: split
 import apache_beam as beam  # noqa: E402  pylint: disable=wrong-import-position
 
 from beam_jobs import preprocess_corpus  # noqa: E402  pylint: disable=wrong-import-position
 from realm_tf.data import job_manifest  # noqa: E402  pylint: disable=wrong-import-position
+
 import result_records  # noqa: E402  pylint: disable=wrong-import-position  (benchmarks/)
 
 _CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "data", "open_qa",

@@ -31,6 +31,7 @@ from beam_jobs import generate_pretraining_data  # noqa: E402  pylint: disable=w
 from realm_tf import config as config_lib  # noqa: E402  pylint: disable=wrong-import-position
 from realm_tf.data import inverse_cloze_task as ict  # noqa: E402  pylint: disable=wrong-import-position
 from realm_tf.data import salient_span_masking  # noqa: E402  pylint: disable=wrong-import-position
+
 import result_records  # noqa: E402  pylint: disable=wrong-import-position  (benchmarks/)
 
 _REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)

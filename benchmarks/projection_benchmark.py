@@ -23,6 +23,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
+
+# isort: split
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -33,6 +35,7 @@ from realm_tf.models import knowledge_retriever  # noqa: E402
 from realm_tf.tasks import open_qa  # noqa: E402
 from realm_tf.tasks import projection_init  # noqa: E402
 from realm_tf.tasks import retrieval_metrics  # noqa: E402
+
 import result_records  # noqa: E402  (benchmarks/)
 
 

@@ -41,8 +41,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 from realm_tf import process_settings  # noqa: E402
 from realm_tf.tasks import answer_errors  # noqa: E402
-import result_records  # noqa: E402  (benchmarks/)
+
 import open_qa_benchmark  # noqa: E402  (benchmarks/)
+import result_records  # noqa: E402  (benchmarks/)
 import stages  # noqa: E402  (benchmarks/)
 
 LEVERS: dict[str, list[str]] = {

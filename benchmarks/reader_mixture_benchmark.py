@@ -12,8 +12,8 @@ questions, so that the choice is not made on the questions the demo reports.
         --temperatures 1.0 0.5 --reuse 1.0=runs/demo/reader --out runs/bench/mixture
 
 ``--all-nq`` reads every bundled NQ training question (the benchmark's reading set) instead of the workspace's
-sample of them. (``--reuse T=DIR``: a reader already trained with the workspace's stage at that temperature and step count, e.g. the
-demo's own at T = 1.) Stages resume (``<out>/stages.json``).
+sample of them. (``--reuse T=DIR``: a reader already trained with the workspace's stage at that temperature and step
+count, e.g. the demo's own at T = 1.) Stages resume (``<out>/stages.json``).
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 from realm_tf import config as config_lib  # noqa: E402
 from realm_tf.data import question_split  # noqa: E402
+
 import open_qa_benchmark  # noqa: E402  (benchmarks/)
 import result_records  # noqa: E402  (benchmarks/)
 import scalar_windows  # noqa: E402  (benchmarks/)

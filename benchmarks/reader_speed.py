@@ -19,9 +19,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
+
 import machine_reference  # noqa: E402  (benchmarks/machine_reference.py)
 import result_records  # noqa: E402  (benchmarks/)
-import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
+
+# isort: split
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -46,8 +49,8 @@ def main() -> int:
     rng = np.random.default_rng(0)
     base = config_lib.load_config(args.config)
     seq = base.model.reader_seq_length
-    print(f"numpy sgemm: {machine_reference.sgemm_gflops():.0f} GFLOP/s; rows {args.questions} x {args.beam}, reader_seq_length {seq}",
-          flush=True)
+    print(f"numpy sgemm: {machine_reference.sgemm_gflops():.0f} GFLOP/s; rows {args.questions} x {args.beam}, "
+          f"reader_seq_length {seq}", flush=True)
     batches, static_batches = [], []
     for _ in range(args.repeats + 1):
         rows = np.minimum(rng.choice(lengths, args.questions * args.beam) + 12 + 4, seq)  # [rows]

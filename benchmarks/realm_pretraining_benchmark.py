@@ -24,11 +24,14 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
+
+# isort: split
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from realm_tf import config as config_lib  # noqa: E402
 from realm_tf.tasks import realm_pretraining  # noqa: E402
+
 import result_records  # noqa: E402  (benchmarks/)
 
 CURVES = ("loss", "mlm_accuracy", "retrieval_utility", "null_probability", "query_similarity", "off_policy_delay_steps",
@@ -109,7 +112,8 @@ def main() -> int:
               f"{e['log_likelihood']:.3f} vs {e['log_likelihood_null_only']:.3f}; retrieval utility "
               f"{e['retrieval_utility']:.4f}; masked span in the top-1 retrieved block {e['span_recall_top1']:.3f}, "
               f"in any {e['span_recall']:.3f}; MLM accuracy on the examples with the span in a retrieved block "
-              f"{e['mlm_accuracy_span_retrieved']:.4f} with retrieval vs {e['mlm_accuracy_null_only_span_retrieved']:.4f}")
+              f"{e['mlm_accuracy_span_retrieved']:.4f} with retrieval vs "
+              f"{e['mlm_accuracy_null_only_span_retrieved']:.4f}")
         helps = e["mlm_accuracy"] > e["mlm_accuracy_null_only"] and e["log_likelihood"] > e["log_likelihood_null_only"]
         figure = (f"{e['num_examples']} held-out examples: MLM accuracy {e['mlm_accuracy']:.2%} with retrieval vs "
                   f"{e['mlm_accuracy_null_only']:.2%} null document only; log-likelihood {e['log_likelihood']:.3f} vs "

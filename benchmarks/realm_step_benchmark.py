@@ -38,8 +38,10 @@ import result_records  # noqa: E402  (benchmarks/)
 import setting_runs  # noqa: E402  (benchmarks/setting_runs.py)
 
 SETTINGS = {
-    "before": (["model.reader_length_buckets=1", "model.candidate_length_buckets=1"], {"TF_CPU_ALLOCATOR_USE_BFC": "false"}),
-    "buckets": (["model.reader_length_buckets=4", "model.candidate_length_buckets=4"], {"TF_CPU_ALLOCATOR_USE_BFC": "false"}),
+    "before": (["model.reader_length_buckets=1", "model.candidate_length_buckets=1"],
+               {"TF_CPU_ALLOCATOR_USE_BFC": "false"}),
+    "buckets": (["model.reader_length_buckets=4", "model.candidate_length_buckets=4"],
+                {"TF_CPU_ALLOCATOR_USE_BFC": "false"}),
     "after": (["model.reader_length_buckets=4", "model.candidate_length_buckets=4"], {}),
 }
 
@@ -58,7 +60,8 @@ def step_flops(batch: dict, cfg, mode: str) -> float:
     import numpy as np
 
     e = cfg.model.encoder
-    buckets = {"query_": 1, "candidates_": cfg.model.candidate_length_buckets, "reader_": cfg.model.reader_length_buckets}
+    buckets = {"query_": 1, "candidates_": cfg.model.candidate_length_buckets,
+               "reader_": cfg.model.reader_length_buckets}
     total = 0.0
     for prefix, groups in buckets.items():
         mask = np.asarray(batch[prefix + "input_mask"])
@@ -78,6 +81,7 @@ def step_flops(batch: dict, cfg, mode: str) -> float:
 def collect(args: argparse.Namespace, path: str) -> None:
     """Draws ``--steps + 1`` training batches from the workspace's pipeline into ``path`` (npz)."""
     import numpy as np
+
     import realm_tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
     from realm_tf import config as config_lib
     from realm_tf.index import refresh_supervisor
@@ -119,6 +123,7 @@ def run_setting(args: argparse.Namespace, name: str, path: str) -> dict:
 
     process_settings.apply()
     import tensorflow as tf
+
     from realm_tf import config as config_lib
     from realm_tf.tasks import optimizer as optimizer_lib
     from realm_tf.tasks import realm_pretraining
@@ -192,15 +197,18 @@ def main() -> int:
             command.append("--profile")
         r = setting_runs.run(command, env, f"setting {name}")
         sgemm = sum(r["sgemm_gflops"]) / 2
+        cpu_seconds = r["user_seconds_per_step"] + r["system_seconds_per_step"]
         print(f"{name:8s} {' '.join(overrides)} {r['env']}\n"
               f"  {r['seconds_per_step']:.2f} s/step (first step with its trace {r['first_step_seconds']:.1f} s); "
               f"CPU per step: user {r['user_seconds_per_step']:.2f} s, system {r['system_seconds_per_step']:.2f} s "
-              f"({100 * r['system_seconds_per_step'] / max(r['user_seconds_per_step'] + r['system_seconds_per_step'], 1e-9):.1f}%); "
+              f"({100 * r['system_seconds_per_step'] / max(cpu_seconds, 1e-9):.1f}%); "
               f"minor faults/step {r['minor_faults_per_step']:,.0f}; max RSS {r['max_rss_gb']:.2f} GB\n"
               f"  FLOPs/step: padded {r['padded_tflop']:.3f} T, executed {r['executed_tflop']:.3f} T, "
               f"useful {r['useful_tflop']:.3f} T; "
-              f"sgemm {r['sgemm_gflops'][0]:.0f}/{r['sgemm_gflops'][1]:.0f} GFLOP/s ({r['sgemm_kernel']}) -> floor {r['useful_tflop'] * 1e3 / sgemm:.2f} s "
-              f"(useful FLOPs at the sgemm rate; executed: {r['executed_tflop'] * 1e3 / sgemm:.2f} s); achieved {r['useful_tflop'] * 1e3 / r['seconds_per_step']:.0f} useful GFLOP/s "
+              f"sgemm {r['sgemm_gflops'][0]:.0f}/{r['sgemm_gflops'][1]:.0f} GFLOP/s ({r['sgemm_kernel']}) "
+              f"-> floor {r['useful_tflop'] * 1e3 / sgemm:.2f} s "
+              f"(useful FLOPs at the sgemm rate; executed: {r['executed_tflop'] * 1e3 / sgemm:.2f} s); "
+              f"achieved {r['useful_tflop'] * 1e3 / r['seconds_per_step']:.0f} useful GFLOP/s "
               f"= {100 * r['useful_tflop'] * 1e3 / r['seconds_per_step'] / sgemm:.0f}% of sgemm", flush=True)
         if r.get("ops"):
             print("  op time over 2 profiled steps, by op type:\n" + op_profile.format_breakdown(r["ops"]), flush=True)

@@ -26,6 +26,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
+
+# isort: split
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tensorflow_text  # noqa: E402,F401  (registers the tokenizer ops of the SavedModel)
@@ -38,6 +40,7 @@ from realm_tf.index import brute_force_index  # noqa: E402
 from realm_tf.index import index_publisher  # noqa: E402
 from realm_tf.serving import retriever_export  # noqa: E402
 from realm_tf.tasks import retrieval_metrics  # noqa: E402
+
 import result_records  # noqa: E402  (benchmarks/)
 
 

@@ -21,6 +21,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
+
+# isort: split
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
@@ -29,6 +31,7 @@ from realm_tf.data import block_store  # noqa: E402
 from realm_tf.data import example_schemas  # noqa: E402
 from realm_tf.layers import bert_tokenizer  # noqa: E402
 from realm_tf.tasks import realm_pretraining  # noqa: E402
+
 import result_records  # noqa: E402  (benchmarks/)
 
 

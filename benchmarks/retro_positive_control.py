@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 from realm_tf import config as config_lib  # noqa: E402
+
 import result_records  # noqa: E402  (benchmarks/)
 import stages  # noqa: E402  (benchmarks/)
 
@@ -38,6 +39,7 @@ RETRO_SETTINGS = ["retro.chunk_length=8", "retro.continuation_length=8", "retro.
 def tiny_embedder(path: str, cfg: config_lib.ExperimentConfig) -> str:
     """A fixed random BERT of the config's size (the chunk keys; forced neighbours do not depend on them)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
     from realm_tf.networks import bert_encoder  # pylint: disable=import-outside-toplevel
     from realm_tf.networks import bert_weight_import  # pylint: disable=import-outside-toplevel
 

@@ -43,6 +43,7 @@ def _questions(path: str, count: int) -> list[str]:
 
 def run_child(args: argparse.Namespace) -> dict:
     import numpy as np
+
     import realm_tf  # noqa: F401  (TF_USE_LEGACY_KERAS before TensorFlow)
     from realm_tf import process_settings
 
@@ -109,7 +110,8 @@ def _parse_env(text: str) -> tuple[str, dict[str, str]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--export", action="append", default=[], metavar="NAME=DIR", help="an export to time (repeatable)")
+    parser.add_argument("--export", action="append", default=[], metavar="NAME=DIR",
+                        help="an export to time (repeatable)")
     parser.add_argument("--questions", required=True, help="questions JSONL ({question, answers})")
     parser.add_argument("--count", type=int, default=100)
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VAR=VALUE[,VAR=VALUE]",
@@ -146,8 +148,8 @@ def main() -> int:
                       f"{r['warmup_ms']:6.0f} ms; first {r['requests']} questions: first {r['first_ms']:5.0f} ms, "
                       f"p50 {r['p50']:5.0f} ms, max {r['max']:5.0f} ms, {r['over_500_ms']} over 500 ms", flush=True)
                 continue
-            print(f"{name:14s} {env_name:22s} p50 {r['p50']:6.0f} ms  p99 {r['p99']:6.0f} ms  mean {r['mean']:6.0f} ms  "
-                  f"CPU/request user {r['user_ms']:.0f} ms system {r['system_ms']:.0f} ms; "
+            print(f"{name:14s} {env_name:22s} p50 {r['p50']:6.0f} ms  p99 {r['p99']:6.0f} ms  "
+                  f"mean {r['mean']:6.0f} ms  CPU/request user {r['user_ms']:.0f} ms system {r['system_ms']:.0f} ms; "
                   f"faults/request {r['minor_faults']:,.0f}; max RSS {r['max_rss_gb']:.2f} GB; "
                   f"sgemm {r['sgemm'][0]:.0f}/{r['sgemm'][1]:.0f} GFLOP/s ({r['kernel']}) {env or ''}", flush=True)
             if r.get("ops"):

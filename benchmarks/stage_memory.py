@@ -2,8 +2,9 @@
 
 Runs one ``realm-tf`` command in a child process, samples its resident set (``VmRSS`` of the child and of every
 process it started, summed: ``realm-tf demo`` runs each stage in a process of its own) every ``--interval``
-seconds, and stamps each line it logs. Prints the log lines that match ``--marks`` with the RSS at that moment, the RSS timeline, the peak and when it came, and the child's CPU and page-fault totals
-(``getrusage``), so that a peak can be put on a phase of the stage (start-up, tracing, the first step).
+seconds, and stamps each line it logs. Prints the log lines that match ``--marks`` with the RSS at that moment, the RSS
+timeline, the peak and when it came, and the child's CPU and page-fault totals (``getrusage``), so that a peak can be
+put on a phase of the stage (start-up, tracing, the first step).
 
     .venv/bin/python benchmarks/stage_memory.py --cwd /tmp/ws19 -- pretrain --config runs/demo/params.yaml \\
         --set trainer.model_dir=/tmp/memtest/s

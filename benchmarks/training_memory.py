@@ -29,11 +29,12 @@ import sys
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+import tensorflow as tf  # noqa: E402
+import tqdm  # noqa: E402
+
 from realm_tf import cli  # noqa: E402  (after TF_USE_LEGACY_KERAS)
 from realm_tf import process_settings  # noqa: E402
 from realm_tf.tasks import training_loop  # noqa: E402
-import tensorflow as tf  # noqa: E402
-import tqdm  # noqa: E402
 
 
 class _Mallinfo2(ctypes.Structure):

@@ -158,8 +158,8 @@ def _cmd_evaluate_lm(args: argparse.Namespace) -> int:
                                     split=args.split, database=args.database, neighbours=not args.retrieval_off,
                                     knn=args.knn, documents=args.documents)
     if args.documents:
-        print(f"{result['documents']} documents of {args.documents} ({result['document_chunks']} chunks); withheld from the "
-              f"database as copies of them: {len(result['withheld'])}")
+        print(f"{result['documents']} documents of {args.documents} ({result['document_chunks']} chunks); "
+              f"withheld from the database as copies of them: {len(result['withheld'])}")
     for alpha, bpb in result["bpb"].items():
         knn = f", with kNN-LM {result['knn_bpb'][alpha]:.4f}" if args.knn else ""
         print(f"alpha <= {alpha}: bpb {bpb:.4f} over {result['chunks'][alpha]} chunks{knn}")
@@ -442,7 +442,8 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int],
              lambda p: (_add_config_args(p),
                         p.add_argument("--workdir", default="runs/demo", help="output directory (recreated)"),
                         p.add_argument("--questions", type=int, default=800,
-                                       help="bundled questions used; the corpus is their gold passages + as many others"),
+                                       help="bundled questions used; the corpus is their gold passages + as many "
+                                            "others"),
                         p.add_argument("--pretrain-steps", dest="pretrain_steps", type=int,
                                        help="REALM pre-training steps (default: the demo's)"),
                         p.add_argument("--reader-steps", dest="reader_steps", type=int,

@@ -555,7 +555,8 @@ def _check_lengths(cfg: ExperimentConfig, source: str, lines: Mapping[str, int])
                           f"{cfg.retro.own_neighbour_rate} must be in [0, 1]")
     if cfg.retro.sequence_length % cfg.retro.chunk_length:
         raise ConfigError(f"{_where(source, lines, 'retro.sequence_length')}: retro.sequence_length="
-                          f"{cfg.retro.sequence_length} is not a multiple of retro.chunk_length={cfg.retro.chunk_length}")
+                          f"{cfg.retro.sequence_length} is not a multiple of "
+                          f"retro.chunk_length={cfg.retro.chunk_length}")
     for key, length in (("model.query_seq_length", model.query_seq_length),
                         ("model.block_seq_length", model.block_seq_length),
                         ("model.reader_seq_length", model.reader_seq_length),

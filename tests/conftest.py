@@ -74,11 +74,11 @@ def pretraining_workspace(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_bert_checkpoint(tmp_path_factory):
     """A TF checkpoint prefix of a (random) tiny-config BERT: fixed weights every process can restore."""
+    import tensorflow as tf
+
     from realm_tf import config
     from realm_tf.networks import bert_encoder
     from realm_tf.networks import bert_weight_import
-
-    import tensorflow as tf
 
     encoder = bert_encoder.build_bert_encoder(config.load_config(TINY).model.encoder)
     bert_weight_import.ensure_built(encoder)

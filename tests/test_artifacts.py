@@ -25,7 +25,8 @@ def test_staged_publishes_the_directory_with_its_marker_and_leaves_no_staging(tm
     assert _entries(tmp_path) == ["0000000004"]
     assert _entries(final) == ["index.json", "payload.bin"]
     marker = artifacts.read_marker(str(final), artifacts.INDEX)
-    assert marker == {"version": 4, "files": {"payload.bin": {"bytes": 3, "sha256": hashlib.sha256(b"abc").hexdigest()}}}
+    assert marker == {"version": 4,
+                      "files": {"payload.bin": {"bytes": 3, "sha256": hashlib.sha256(b"abc").hexdigest()}}}
     assert artifacts.complete_versions(str(tmp_path), artifacts.INDEX) == {4: str(final)}
 
 

@@ -19,8 +19,8 @@ import threading
 import time
 from typing import Sequence
 
-from realm_tf import config as config_lib
 from realm_tf import artifacts
+from realm_tf import config as config_lib
 from realm_tf.index import index_publisher
 
 logger = logging.getLogger(__name__)

@@ -154,7 +154,8 @@ class BertTokenizer(tf_keras.layers.Layer):
         second = _truncate(second, keep_b)
         return self._pack([first, second], seq_length if pad_to_seq_length else None)
 
-    def pack_single(self, ids: tf.RaggedTensor, seq_length: int, pad_to_seq_length: bool = True) -> dict[str, tf.Tensor]:
+    def pack_single(self, ids: tf.RaggedTensor, seq_length: int,
+                    pad_to_seq_length: bool = True) -> dict[str, tf.Tensor]:
         """``[CLS] ids [SEP]`` padded or truncated to ``seq_length`` (a query x on its own)."""
         ids = self._as_ids(ids)  # [batch, (len)]
         keep = tf.minimum(tf.cast(ids.row_lengths(), tf.int32), seq_length - 2)  # [batch]

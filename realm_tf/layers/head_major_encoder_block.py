@@ -13,9 +13,9 @@ are the block's own, and so is every output up to float rounding.
 """
 from __future__ import annotations
 
-from official.nlp.modeling import layers
 import tensorflow as tf
 import tf_keras
+from official.nlp.modeling import layers
 
 from realm_tf.layers import fused_layer_normalization
 from realm_tf.layers import head_major_attention

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from official.nlp.modeling import layers
 import tensorflow as tf
 import tf_keras
+from official.nlp.modeling import layers
 
 from realm_tf import config as config_lib
 from realm_tf.networks import bert_encoder
 from realm_tf.networks import bert_weight_import
 from realm_tf.networks import length_buckets
+
 
 class KnowledgeAugmentedEncoder(tf_keras.Model):
     """BERT over join_BERT(x, z) with a tied masked-LM head.

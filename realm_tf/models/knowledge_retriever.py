@@ -22,6 +22,7 @@ from realm_tf.networks import bert_encoder
 from realm_tf.networks import bert_weight_import
 from realm_tf.networks import embedder
 
+
 class KnowledgeRetriever(tf_keras.Model):
     """Embed_input and Embed_doc, and the relevance scores between them.
 
@@ -69,12 +70,14 @@ class KnowledgeRetriever(tf_keras.Model):
                                  length_buckets=length_buckets)
 
     def score(self, query_embedding: tf.Tensor, doc_embeddings: tf.Tensor) -> tf.Tensor:
-        """Retrieval logits f(x, z) / τ ``[batch, k]`` of ``[batch, dim]`` queries against ``[batch, k, dim]`` blocks."""
+        """Retrieval logits f(x, z) / τ ``[batch, k]`` of ``[batch, dim]`` queries against ``[batch, k, dim]``
+        blocks."""
         return tf.einsum("bd,bkd->bk", query_embedding, doc_embeddings) / self.temperature  # [batch, k]
 
     def call(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> dict[str, tf.Tensor]:
         query = {k: inputs["query_" + k] for k in bert_encoder.INPUT_KEYS}  # each [batch, query_len]
-        candidates = {k: inputs["candidates_" + k] for k in bert_encoder.INPUT_KEYS}  # each [batch, num_cand, block_len]
+        candidates = {k: inputs["candidates_" + k]
+                      for k in bert_encoder.INPUT_KEYS}  # each [batch, num_cand, block_len]
         shape = tf.shape(candidates["input_word_ids"])
         batch, num_candidates, block_len = shape[0], shape[1], shape[2]
         flat = {k: tf.reshape(v, [batch * num_candidates, block_len]) for k, v in candidates.items()}

@@ -26,8 +26,8 @@ from typing import Any, Mapping
 import tensorflow as tf
 import tf_keras
 
-from realm_tf.layers import bert_tokenizer
 from realm_tf.data import knowledge_corpus
+from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_retriever
 from realm_tf.models import span_reader
 from realm_tf.networks import bert_encoder

@@ -20,6 +20,7 @@ from realm_tf.models import knowledge_augmented_encoder
 from realm_tf.models import knowledge_retriever
 from realm_tf.networks import bert_encoder
 
+
 class RealmPretrainer(tf_keras.Model):
     """Knowledge retriever + knowledge-augmented encoder over k candidates per query.
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from official.nlp.modeling import networks
 import tensorflow as tf
 import tf_keras
+from official.nlp.modeling import networks
 
 from realm_tf import config as config_lib
 from realm_tf.layers import fused_layer_normalization

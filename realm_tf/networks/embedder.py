@@ -15,7 +15,7 @@ import tensorflow as tf
 import tf_keras
 
 from realm_tf import config as config_lib
-from realm_tf.networks import bert_encoder
+from realm_tf.networks import bert_encoder  # noqa: F401  (registers BertEncoder for from_config)
 from realm_tf.networks import length_buckets as length_buckets_lib
 
 

@@ -10,9 +10,9 @@ use one group with ``data.static_padding``.
 
 With ``compiled`` (``model.compiled_inference``), inference (``training`` false) runs BERT as one XLA program
 (``jit_compile``): the layer norms, GELUs, softmaxes and bias additions around the matmuls are fused instead of
-being one kernel and one memory pass each, which on CPU is a quarter of BERT's forward time (``benchmarks/bert_kernels.py``). XLA
-compiles one program per input shape, so a compiled group's length is rounded up to a multiple of
-:data:`LENGTH_MULTIPLE` and every group has the same number of rows (the last one padded with empty
+being one kernel and one memory pass each, which on CPU is a quarter of BERT's forward time
+(``benchmarks/bert_kernels.py``). XLA compiles one program per input shape, so a compiled group's length is rounded up
+to a multiple of :data:`LENGTH_MULTIPLE` and every group has the same number of rows (the last one padded with empty
 rows): a few programs serve every batch. Training never compiles (dropout's random numbers are not cheaper
 under XLA, and a step's shapes vary more).
 

@@ -10,7 +10,8 @@ NLL (nats) and the UTF-8 bytes they add to the detokenised text (``retro_sequenc
     bpb(S) = Σ_{C ∈ S} NLL(C) / (ln 2 · Σ_{C ∈ S} bytes(C))
 
 over the chunks S whose overlap with their 10 nearest database neighbours, r(C) = max_N |LCS(C, N)| / |C| (m for
-every chunk but a document's shorter last one), is at most α (§2.6: α = 1 keeps every chunk; small α keeps only chunks that were not copied from the database).
+every chunk but a document's shorter last one), is at most α (§2.6: α = 1 keeps every chunk; small α keeps only chunks
+that were not copied from the database).
 """
 from __future__ import annotations
 

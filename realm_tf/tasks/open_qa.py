@@ -30,10 +30,10 @@ from realm_tf.data import answer_normalization
 from realm_tf.data import block_store as block_store_lib
 from realm_tf.data import corpus_versions
 from realm_tf.data import document_files
+from realm_tf.data import knowledge_corpus
 from realm_tf.data import question_split
 from realm_tf.index import index_publisher
 from realm_tf.layers import bert_tokenizer
-from realm_tf.data import knowledge_corpus
 from realm_tf.models import knowledge_retriever
 from realm_tf.models import open_qa_model
 from realm_tf.models import span_reader
@@ -108,7 +108,8 @@ def select_split(examples: Sequence[QaExample], split: str, data: config_lib.Dat
 
 
 def load_corpus(cfg: config_lib.ExperimentConfig, tokenizer: bert_tokenizer.BertTokenizer,
-                index_dir: str | None = None) -> tuple[knowledge_corpus.KnowledgeCorpus, block_store_lib.BlockStore, dict]:
+                index_dir: str | None = None) -> tuple[knowledge_corpus.KnowledgeCorpus, block_store_lib.BlockStore,
+                                                       dict]:
     """The in-graph corpus from the newest complete index version's ``embeddings.npy`` and the blocks of the
     corpus version it was built over (``index.json``: ``corpus_version``)."""
     path, meta = index_publisher.newest_version(index_dir or cfg.index.index_dir, tokenizer.vocab_hash)

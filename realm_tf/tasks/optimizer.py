@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Sequence
 
-from official.modeling import optimization
-from official.modeling.optimization import legacy_adamw
 import tensorflow as tf
 import tf_keras
+from official.modeling import optimization
+from official.modeling.optimization import legacy_adamw
 
 from realm_tf import config as config_lib
 

@@ -5,8 +5,8 @@ bfloat16 (Micikevicius et al., 2018, "Mixed Precision Training"; bfloat16 keeps 
 loss scaling is needed). On TPUs this is the usual setting; on CPUs with AVX-512 BF16 instructions oneDNN's
 bfloat16 matmuls run about twice as fast as float32's, and a MiniLM training step about 1.2×
 (``benchmarks/reader_mixture_benchmark.py``). Checkpoints hold float32 variables either way, so a run trained in
-one precision is evaluated, exported and resumed in the other. Only training uses it: ``evaluate``, ``export`` and the index's
-embeddings stay float32.
+one precision is evaluated, exported and resumed in the other. Only training uses it: ``evaluate``, ``export`` and the
+index's embeddings stay float32.
 """
 from __future__ import annotations
 

@@ -29,7 +29,6 @@ from realm_tf import config as config_lib
 from realm_tf.data import block_store
 from realm_tf.data import corpus_versions
 from realm_tf.data import example_schemas
-from realm_tf.tasks import retrieval_augmented_input
 from realm_tf.index import index_publisher
 from realm_tf.index import refresh_supervisor
 from realm_tf.models import knowledge_augmented_encoder
@@ -40,6 +39,7 @@ from realm_tf.tasks import base_task
 from realm_tf.tasks import experiment
 from realm_tf.tasks import mlm_head_warmup
 from realm_tf.tasks import realm_loss
+from realm_tf.tasks import retrieval_augmented_input
 from realm_tf.tasks import tracing
 from realm_tf.tasks import training_loop
 from realm_tf.tasks import warm_start
@@ -253,7 +253,8 @@ class RealmPretrainingTask(base_task.Task):
         return result
 
     def evaluate(self, model: realm_pretrainer.RealmPretrainer, dataset: tf.data.Dataset) -> dict[str, float]:
-        """Held-out scores (``dataset``: ``(features, labels)`` batches) of the marginal model and of the same model reading only the null document.
+        """Held-out scores (``dataset``: ``(features, labels)`` batches) of the marginal model and of the same model
+        reading only the null document.
 
         Returns ``mlm_accuracy`` (marginal over the k candidates), ``mlm_accuracy_null_only`` (k = 1: ∅ alone),
         ``retrieval_utility``, ``log_likelihood`` and ``log_likelihood_null_only`` (per example),

@@ -212,7 +212,8 @@ class RetrievalAugmentedInput:
             self.stats.retrieval_seconds += time.perf_counter() - start
         return {
             "query_ids": query_ids.with_row_splits_dtype(tf.int64),
-            "mask_positions": tf.cast(records[example_schemas.MASK_POSITIONS], tf.int32).with_row_splits_dtype(tf.int64),
+            "mask_positions": tf.cast(records[example_schemas.MASK_POSITIONS],
+                                      tf.int32).with_row_splits_dtype(tf.int64),
             "target_ids": tf.cast(records[example_schemas.TARGET_IDS], tf.int32).with_row_splits_dtype(tf.int64),
             "candidate_title_ids": _ragged(titles),  # [batch * k, (len)]
             "candidate_body_ids": _ragged(bodies),  # [batch * k, (len)]

@@ -163,7 +163,8 @@ def test_two_updates_compose_and_the_loader_and_the_next_refresh_pick_them_up(wo
     assert FACT["id"] not in blocks.doc_ids and "fact-2" in blocks.doc_ids
     assert not set(removed_ids) & set(blocks.doc_ids)
     assert _block_rows(_pattern(root, 2)) == sorted(_block_rows(_pattern(root, 0), ignore=removed_ids) +
-                                                    _block_rows(_pattern(root, 2), ignore=set(blocks.doc_ids) - {"fact-2"}))
+                                                    _block_rows(_pattern(root, 2),
+                                                                ignore=set(blocks.doc_ids) - {"fact-2"}))
     full = embed_blocks.embed_and_publish(cfg, f"{root}/export/0", index_dir=f"{root}/full", blocks=_pattern(root, 2))
     np.testing.assert_allclose(_matrix(root, 2), index_publisher.read_embeddings(full["index_path"]), atol=1e-5)
 

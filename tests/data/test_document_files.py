@@ -26,7 +26,8 @@ def test_jsonl_documents_keep_their_ids_and_titles_gzip_too(tmp_path):
                          document_files.Document(f"{path}:2", "", "No id here.")]
 
 
-@pytest.mark.parametrize("line, message", [("{oops", "not valid JSON"), ('{"text": ""}', "needs a non-empty string 'text'"),
+@pytest.mark.parametrize("line, message", [("{oops", "not valid JSON"),
+                                           ('{"text": ""}', "needs a non-empty string 'text'"),
                                            ('["a"]', "needs a non-empty string 'text'"),
                                            ('{"text": "x", "title": 3}', "'title' must be a string")])
 def test_a_malformed_line_names_file_and_line(tmp_path, line, message):

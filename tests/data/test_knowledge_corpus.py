@@ -6,8 +6,8 @@ import tensorflow as tf
 
 from realm_tf import config
 from realm_tf.data import block_store
-from realm_tf.layers import bert_tokenizer
 from realm_tf.data import knowledge_corpus
+from realm_tf.layers import bert_tokenizer
 
 TITLES = ["Alpha", "Beta Gamma", "Delta"]
 TEXTS = ["The river flows North into the sea.", "Many cities line the long coast of the island.",

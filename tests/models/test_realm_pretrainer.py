@@ -49,7 +49,8 @@ def test_outputs_and_gradients_reach_every_tower():
     single = model.encoder({**{k: inputs["reader_" + k][0] for k in ("input_word_ids", "input_mask", "input_type_ids")},
                             "masked_positions": tf.tile(inputs["masked_positions"][:1], [3, 1])})["mlm_logits"]
     np.testing.assert_allclose(out["mlm_logits"].numpy()[0], single.numpy(), atol=1e-4)
-    q = model.retriever.embed_queries({k: inputs["query_" + k] for k in ("input_word_ids", "input_mask", "input_type_ids")})
+    q = model.retriever.embed_queries({k: inputs["query_" + k] for k in ("input_word_ids", "input_mask",
+                                                                           "input_type_ids")})
     d = model.retriever.embed_blocks({k: inputs["candidates_" + k][0] for k in ("input_word_ids", "input_mask",
                                                                                   "input_type_ids")})
     np.testing.assert_allclose(out["retrieval_logits"].numpy()[0], d.numpy() @ q.numpy()[0], atol=1e-4)
@@ -81,7 +82,8 @@ def test_length_buckets_change_neither_outputs_nor_gradients():
     group (every row padded to the longest) is the reference, for the logits, the loss and every gradient."""
     tok = bert_tokenizer.BertTokenizer(config.load_config("configs/tiny.yaml").model.vocab_file)
     one = config.load_config("configs/tiny.yaml", ["model.reader_length_buckets=1", "model.candidate_length_buckets=1"])
-    three = config.load_config("configs/tiny.yaml", ["model.reader_length_buckets=3", "model.candidate_length_buckets=3"])
+    three = config.load_config("configs/tiny.yaml",
+                               ["model.reader_length_buckets=3", "model.candidate_length_buckets=3"])
     model, inputs, out_one, loss_one, grads_one = _loss_and_gradients(one, tok)
     assert model.encoder.get_config()["length_buckets"] == 1
     _, _, out_three, loss_three, grads_three = _loss_and_gradients(three, tok, model.get_weights())

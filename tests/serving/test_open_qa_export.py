@@ -42,7 +42,8 @@ def exported(tmp_path_factory, pretraining_workspace):
     task, model, info = open_qa.load_for_serving(cfg, in_graph_scann=False)  # the Keras model, exact search
     assert info["searcher"] == "exact matmul" and not info["checkpoint"]
     # A fine-tuning checkpoint, so that the export (built anew) has the same weights as this Keras model.
-    tf.train.Checkpoint(retriever=model.retriever, reader=model.reader).save(str(root / "model" / "checkpoints" / "ckpt"))
+    tf.train.Checkpoint(retriever=model.retriever,
+                        reader=model.reader).save(str(root / "model" / "checkpoints" / "ckpt"))
     path = _export(cfg, str(root / "served"))
     return cfg, path, task, model
 

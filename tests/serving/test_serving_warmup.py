@@ -18,7 +18,8 @@ def test_predict_log_reads_back_with_the_serving_protos():
     long_text = "é" * 300  # a payload above 127 bytes: multi-byte length varints
     inputs = {"question": np.asarray(["who wrote it", long_text], dtype=object),
               "k": np.arange(6, dtype=np.int32).reshape(2, 3)}
-    signature, decoded = serving_protos.parse_prediction_log(serving_warmup.predict_log(inputs, "serving_default", "realm"))
+    signature, decoded = serving_protos.parse_prediction_log(serving_warmup.predict_log(inputs, "serving_default",
+                                                                                        "realm"))
     assert signature == "serving_default"
     assert sorted(decoded) == ["k", "question"]
     assert [q.decode() for q in decoded["question"]] == ["who wrote it", long_text]

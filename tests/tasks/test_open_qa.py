@@ -14,8 +14,8 @@ from realm_tf import config
 from realm_tf.data import answer_normalization
 from realm_tf.data import answer_spans
 from realm_tf.index import bm25_retriever
-from realm_tf.layers import bert_tokenizer
 from realm_tf.index import index_refresher
+from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_retriever
 from realm_tf.models import open_qa_model
 from realm_tf.serving import retriever_export

@@ -171,8 +171,8 @@ def test_length_buckets_change_neither_loss_nor_predictions(squad):
 
 def test_source_temperature_draws_files_by_size_to_the_power_t(squad):
     """Two question files, 4:1 in questions after the split: T = 1 reads one shuffled pool (each file in
-    proportion to its questions); T = 0.5 draws the small file with probability √n_b / (√n_a + √n_b) (a binomial check over 2,000
-    draws) and repeats it; T = 0 is refused."""
+    proportion to its questions); T = 0.5 draws the small file with probability √n_b / (√n_a + √n_b) (a binomial check
+    over 2,000 draws) and repeats it; T = 0 is refused."""
     root, path, _, sets = squad
     rows = [json.loads(line) for line in path.read_text().splitlines()][:36]
     small = root / "small.jsonl"

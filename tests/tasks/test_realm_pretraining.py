@@ -151,7 +151,8 @@ def test_evaluate_against_numpy(setup):
         targets, weights = batch["target_ids"].numpy(), batch["target_weights"].numpy()
         found = realm_pretraining.span_in_candidates(batch).any(axis=1)  # [b]
         for i in range(len(targets)):
-            hits = np.array([((marginal[i] == targets[i]) * weights[i]).sum(), ((null[i] == targets[i]) * weights[i]).sum()])
+            hits = np.array([((marginal[i] == targets[i]) * weights[i]).sum(),
+                             ((null[i] == targets[i]) * weights[i]).sum()])
             correct += hits
             count += weights[i].sum()
             if found[i]:
