@@ -210,8 +210,7 @@ def run_row(row: str, out: str, sets: list[str], args: argparse.Namespace, timed
     reader_run = "" if reader == "import" else f"{out}/{reader}/model"
     base = f"{out}/rows/{row}"
     row_sets = [*sets, "--set", f"index.index_dir={base}/index", "--set", f"refresh.export_dir={base}/export",
-                "--set", f"qa.retriever_checkpoint={retriever_run}", "--set", f"reader.model_dir={base}/reader",
-                "--set", f"finetune.model_dir={base}/finetune"]
+                "--set", f"qa.retriever_checkpoint={retriever_run}", "--set", f"finetune.model_dir={base}/finetune"]
 
     def index() -> None:
         if not index_publisher.complete_versions(f"{base}/index"):
@@ -219,11 +218,15 @@ def run_row(row: str, out: str, sets: list[str], args: argparse.Namespace, timed
             stages.cli(["embed-blocks", *row_sets])
 
     timed(f"{row}_index", index)
+    # The reader warm start reads gold blocks without retrieval scores (tasks/reader_warm_start): rows that start
+    # their reader from the same source share it.
+    warm_reader = f"{out}/readers/{reader}"
     start_reader = ["--set", f"qa.reader_checkpoint={reader_run}"] if reader_run else []
-    timed(f"{row}_reader", lambda: stages.cli([
-        "train-reader", *row_sets, *start_reader, *sum((["--set", o] for o in args.reader_overrides), [])]))
+    timed(f"reader_{reader}", lambda: stages.cli([
+        "train-reader", *row_sets, "--set", f"reader.model_dir={warm_reader}", *start_reader,
+        *sum((["--set", o] for o in args.reader_overrides), [])]))
     timed(f"{row}_finetune", lambda: stages.cli([
-        "finetune", *row_sets, "--set", f"qa.reader_checkpoint={base}/reader",
+        "finetune", *row_sets, "--set", f"qa.reader_checkpoint={warm_reader}",
         *sum((["--set", o] for o in args.finetune_overrides), []), "--train", args.questions]))
     question = ["--questions", args.questions, "--split", "dev"]
     dense = timed(f"{row}_dev", lambda: open_qa_benchmark.evaluate(
