@@ -28,7 +28,6 @@ Usage (DirectRunner by default; any Beam runner through the standard pipeline op
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -40,21 +39,18 @@ import realm_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is im
 
 # isort: split
 import apache_beam as beam
-import numpy as np
 from apache_beam.io import filesystems
 from apache_beam.ml.inference import base as inference_base
 
 from beam_jobs import job_flags
 from beam_jobs import job_support
+from beam_jobs import vector_job
 from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.data import corpus_versions
 from realm_tf.data import example_schemas
 from realm_tf.data import job_manifest
 from realm_tf.data import retro_chunks
-from realm_tf.index import embedding_matrix
-from realm_tf.index import index_kinds
-from realm_tf.index import index_publisher
 
 logger = logging.getLogger(__name__)
 
@@ -167,13 +163,16 @@ def _chunks_of(document: retro_chunks.ChunkedDocument) -> tuple[retro_chunks.Chu
 
 # ---- EmbedChunks ------------------------------------------------------------------------------------------
 
-class ChunkKeyModelHandler(inference_base.ModelHandler[Sequence[int], Any, Any]):
+class ChunkKeyModelHandler(vector_job.FallbackModelHandler[Sequence[int]]):
     """Beam ModelHandler of the frozen chunk-key BERT (``models/chunk_key_embedder``): a batch of chunks (token
-    tuples) -> one unit-norm key per chunk, or the error that made it fail.
+    tuples) -> one unit-norm key per chunk (:class:`vector_job.Outcome`, ``value`` float32[hidden]), or the error
+    that made it fail.
 
     ``load_model`` builds the BERT and loads its weights once per worker; a batch that raises is retried one chunk
     at a time, so one bad chunk costs one failure rather than the job.
     """
+
+    namespace = NAMESPACE
 
     def __init__(self, cfg: config_lib.ExperimentConfig) -> None:
         super().__init__(min_batch_size=1, max_batch_size=cfg.retro.embed_batch_size)
@@ -187,20 +186,14 @@ class ChunkKeyModelHandler(inference_base.ModelHandler[Sequence[int], Any, Any])
         return _LoadedKeyModel(chunk_key_embedder.build_chunk_key_embedder(self._cfg), vocab.index("[CLS]"),
                                vocab.index("[SEP]"))
 
-    def run_inference(self, batch: Sequence[Sequence[int]], model: Any,
-                      inference_args: dict[str, Any] | None = None) -> Iterable[Any]:
-        try:
-            keys = _embed(model, batch)  # [B, hidden]
-        except Exception as e:  # pylint: disable=broad-except  # find the culprit(s) chunk by chunk
-            logger.warning("chunk keys failed on a batch of %d chunks (%s); retrying one by one", len(batch), e)
-            return [_embed_one(model, tokens) for tokens in batch]
-        return [_outcome(key) for key in keys]
+    def infer(self, model: Any, batch: Sequence[Sequence[int]]) -> list[vector_job.Outcome]:
+        from realm_tf.models import chunk_key_embedder  # pylint: disable=import-outside-toplevel
+
+        packed = chunk_key_embedder.pack_chunks(batch, model.cls_id, model.sep_id)
+        return [vector_job.finite(key, "key") for key in model.embedder(packed).numpy()]  # [B, hidden]
 
     def get_num_bytes(self, batch: Sequence[Sequence[int]]) -> int:
         return sum(8 * len(tokens) for tokens in batch)
-
-    def get_metrics_namespace(self) -> str:
-        return NAMESPACE + ".RunInference"
 
 
 class _LoadedKeyModel:
@@ -208,46 +201,6 @@ class _LoadedKeyModel:
 
     def __init__(self, embedder: Any, cls_id: int, sep_id: int) -> None:
         self.embedder, self.cls_id, self.sep_id = embedder, cls_id, sep_id
-
-
-def _embed(model: _LoadedKeyModel, batch: Sequence[Sequence[int]]) -> np.ndarray:
-    from realm_tf.models import chunk_key_embedder  # pylint: disable=import-outside-toplevel
-
-    packed = chunk_key_embedder.pack_chunks(batch, model.cls_id, model.sep_id)
-    return model.embedder(packed).numpy()  # float32 [B, hidden]
-
-
-def _embed_one(model: Any, tokens: Sequence[int]) -> Any:
-    try:
-        return _outcome(_embed(model, [tokens])[0])
-    except Exception as e:  # pylint: disable=broad-except
-        return None, f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
-
-
-def _outcome(key: np.ndarray) -> tuple[np.ndarray | None, str | None]:
-    key = np.asarray(key, np.float32)  # [hidden]
-    if not np.isfinite(key).all():
-        return None, "non-finite key (NaN or Inf)"
-    return key, None
-
-
-class _SplitKeysFn(job_support.ReportingDoFn):
-    """``(chunk_id, (key, error))`` -> ``(chunk_id, key)`` | ``failures``; counters and progress lines."""
-
-    def __init__(self, progress_interval: float) -> None:
-        super().__init__("build_chunk_database", "chunks embedded", None, progress_interval)
-
-    def process(self, keyed: tuple[int, tuple[np.ndarray | None, str | None]]) -> Iterator[Any]:
-        chunk_id, (key, error) = keyed
-        assert self.progress is not None
-        if error is not None:
-            job_support.count(NAMESPACE, KEY_FAILURES)
-            self.progress.update(1, failed=1)
-            yield beam.pvalue.TaggedOutput("failures", {"block_id": chunk_id, "error": error})
-            return
-        job_support.count(NAMESPACE, KEYS)
-        self.progress.update(1)
-        yield chunk_id, key
 
 
 class EmbedChunks(beam.PTransform):
@@ -263,9 +216,10 @@ class EmbedChunks(beam.PTransform):
         outcomes = (chunks
                     | "Tokens" >> beam.MapTuple(lambda chunk_id, chunk: (chunk_id, chunk.tokens))
                     | "RunInference" >> inference_base.RunInference(handler)
-                    | "SplitFailures" >> beam.ParDo(_SplitKeysFn(self._progress_interval)).with_outputs(
-                        "failures", main="keys"))
-        return {"keys": outcomes["keys"], "failures": outcomes["failures"]}
+                    | "SplitFailures" >> vector_job.SplitOutcomes(
+                        "build_chunk_database", "chunks embedded", NAMESPACE, {"done": KEYS, "failed": KEY_FAILURES},
+                        "block_id", progress_interval=self._progress_interval))
+        return {"keys": outcomes["values"], "failures": outcomes["failures"]}
 
 
 # ---- the job ----------------------------------------------------------------------------------------------
@@ -283,18 +237,9 @@ def build_pipeline(pipeline: beam.Pipeline, cfg: config_lib.ExperimentConfig, bl
          | "WriteChunks" >> beam.io.WriteToTFRecord(filesystems.FileSystems.join(chunks_dir, CHUNKS_PREFIX),
                                                     file_name_suffix=".tfrecord", num_shards=num_shards))
     keys = chunked["chunks"] | "EmbedChunks" >> EmbedChunks(cfg, progress_interval)
-    _ = (keys["keys"]
-         | "SerializeKeys" >> beam.Map(embedding_matrix.to_embedding_record)
-         | "WriteKeys" >> beam.io.WriteToTFRecord(filesystems.FileSystems.join(keys_dir, KEYS_PREFIX),
-                                                  file_name_suffix=".tfrecord", num_shards=num_shards))
-    _ = (keys["failures"]
-         | "SerializeFailures" >> beam.Map(lambda f: json.dumps(f, sort_keys=True))
-         | "WriteFailures" >> beam.io.WriteToText(filesystems.FileSystems.join(keys_dir, "failures"),
-                                                  file_name_suffix=".jsonl", num_shards=1))
-    _ = (chunked["dead_letters"]
-         | "SerializeDeadLetters" >> beam.Map(lambda d: json.dumps(d, sort_keys=True, ensure_ascii=False))
-         | "WriteDeadLetters" >> beam.io.WriteToText(filesystems.FileSystems.join(chunks_dir, DEAD_LETTER_PREFIX),
-                                                     file_name_suffix=".jsonl"))
+    _ = keys["keys"] | "WriteKeys" >> vector_job.WriteKeyedVectors(keys_dir, KEYS_PREFIX, num_shards)
+    _ = keys["failures"] | "WriteFailures" >> vector_job.WriteFailures(keys_dir)
+    _ = chunked["dead_letters"] | "WriteDeadLetters" >> vector_job.WriteFailures(chunks_dir, DEAD_LETTER_PREFIX, 0)
 
 
 def check_counts(counts: dict[str, int]) -> None:
@@ -343,28 +288,19 @@ def build_chunk_database(cfg: config_lib.ExperimentConfig, blocks: str | None = 
     pipeline = beam.Pipeline(options=options)
     build_pipeline(pipeline, cfg, blocks, keys_dir, num_shards,
                    job_support.progress_interval_for(progress_interval, options))
-    result = pipeline.run()
-    result.wait_until_finish()
-    counts = job_support.read_counters(result, NAMESPACE)
+    counts = vector_job.run_pipeline(pipeline, NAMESPACE)
     check_counts(counts)
     pipeline_seconds = time.time() - started
 
     start = time.time()
-    hidden = cfg.model.encoder.hidden_size
-    ids, vectors = embedding_matrix.read_embedding_shards(  # [M], [M, hidden]
-        [m.path for m in job_support.match(filesystems.FileSystems.join(keys_dir, f"{KEYS_PREFIX}-*"))], hidden)
-    failures = embedding_matrix.read_failures(
-        [m.path for m in job_support.match(filesystems.FileSystems.join(keys_dir, "failures-*"))])
-    keys = embedding_matrix.assemble_matrix(ids, vectors, counts.get(CHUNKS, 0), failures,
-                                            where=f" (chunk keys kept in {keys_dir})")  # [num_chunks, hidden]
-    del ids, vectors
-    index = index_kinds.build_index(cfg.index.kind, cfg.index, keys)
-    version, path = index_publisher.publish_next(index_dir, keys, index, {
+    keys = vector_job.read_matrix(keys_dir, KEYS_PREFIX, cfg.model.encoder.hidden_size, counts.get(CHUNKS, 0),
+                                  where=f" (chunk keys kept in {keys_dir})")  # [num_chunks, hidden]
+    version, path, _ = vector_job.build_and_publish(cfg, index_dir, keys, {
         "vocab_hash": vocab_hash, "chunks_dir": chunks_dir,
         "embedder_checkpoint": cfg.retro.embedder_checkpoint or cfg.model.init_checkpoint,
         "chunk_length": cfg.retro.chunk_length, "continuation_length": cfg.retro.continuation_length,
         "keys": "unit-norm mean of the chunk tokens' BERT states; inner product ranks as L2 between keys",
-    }, cfg.index.keep_versions)
+    })
     job_support.remove_scratch_directory(keys_dir)
     index_seconds = time.time() - start
 
@@ -419,7 +355,6 @@ class BuildChunkDatabaseJob(job_support.BeamJob):
 
 JOB = BuildChunkDatabaseJob()
 run = JOB.run  # python: build_chunk_database.run(argv)
-run_with_args = JOB.run_with_args
 
 
 if __name__ == "__main__":

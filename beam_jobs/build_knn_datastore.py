@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import logging
 import sys
 import time
@@ -43,13 +42,12 @@ from apache_beam.ml.inference import base as inference_base
 
 from beam_jobs import job_flags
 from beam_jobs import job_support
+from beam_jobs import vector_job
 from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.data import example_schemas
 from realm_tf.data import job_manifest
 from realm_tf.data import retro_sequences
-from realm_tf.index import index_kinds
-from realm_tf.index import index_publisher
 from realm_tf.index import knn_datastore
 
 logger = logging.getLogger(__name__)
@@ -111,10 +109,13 @@ def _sequences(grouped: tuple[str, Iterable[tuple[int, Sequence[int]]]], length:
         yield f"{doc_key}:{s:06d}", (ids[s], mask[s])
 
 
-class DecoderKeyModelHandler(inference_base.ModelHandler[Any, Any, Any]):
+class DecoderKeyModelHandler(vector_job.FallbackModelHandler[Any]):
     """Beam ModelHandler of a trained decoder (``models/retro_decoder``, the baseline): a batch of sequences
-    ``(ids [n], mask [n])`` -> per sequence ``(keys float32 [T, width], next tokens int32 [T])`` over its T real
-    targets, or the error that made it fail. ``load_model`` restores the newest checkpoint of ``model_dir``."""
+    ``(ids [n], mask [n])`` -> per sequence a :class:`vector_job.Outcome` whose ``value`` is ``(keys float32
+    [T, width], next tokens int32 [T])`` over its T real targets (``weight`` T), or the error that made it fail.
+    ``load_model`` restores the newest checkpoint of ``model_dir``."""
+
+    namespace = NAMESPACE
 
     def __init__(self, cfg: config_lib.ExperimentConfig, model_dir: str, batch_size: int) -> None:
         super().__init__(min_batch_size=1, max_batch_size=batch_size)
@@ -126,69 +127,37 @@ class DecoderKeyModelHandler(inference_base.ModelHandler[Any, Any, Any]):
 
         return lm_evaluation.restore_decoder(retro_lm.RetroLmTask(self._cfg, retrieval=False), self._model_dir)
 
-    def run_inference(self, batch: Sequence[Any], model: Any,
-                      inference_args: dict[str, Any] | None = None) -> Iterable[Any]:
-        try:
-            return _entries(model, batch)
-        except Exception as e:  # pylint: disable=broad-except  # find the culprit(s) one by one
-            logger.warning("decoder keys failed on a batch of %d sequences (%s); retrying one by one", len(batch), e)
-            out = []
-            for item in batch:
-                try:
-                    out += _entries(model, [item])
-                except Exception as one:  # pylint: disable=broad-except
-                    out.append((None, f"{type(one).__name__}: {str(one).strip().splitlines()[0][:300]}",
-                                int(item[1][1:].sum())))
-            return out
+    def infer(self, model: Any, batch: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[vector_job.Outcome]:
+        ids = np.stack([b[0] for b in batch]).astype(np.int32)  # [B, n]
+        mask = np.stack([b[1] for b in batch])  # [B, n]
+        keys = model({"input_ids": ids}, training=False)["knn_keys"].numpy()  # [B, n, width]
+        out = []
+        for i in range(len(batch)):
+            real = mask[i, 1:]  # [n - 1]: position t predicts token t + 1
+            entry_keys = keys[i, :-1][real].astype(np.float32)  # [T, width]
+            if not np.isfinite(entry_keys).all():
+                out.append(vector_job.Outcome(None, "non-finite key (NaN or Inf)", int(real.sum())))
+                continue
+            out.append(vector_job.Outcome((entry_keys, ids[i, 1:][real]), None, int(real.sum())))
+        return out
+
+    def failed(self, item: tuple[np.ndarray, np.ndarray], error: str) -> vector_job.Outcome:
+        return vector_job.Outcome(None, error, int(item[1][1:].sum()))
 
     def get_num_bytes(self, batch: Sequence[Any]) -> int:
         return sum(ids.nbytes + mask.nbytes for ids, mask in batch)
 
-    def get_metrics_namespace(self) -> str:
-        return NAMESPACE + ".RunInference"
 
+def _entry_record(keyed: tuple[str, tuple[np.ndarray, np.ndarray]]) -> bytes:
+    """``(sequence key, (keys [T, width], values [T]))`` -> a serialized entry record."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-def _entries(model: Any, batch: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[Any]:
-    ids = np.stack([b[0] for b in batch]).astype(np.int32)  # [B, n]
-    mask = np.stack([b[1] for b in batch])  # [B, n]
-    keys = model({"input_ids": ids}, training=False)["knn_keys"].numpy()  # [B, n, width]
-    out = []
-    for i in range(len(batch)):
-        real = mask[i, 1:]  # [n - 1]: position t predicts token t + 1
-        entry_keys = keys[i, :-1][real].astype(np.float32)  # [T, width]
-        if not np.isfinite(entry_keys).all():
-            out.append((None, "non-finite key (NaN or Inf)", int(real.sum())))
-            continue
-        out.append(((entry_keys, ids[i, 1:][real]), None, int(real.sum())))
-    return out
-
-
-class _ToRecordFn(job_support.ReportingDoFn):
-    """``(sequence key, (entry, error, targets))`` -> a serialized entry record | ``failures``; counters and
-    progress lines."""
-
-    def __init__(self, progress_interval: float) -> None:
-        super().__init__("build_knn_datastore", "sequences", None, progress_interval)
-
-    def process(self, keyed: tuple[str, Any]) -> Iterator[Any]:
-        import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-        key, (entry, error, targets) = keyed
-        assert self.progress is not None
-        if error is not None:
-            job_support.count(NAMESPACE, FAILED_SEQUENCES)
-            job_support.count(NAMESPACE, FAILED_TARGETS, targets)
-            self.progress.update(1, failed=1)
-            yield beam.pvalue.TaggedOutput("failures", {"sequence": key, "error": error})
-            return
-        keys, values = entry
-        job_support.count(NAMESPACE, ENTRIES, len(values))
-        self.progress.update(1, entries=len(values))
-        yield tf.train.Example(features=tf.train.Features(feature={
-            "sequence": tf.train.Feature(bytes_list=tf.train.BytesList(value=[key.encode()])),
-            "keys": tf.train.Feature(bytes_list=tf.train.BytesList(value=[keys.astype("<f4").tobytes()])),
-            "values": tf.train.Feature(int64_list=tf.train.Int64List(value=values.tolist())),
-        })).SerializeToString(deterministic=True)
+    key, (keys, values) = keyed
+    return tf.train.Example(features=tf.train.Features(feature={
+        "sequence": tf.train.Feature(bytes_list=tf.train.BytesList(value=[key.encode()])),
+        "keys": tf.train.Feature(bytes_list=tf.train.BytesList(value=[keys.astype("<f4").tobytes()])),
+        "values": tf.train.Feature(int64_list=tf.train.Int64List(value=values.tolist())),
+    })).SerializeToString(deterministic=True)
 
 
 def build_pipeline(pipeline: beam.Pipeline, cfg: config_lib.ExperimentConfig, model_dir: str, entries_dir: str,
@@ -208,14 +177,16 @@ def build_pipeline(pipeline: beam.Pipeline, cfg: config_lib.ExperimentConfig, mo
                 | "Sequences" >> beam.FlatMap(_sequences, retro.sequence_length, pad_id)
                 | "RunInference" >> inference_base.RunInference(inference_base.KeyedModelHandler(
                     DecoderKeyModelHandler(cfg, model_dir, batch_size)))
-                | "ToRecords" >> beam.ParDo(_ToRecordFn(progress_interval)).with_outputs("failures", main="records"))
-    _ = outcomes["records"] | "WriteEntries" >> beam.io.WriteToTFRecord(
-        filesystems.FileSystems.join(entries_dir, ENTRIES_PREFIX), file_name_suffix=".tfrecord")
+                | "SplitOutcomes" >> vector_job.SplitOutcomes(
+                    "build_knn_datastore", "sequences", NAMESPACE,
+                    {"failed": FAILED_SEQUENCES, "failed_weight": FAILED_TARGETS, "done_weight": ENTRIES}, "sequence",
+                    progress_interval=progress_interval, weight_unit="entries"))
+    _ = (outcomes["values"]
+         | "ToRecords" >> beam.Map(_entry_record)
+         | "WriteEntries" >> beam.io.WriteToTFRecord(filesystems.FileSystems.join(entries_dir, ENTRIES_PREFIX),
+                                                     file_name_suffix=".tfrecord"))
     failures = (outcomes["failures"], parsed["dead_letters"]) | "AllFailures" >> beam.Flatten()
-    _ = (failures
-         | "SerializeFailures" >> beam.Map(lambda f: json.dumps(f, sort_keys=True))
-         | "WriteFailures" >> beam.io.WriteToText(filesystems.FileSystems.join(entries_dir, "failures"),
-                                                  file_name_suffix=".jsonl", num_shards=1))
+    _ = failures | "WriteFailures" >> vector_job.WriteFailures(entries_dir)
 
 
 def read_entries(paths: Sequence[str], width: int) -> tuple[np.ndarray, np.ndarray, list[str]]:
@@ -263,9 +234,7 @@ def build_knn_datastore(cfg: config_lib.ExperimentConfig, model_dir: str | None 
     pipeline = beam.Pipeline(options=options)
     build_pipeline(pipeline, cfg, model_dir, entries_dir, batch_size,
                    job_support.progress_interval_for(progress_interval, options))
-    result = pipeline.run()
-    result.wait_until_finish()
-    counts = job_support.read_counters(result, NAMESPACE)
+    counts = vector_job.run_pipeline(pipeline, NAMESPACE)
     check_counts(counts)
     pipeline_seconds = time.time() - started
 
@@ -277,14 +246,13 @@ def build_knn_datastore(cfg: config_lib.ExperimentConfig, model_dir: str | None 
         raise RuntimeError(f"{entries_dir}: {keys.shape[0]} entries read, {counts.get(ENTRIES, 0)} written")
     augmented = knn_datastore.augment_keys(keys)  # [N, width + 1]
     del keys
-    index = index_kinds.build_index(cfg.index.kind, cfg.index, augmented)
     from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
 
-    version, path = index_publisher.publish_next(knn_dir, augmented, index, {
+    version, path, _ = vector_job.build_and_publish(cfg, knn_dir, augmented, {
         "vocab_hash": bert_tokenizer.vocab_hash(cfg.model.vocab_file),
         "model_dir": model_dir, "chunks_dir": cfg.retro.chunks_dir,
         "keys": "[k, -|k|^2/2] of the decoder's final FFW input (after LayerNorm); queries [q, 1]",
-    }, cfg.index.keep_versions, arrays={knn_datastore.VALUES_NPY: values})
+    }, arrays={knn_datastore.VALUES_NPY: values})
     job_support.remove_scratch_directory(entries_dir)
     manifest = {
         "job": JOB.name, "model_dir": model_dir, "chunks_dir": cfg.retro.chunks_dir, "num_entries": len(values),
@@ -326,7 +294,6 @@ class BuildKnnDatastoreJob(job_support.BeamJob):
 
 JOB = BuildKnnDatastoreJob()
 run = JOB.run  # python: build_knn_datastore.run(argv)
-run_with_args = JOB.run_with_args
 
 
 if __name__ == "__main__":

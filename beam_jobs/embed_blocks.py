@@ -48,7 +48,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -60,18 +59,17 @@ import realm_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is im
 
 # isort: split
 import apache_beam as beam
-import numpy as np
 from apache_beam.io import filesystems
 from apache_beam.ml.inference import base as inference_base
 from apache_beam.options import pipeline_options
 
 from beam_jobs import job_flags
 from beam_jobs import job_support
+from beam_jobs import vector_job
 from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.data import corpus_versions
 from realm_tf.data import example_schemas
-from realm_tf.index import embedding_matrix
 from realm_tf.index import index_kinds
 
 logger = logging.getLogger(__name__)
@@ -107,22 +105,13 @@ class BlockInput(NamedTuple):
     wordpieces: int
 
 
-class BlockEmbedding(NamedTuple):
-    """What the model handler returns per block: a vector, or why there is none."""
-
-    embedding: np.ndarray | None  # float32 [dim]
-    error: str | None
-
-
-# ---- RunInference model handler -------------------------------------------------------------------------
-
-class BlockEmbeddingModelHandler(inference_base.ModelHandler[BlockInput, BlockEmbedding, Any]):
+class BlockEmbeddingModelHandler(vector_job.FallbackModelHandler[BlockInput]):
     """Beam ModelHandler for the ``embed_block`` signature of a retriever export (Embed_doc, REALM §3.2).
 
     ``load_model`` runs once per worker (RunInference shares the model between the DoFn instances of a
-    process); ``run_inference`` embeds one batch with a single signature call. A batch that raises is
-    retried one block at a time, so one bad block costs one :class:`BlockEmbedding` with an ``error``
-    rather than the batch or the job.
+    process); ``run_inference`` embeds one batch with a single signature call, each block's outcome a
+    :class:`vector_job.Outcome` (``value`` float32[dim]). A batch that raises is retried one block at a time, so
+    one bad block costs one outcome with an ``error`` rather than the batch or the job.
 
     Args:
       export_path: ``<export_dir>/<step>`` written by ``retriever_export.export_retriever`` (local or gs://).
@@ -134,6 +123,8 @@ class BlockEmbeddingModelHandler(inference_base.ModelHandler[BlockInput, BlockEm
         process (an in-process runner after TensorFlow ran, a refresh on the trainer's thread), the load says so
         in the log and keeps the process's threads.
     """
+
+    namespace = NAMESPACE
 
     def __init__(self, export_path: str, min_batch_size: int = 1, max_batch_size: int = 32,
                  intra_op_threads: int = 0) -> None:
@@ -158,42 +149,21 @@ class BlockEmbeddingModelHandler(inference_base.ModelHandler[BlockInput, BlockEm
         return model
 
     def run_inference(self, batch: Sequence[BlockInput], model: Any,
-                      inference_args: dict[str, Any] | None = None) -> Iterable[BlockEmbedding]:
+                      inference_args: dict[str, Any] | None = None) -> Iterable[vector_job.Outcome]:
         job_support.count(NAMESPACE, BATCHES)
         job_support.count(NAMESPACE, WORDPIECES, sum(b.wordpieces for b in batch))
         job_support.count(NAMESPACE, PADDED_WORDPIECES, len(batch) * max((b.wordpieces for b in batch), default=0))
-        try:
-            vectors = self._embed(model, batch)  # [B, dim]
-        except Exception as e:  # pylint: disable=broad-except  # find the culprit(s) block by block
-            logger.warning("embed_block failed on a batch of %d blocks (%s); retrying one by one", len(batch), e)
-            return [self._embed_one(model, block) for block in batch]
-        return [_outcome(vector) for vector in vectors]
+        return super().run_inference(batch, model, inference_args)
 
-    def _embed(self, model: Any, batch: Sequence[BlockInput]) -> np.ndarray:
+    def infer(self, model: Any, batch: Sequence[BlockInput]) -> list[vector_job.Outcome]:
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
         outputs = model.signatures["embed_block"](title=tf.constant([b.title for b in batch]),  # string[B]
                                                   text=tf.constant([b.text for b in batch]))  # string[B]
-        return outputs["embedding"].numpy()  # float32 [B, dim]
-
-    def _embed_one(self, model: Any, block: BlockInput) -> BlockEmbedding:
-        try:
-            return _outcome(self._embed(model, [block])[0])
-        except Exception as e:  # pylint: disable=broad-except
-            return BlockEmbedding(None, f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}")
+        return [vector_job.finite(vector, "embedding") for vector in outputs["embedding"].numpy()]  # [B, dim]
 
     def get_num_bytes(self, batch: Sequence[BlockInput]) -> int:
         return sum(len(b.title) + len(b.text) for b in batch)
-
-    def get_metrics_namespace(self) -> str:
-        return NAMESPACE + ".RunInference"
-
-
-def _outcome(vector: np.ndarray) -> BlockEmbedding:
-    vector = np.asarray(vector, np.float32)  # [dim]
-    if not np.isfinite(vector).all():
-        return BlockEmbedding(None, "non-finite embedding (NaN or Inf)")
-    return BlockEmbedding(vector, None)
 
 
 # ---- the embedding PTransform ---------------------------------------------------------------------------
@@ -218,25 +188,6 @@ class _ParseBlockFn(beam.DoFn):
             return
         yield block_id, BlockInput(row[example_schemas.TITLE], row[example_schemas.TEXT],
                                    min(length, self._block_seq_length))
-
-
-class _SplitOutcomesFn(job_support.ReportingDoFn):
-    """``(block_id, BlockEmbedding)`` -> ``(block_id, float32[dim])`` | ``failures``; counters + progress."""
-
-    def __init__(self, progress_total: int | None, progress_interval: float) -> None:
-        super().__init__("embed_blocks", "blocks", progress_total, progress_interval)
-
-    def process(self, keyed: tuple[int, BlockEmbedding]) -> Iterator[Any]:
-        block_id, outcome = keyed
-        assert self.progress is not None
-        if outcome.error is not None:
-            job_support.count(NAMESPACE, BLOCKS_FAILED)
-            self.progress.update(1, failed=1)
-            yield beam.pvalue.TaggedOutput(_FAILURES, {"block_id": block_id, "error": outcome.error})
-            return
-        job_support.count(NAMESPACE, BLOCKS_EMBEDDED)
-        self.progress.update(1)
-        yield block_id, outcome.embedding
 
 
 def _wordpieces(keyed: tuple[int, BlockInput]) -> int:
@@ -295,11 +246,12 @@ class EmbedBlocks(beam.PTransform):
             handler = handler.with_no_batching()
         outcomes = (blocks
                     | "RunInference" >> inference_base.RunInference(handler)
-                    | "SplitOutcomes" >> beam.ParDo(_SplitOutcomesFn(*self._progress)).with_outputs(
-                        _FAILURES, main="embeddings"))
-        failures = ((parsed[_FAILURES], outcomes[_FAILURES])
+                    | "SplitOutcomes" >> vector_job.SplitOutcomes(
+                        "embed_blocks", "blocks", NAMESPACE, {"done": BLOCKS_EMBEDDED, "failed": BLOCKS_FAILED},
+                        "block_id", *self._progress))
+        failures = ((parsed[_FAILURES], outcomes["failures"])
                     | "MergeFailures" >> beam.Flatten())
-        return {"embeddings": outcomes["embeddings"], "failures": failures}
+        return {"embeddings": outcomes["values"], "failures": failures}
 
 
 # ---- the job --------------------------------------------------------------------------------------------
@@ -403,32 +355,16 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
                | "EmbedBlocks" >> EmbedBlocks(export_path, int(export["block_seq_length"]), min_batch_size,
                                               max_batch_size, batching, expected_blocks, interval,
                                               intra_op_threads))
-    _ = (outputs["embeddings"]
-         | "SerializeEmbeddings" >> beam.Map(embedding_matrix.to_embedding_record)
-         | "WriteEmbeddings" >> beam.io.WriteToTFRecord(
-             filesystems.FileSystems.join(embeddings_dir, EMBEDDINGS_PREFIX), file_name_suffix=".tfrecord",
-             num_shards=num_shards))
-    _ = (outputs["failures"]
-         | "SerializeFailures" >> beam.Map(lambda f: json.dumps(f, sort_keys=True))
-         | "WriteFailures" >> beam.io.WriteToText(filesystems.FileSystems.join(embeddings_dir, FAILURES_PREFIX),
-                                                  file_name_suffix=".jsonl", num_shards=1))
-    result = pipeline.run()
-    result.wait_until_finish()
+    _ = outputs["embeddings"] | "WriteEmbeddings" >> vector_job.WriteKeyedVectors(embeddings_dir, EMBEDDINGS_PREFIX,
+                                                                                  num_shards)
+    _ = outputs["failures"] | "WriteFailures" >> vector_job.WriteFailures(embeddings_dir, FAILURES_PREFIX)
+    counts = vector_job.run_pipeline(pipeline, NAMESPACE)
     embed_seconds = time.time() - started
-    counts = job_support.read_counters(result, NAMESPACE)
 
     start = time.time()
-    ids, vectors = embedding_matrix.read_embedding_shards(  # [M], [M, dim]
-        [m.path for m in job_support.match(embeddings_pattern)], int(export["embedding_dim"]))
-    failures = embedding_matrix.read_failures([m.path for m in job_support.match(failures_pattern)])
-    matrix = embedding_matrix.assemble_matrix(ids, vectors, expected_blocks, failures,
-                                              where=f" (blocks {blocks}; embeddings kept in {embeddings_dir})")
-    del ids, vectors  # matrix: [N, dim]
+    matrix = vector_job.read_matrix(embeddings_dir, EMBEDDINGS_PREFIX, int(export["embedding_dim"]), expected_blocks,
+                                    where=f" (blocks {blocks}; embeddings kept in {embeddings_dir})")  # [N, dim]
     assemble_seconds = time.time() - start
-
-    start = time.time()
-    index = index_kinds.build_index(cfg.index.kind, cfg.index, matrix)
-    build_seconds = time.time() - start
     metadata = {
         "export_step": int(export["step"]),
         "corpus_version": corpus_version,
@@ -445,13 +381,10 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
         "intra_op_threads": intra_op_threads,
         "embed_seconds": round(embed_seconds, 3),
         "assemble_seconds": round(assemble_seconds, 3),
-        "build_seconds": round(build_seconds, 3),
         "config_hash": config_lib.config_hash(cfg),
     }
-    start = time.time()
-    path = index_publisher.publish(index_dir, version, matrix, index, metadata, cfg.index.keep_versions,
-                                   pause_before_commit=pause_before_commit)
-    publish_seconds = time.time() - start
+    _, path, publish_seconds = vector_job.build_and_publish(cfg, index_dir, matrix, metadata, version,
+                                                            pause_before_commit=pause_before_commit)
     if not keep_embeddings:
         job_support.delete_matching([embeddings_pattern, failures_pattern])
         try:
@@ -501,7 +434,6 @@ def format_summary(summary: Mapping[str, Any]) -> str:
 
 JOB = EmbedBlocksJob()
 run = JOB.run  # python: embed_blocks.run(argv)
-run_with_args = JOB.run_with_args
 
 
 if __name__ == "__main__":

@@ -138,7 +138,6 @@ class GenerateIctDataJob(job_support.ExamplesFromBlocksJob):
 
 JOB = GenerateIctDataJob()
 run = JOB.run  # python: generate_ict_data.run(argv)
-run_with_args = JOB.run_with_args
 
 
 if __name__ == "__main__":

@@ -199,7 +199,6 @@ class GeneratePretrainingDataJob(job_support.ExamplesFromBlocksJob):
 
 JOB = GeneratePretrainingDataJob()
 run = JOB.run  # python: generate_pretraining_data.run(argv)
-run_with_args = JOB.run_with_args
 
 
 if __name__ == "__main__":

@@ -542,7 +542,6 @@ def format_summary(manifest: Mapping[str, Any], seconds: float | None = None) ->
 
 JOB = PreprocessCorpusJob()
 run = JOB.run  # python: preprocess_corpus.run(argv)
-run_with_args = JOB.run_with_args
 
 
 if __name__ == "__main__":

@@ -694,7 +694,6 @@ def format_summary(summary: Mapping[str, Any]) -> str:
 
 JOB = UpdateCorpusJob()
 run = JOB.run  # python: update_corpus.run(argv)
-run_with_args = JOB.run_with_args
 
 
 if __name__ == "__main__":

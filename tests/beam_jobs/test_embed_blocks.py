@@ -227,7 +227,7 @@ def test_the_model_handler_sets_tensorflows_threads_where_tensorflow_has_not_run
     assert "--intra_op_threads=%d is not applied" % (before + 3) in caplog.text
     (title, text), = setup["passages"][:1]
     vector, = handler.run_inference([embed_blocks.BlockInput(title.encode(), text.encode(), 10)], model)
-    assert np.abs(vector.embedding - setup["reference"][0]).max() <= 1e-5
+    assert np.abs(vector.value - setup["reference"][0]).max() <= 1e-5
 
 
 @pytest.mark.parametrize("batching", ["length", "arrival"])
@@ -264,8 +264,8 @@ def test_a_block_that_fails_is_reported_and_the_rest_of_its_batch_embedded(setup
              embed_blocks.BlockInput(title1.encode(), text1.encode(), 10)]
     outcomes = list(handler.run_inference(batch, model))
     assert [o.error is None for o in outcomes] == [True, False, True]
-    assert outcomes[1].embedding is None and outcomes[1].error
-    assert np.abs(np.stack([outcomes[0].embedding, outcomes[2].embedding]) - setup["reference"][:2]).max() <= 1e-5
+    assert outcomes[1].value is None and outcomes[1].error
+    assert np.abs(np.stack([outcomes[0].value, outcomes[2].value]) - setup["reference"][:2]).max() <= 1e-5
 
 
 def test_missing_and_duplicate_block_ids_refuse_the_publish(setup):
