@@ -24,6 +24,13 @@ library_logs.show_on_stderr()  # as the command line does: the library's message
 TINY = "configs/tiny.yaml"
 
 
+@pytest.fixture(scope="session")
+def portable_runner():
+    """Beam options that run a job through Beam's portable runner API, the path Flink, Spark and Dataflow (Runner
+    v2) take: a job service and SDK workers started in this process (``--job_endpoint=embed``, LOOPBACK)."""
+    return ["--runner=PortableRunner", "--job_endpoint=embed", "--environment_type=LOOPBACK"]
+
+
 @pytest.fixture(scope="session", autouse=True)
 def scratch_under_basetemp(tmp_path_factory):
     """Scratch files the libraries make with :mod:`tempfile` (Beam's pipeline temp dirs, AutoGraph's generated

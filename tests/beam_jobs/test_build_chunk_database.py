@@ -63,7 +63,7 @@ def test_counts_that_do_not_add_up_are_refused():
 
 def test_job_publishes_chunks_keys_and_an_index_over_the_workspace_blocks(tmp_path, pretraining_workspace,
                                                                           parse_records, tiny_bert_checkpoint, capsys,
-                                                                          progress_totals):
+                                                                          progress_totals, portable_runner):
     sets = [f"data.blocks_dir={pretraining_workspace}/blocks", f"retro.chunks_dir={tmp_path}/chunks",
             f"retro.index_dir={tmp_path}/index", "retro.chunk_length=16", "retro.continuation_length=16",
             "index.kind=brute_force", f"retro.embedder_checkpoint={tiny_bert_checkpoint}"]
@@ -113,11 +113,13 @@ def test_job_publishes_chunks_keys_and_an_index_over_the_workspace_blocks(tmp_pa
     index.build(keys)
     neighbours, _ = index.search_batched(keys[sample], 1)
     assert neighbours[:, 0].tolist() == sample  # a chunk's own key is its nearest neighbour
-    # A second run publishes the next version; the chunks are rewritten, not appended to. Its progress lines
-    # (one per chunk embedded here) count every chunk.
+    # A second run, on Beam's portable runner, publishes the next version, with the same keys; the chunks are
+    # rewritten, not appended to. Its progress lines (one per chunk embedded here) count every chunk.
     assert cli.main(["build-chunk-database", "--config", TINY, "--progress_interval", "1e-9",
-                     *sum((["--set", s] for s in sets), [])]) == 0
+                     *sum((["--set", s] for s in sets), []), *portable_runner]) == 0
     assert index_publisher.complete_versions(str(tmp_path / "index")) == [0, 1]
+    np.testing.assert_allclose(np.load(os.path.join(index_publisher.version_dir(str(tmp_path / "index"), 1),
+                                                    "embeddings.npy")), keys, atol=1e-6)
     assert progress_totals(capsys.readouterr().err, "build_chunk_database") == {"done": len(rows)}
     assert sorted((tmp_path / "chunks").glob("chunks-*.tfrecord")) == files
 

@@ -144,6 +144,17 @@ def test_the_published_index_finds_each_block_from_its_own_embedding(setup, publ
     np.testing.assert_array_equal(result.rows[clear, 0], np.arange(NUM_BLOCKS)[clear])
 
 
+def test_the_job_runs_on_beams_portable_runner(setup, published, portable_runner):
+    """Beam's portable runner API, the path of Flink, Spark and Dataflow (Runner v2), with its job service and
+    workers in this process: the same vectors as the DirectRunner's."""
+    index_dir = str(setup["tmp"] / "index_portable")
+    summary = embed_blocks.run(["--config", "configs/tiny.yaml", "--blocks", setup["blocks"], "--export",
+                                setup["export"], "--index_dir", index_dir, "--max_batch_size", "8", *portable_runner])
+    assert summary["counts"][embed_blocks.BLOCKS_EMBEDDED] == NUM_BLOCKS
+    np.testing.assert_allclose(index_publisher.read_embeddings(summary["index_path"]),
+                               index_publisher.read_embeddings(published[0]["index_path"]), atol=1e-5)
+
+
 @pytest.mark.slow
 def test_the_job_run_as_a_module_runs_on_workers_in_other_processes(setup, published):
     """``python -m beam_jobs.embed_blocks`` on the DirectRunner's multi_processing workers: the job's own classes

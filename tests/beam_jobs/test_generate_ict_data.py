@@ -57,11 +57,11 @@ def test_pipeline_pairs_sentences_with_their_blocks(make_blocks):
     assert abs(counts[ict.REMOVED] / 200 - 0.9) < 0.07
 
 
-def test_run_end_to_end_is_deterministic(tmp_path, make_blocks, write_blocks, read_records):
+def test_run_end_to_end_is_deterministic(tmp_path, make_blocks, write_blocks, read_records, portable_runner):
     pattern = write_blocks(str(tmp_path / "blocks"), make_blocks(DOCUMENTS))
     manifest = job.run(["--input", pattern, "--output", str(tmp_path / "a")])
     code = cli.main(["generate-ict-data", "--input", pattern, "--output", str(tmp_path / "b"),
-                     "--num_shards", "3", "--", "--direct_num_workers=1"])
+                     "--num_shards", "3", "--", *portable_runner])  # the same examples on the portable runner
     assert code == 0
     rows = read_records(str(tmp_path / "a" / "ict-*.tfrecord"), es.ict_feature_spec())
     again = read_records(str(tmp_path / "b" / "ict-*.tfrecord"), es.ict_feature_spec())

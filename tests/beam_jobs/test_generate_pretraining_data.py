@@ -75,16 +75,17 @@ def test_pipeline_masks_one_salient_span_or_falls_back(make_blocks, tokenizer):
 
 
 def test_run_end_to_end_deterministic_and_fallback_counted(tmp_path, make_blocks, write_blocks, read_records,
-                                                          tokenizer):
+                                                          tokenizer, portable_runner):
     pattern = write_blocks(str(tmp_path / "blocks"), make_blocks(DOCUMENTS))
     common = ["--input", pattern, "--set", f"model.query_seq_length={QUERY_SEQ_LENGTH}", "--set", "data.seed=5"]
     manifest = job.run([*common, "--output", str(tmp_path / "a"), "--num_shards", "2"])
-    job.run([*common, "--output", str(tmp_path / "b"), "--direct_num_workers=1"])
+    again_manifest = job.run([*common, "--output", str(tmp_path / "b"), *portable_runner])  # the portable runner
 
     rows = read_records(str(tmp_path / "a" / "pretraining-*.tfrecord"), es.pretraining_feature_spec())
     again = read_records(str(tmp_path / "b" / "pretraining-*.tfrecord"), es.pretraining_feature_spec())
     key = lambda r: (r[es.SOURCE_BLOCK_ID], r[es.QUERY_TEXT])  # noqa: E731
     assert sorted(rows, key=key) == sorted(again, key=key)  # identical data from a rerun
+    assert again_manifest["counts"] == manifest["counts"]  # and the same counters
     assert len(os.listdir(tmp_path / "a")) == 3  # two shards + manifest
 
     on_disk = json.loads((tmp_path / "a" / "manifest.json").read_text())

@@ -267,7 +267,7 @@ def _read_blocks(output_dir, parse_records):
     return files, rows
 
 
-def test_job_end_to_end_run_and_cli_deterministic(tmp_path, tok, capsys, parse_records):
+def test_job_end_to_end_run_and_cli_deterministic(tmp_path, tok, capsys, parse_records, portable_runner):
     inputs = tmp_path / "in"
     inputs.mkdir()
     documents, dead = _malformed_corpus(str(inputs))
@@ -279,9 +279,11 @@ def test_job_end_to_end_run_and_cli_deterministic(tmp_path, tok, capsys, parse_r
     out = tmp_path / "out"
     returned = preprocess_corpus.run(["--input", str(inputs / "*.jsonl*"), "--input", str(inputs / "*.tsv"),
                                       "--input", str(inputs / "r.tfrecord"), "--output", str(out),
-                                      "--set", f"data.max_block_length={L}", "--num_shards=2"])
+                                      "--set", f"data.max_block_length={L}", "--num_shards=2",
+                                      "--progress_interval", "0.001"])
     summary = capsys.readouterr().err  # logged, as library code does
     assert f"{input_lines} input lines" in summary and "2 duplicates merged" in summary
+    assert "preprocess [pack" in summary and f"/{input_lines} lines" in summary  # progress, of the counted total
 
     files, rows = _read_blocks(str(out), parse_records)
     manifest = json.loads((out / "manifest.json").read_text())
@@ -322,19 +324,20 @@ def test_job_end_to_end_run_and_cli_deterministic(tmp_path, tok, capsys, parse_r
         assert _ids(tok, [b.text for b in blocks]) == [list(b.body_ids) for b in blocks]
     assert by_doc["1"][0]["title"] == "Good" and by_doc["r1"][0]["title"] == "Record"  # input ids kept
 
-    # The same corpus through `realm-tf preprocess`, inputs in another order, one shard, a Beam option
-    # passed through and progress lines: the same ids for the same blocks.
+    # The same corpus through `realm-tf preprocess`, inputs in another order, one shard, on Beam's portable runner
+    # (the Beam options passed through) and progress lines: the same ids for the same blocks, the same counters.
     out2 = tmp_path / "out2"
     code = cli.main(["preprocess", "--input", str(inputs / "r.tfrecord"), "--input", str(inputs / "*.tsv"),
                      "--input", str(inputs / "*.jsonl*"), "--output", str(out2), "--set",
-                     f"data.max_block_length={L}", "--progress_interval", "0.001", "--direct_num_workers=1"])
+                     f"data.max_block_length={L}", "--progress_interval", "0.001", *portable_runner])
     assert code == 0
     captured = capsys.readouterr()
-    assert "preprocess [pack" in captured.err and f"/{input_lines} lines" in captured.err
+    assert "preprocess [read" in captured.err  # progress lines (no total: lines are counted on the DirectRunner)
     assert "dead letters:" in captured.err and f"{len(rows)} of <= {L} wordpieces" in captured.err
     manifest2 = json.loads((out2 / "manifest.json").read_text())
-    assert manifest2["beam_args"] == ["--direct_num_workers=1"] and manifest2["block_shards"] == [
+    assert manifest2["beam_args"] == portable_runner and manifest2["block_shards"] == [
         "blocks-00000-of-00001.tfrecord"]
+    assert manifest2["dead_letters"] == manifest["dead_letters"] and manifest2["blocks"] == manifest["blocks"]
     _, rows2 = _read_blocks(str(out2), parse_records)
     assert ({r["block_id"]: (r["uid"], r["doc_id"], r["block_index"], r["body_ids"]) for r in rows2}
             == {r["block_id"]: (r["uid"], r["doc_id"], r["block_index"], r["body_ids"]) for r in rows})

@@ -134,7 +134,7 @@ def test_one_update_adds_replaces_keeps_deletes_and_reports_the_rest(workspace):
     np.testing.assert_allclose(_matrix(root, 1), index_publisher.read_embeddings(full["index_path"]), atol=1e-5)
 
 
-def test_two_updates_compose_and_the_loader_and_the_next_refresh_pick_them_up(workspace):
+def test_two_updates_compose_and_the_loader_and_the_next_refresh_pick_them_up(workspace, portable_runner):
     root, cfg, documents = workspace
     loader = index_loader.IndexLoader(f"{root}/index", cfg.model.projection_size,
                                       index_publisher.read_index_json(f"{root}/index/0000000000")["vocab_hash"],
@@ -155,7 +155,8 @@ def test_two_updates_compose_and_the_loader_and_the_next_refresh_pick_them_up(wo
     ids_file = root / "gone.txt"
     ids_file.write_text("\n".join([FACT["id"], *removed_ids[:2]]) + "\n\n")
     second = _update(root, "--delete", f"@{ids_file}", "--delete", removed_ids[2],
-                     "--add", _write_jsonl(root / "more.jsonl", [{**FACT, "id": "fact-2", "text": "Zorblax glows."}]))
+                     "--add", _write_jsonl(root / "more.jsonl", [{**FACT, "id": "fact-2", "text": "Zorblax glows."}]),
+                     *portable_runner)  # on Beam's portable runner: checked against a full re-embedding below
     assert (second["parent_version"], second["version"], second["index_version"]) == (1, 2, 2)
     assert second["documents"] == {"added": 1, "replaced": 0, "unchanged": 0, "deleted": 4}
     assert loader.maybe_refresh() and loader.version == 2

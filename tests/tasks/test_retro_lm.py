@@ -108,7 +108,7 @@ def _numpy_bits_per_byte(task, model, split, neighbours):
     return nll / (np.log(2) * lengths[targets[real]].sum())
 
 
-def test_evaluate_lm_and_knn_datastore_match_numpy(trained, capsys, progress_totals):
+def test_evaluate_lm_and_knn_datastore_match_numpy(trained, capsys, progress_totals, portable_runner):
     from realm_tf.index import knn_datastore
     from realm_tf.tasks import lm_evaluation
 
@@ -146,7 +146,8 @@ def test_evaluate_lm_and_knn_datastore_match_numpy(trained, capsys, progress_tot
     # kNN-LM's datastore: one entry per real target of the training sequences, in sequence-key order
     capsys.readouterr()
     assert cli.main(["build-knn-datastore", "--config", TINY, "--model_dir", str(root / "baseline"),
-                     "--progress_interval", "1e-9", *sum((["--set", s] for s in fit), [])]) == 0
+                     "--progress_interval", "1e-9", *sum((["--set", s] for s in fit), []),
+                     *portable_runner]) == 0  # on Beam's portable runner
     store = knn_datastore.KnnDatastore.load(str(root / "knn"), "brute_force")
     manifest = json.loads((root / "knn" / "manifest.json").read_text())
     assert progress_totals(capsys.readouterr().err, "build_knn_datastore") == {
