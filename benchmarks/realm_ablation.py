@@ -142,6 +142,8 @@ def main() -> int:
                              "the held-out MLM accuracy at the default --eval-examples)")
     parser.add_argument("--max-chunks", dest="max_chunks", type=int, default=1000)
     parser.add_argument("--eval-examples", dest="eval_examples", type=int, default=2048)
+    parser.add_argument("--pretrain", dest="pretrain_overrides", action="append", default=[],
+                        help="overrides of every pre-training run (e.g. data.batch_size=4)")
     parser.add_argument("--reader", dest="reader_overrides", action="append", default=[],
                         help="overrides of every row's reader warm start (e.g. reader.steps=1800)")
     parser.add_argument("--finetune", dest="finetune_overrides", action="append", default=[],
@@ -190,7 +192,8 @@ def main() -> int:
         curves = {}
         for name in realm_runs:
             curves[name] = pretrain_until_plateau(
-                name, out, [*sets, "--set", f"model.retriever_checkpoint={out}/ict"],
+                name, out, [*sets, "--set", f"model.retriever_checkpoint={out}/ict",
+                            *sum((["--set", o] for o in args.pretrain_overrides), [])],
                 f"{out}/data_{name}/pretraining-*", f"{out}/data_salient/pretraining-*", args, deadline)
         if curves:
             plot_curves(curves, f"{out}/curves.png")
