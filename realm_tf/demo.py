@@ -9,7 +9,7 @@ embedded by the Beam job, the first ScaNN index published) → ``pretrain`` (REA
 training questions → ``evaluate`` on held-out questions → ``export`` the serving SavedModel → ``ask`` it sample
 questions.
 
-``realm-tf demo`` runs each stage in a process of its own (``cli.run_in_child``; ``--one-process``: all in
+``realm-tf demo`` runs each stage in a process of its own (``commands.command.run_in_child``; ``--one-process``: all in
 one), so the demo holds one stage's memory at a time, under 4 GB: TensorFlow's BFC allocator keeps
 what a process once took.
 

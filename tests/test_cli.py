@@ -16,7 +16,7 @@ def test_help_lists_every_subcommand_with_one_line():
     result = _run("--help")
     assert result.returncode == 0
     lines = result.stdout.splitlines()
-    for name in cli._COMMANDS:
+    for name in [c.name for c in cli.COMMANDS]:
         matching = [line for line in lines if line.strip().startswith(name + " ")]
         assert len(matching) == 1, f"{name} not listed on one line:\n{result.stdout}"
         assert len(matching[0].split(name, 1)[1].strip()) > 10  # with an explanation
@@ -74,3 +74,21 @@ def test_verify_passes_a_clean_index_and_names_each_damaged_file(tmp_path, capsy
     assert f"ok       {tmp_path / '0000000001'}" in out
     assert cli.main(["verify", str(tmp_path / "nothing")]) == 2  # no artifact there: a clear error, no traceback
     assert "no artifact here" in capsys.readouterr().err
+
+
+def test_train_runs_the_named_experiments_own_command(capsys):
+    """``realm-tf train --experiment NAME ARGS`` is the experiment's command with ARGS (here it stops at the
+    config, before any training: the error names the command it reached)."""
+    from realm_tf.commands import training
+
+    required = {"finetune": ["--train", "questions.jsonl"]}  # the command's own required arguments
+    for name, (section, command_name, _) in training.EXPERIMENTS.items():
+        assert cli.main(["train", "--experiment", name, "--config", "configs/tiny.yaml", *required.get(name, []),
+                         "--set", f"{section}.nope=1"]) == 2
+        err = capsys.readouterr().err
+        assert f"realm-tf {command_name}: error:" in err and f"unknown key '{section}.nope'" in err
+
+
+def test_train_refuses_an_unknown_experiment():
+    result = _run("train", "--experiment", "nope", "--config", "configs/tiny.yaml")
+    assert result.returncode == 2 and "invalid choice: 'nope'" in result.stderr

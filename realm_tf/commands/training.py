@@ -1,0 +1,181 @@
+"""``realm-tf`` commands that train: the retriever's initialisation and ICT warm start, REALM pre-training
+(Guu et al. 2020), the reader warm start, Open-QA fine-tuning and RETRO's decoder (Borgeaud et al. 2021)."""
+from __future__ import annotations
+
+import argparse
+
+from realm_tf import config as config_lib
+from realm_tf.commands import command
+
+
+def _cmd_init_retriever(args: argparse.Namespace) -> int:
+    """The imported retriever with its projection fitted to the corpus (model.projection_init), as a run."""
+    from realm_tf.tasks import projection_init
+
+    info = projection_init.init_retriever(command.load(args), args.out, args.blocks)
+    print(f"init-retriever: wrote {args.out} (projection {info})")
+    return 0
+
+
+def _args_init_retriever(p: argparse.ArgumentParser) -> None:
+    command.add_config_args(p)
+    p.add_argument("--out", required=True,
+                   help="run directory to write (then model.retriever_checkpoint / "
+                        "qa.retriever_checkpoint / export-retriever --model_dir)")
+    p.add_argument("--blocks", type=int, default=4096,
+                   help="corpus blocks sampled to fit the projection")
+
+
+def _cmd_train_ict(args: argparse.Namespace) -> int:
+    """ICT warm start of the retriever, then a retriever export for the index builder."""
+    from realm_tf.serving import retriever_export
+    from realm_tf.tasks import experiment
+    from realm_tf.tasks import ict
+
+    cfg = command.load(args)
+    result = experiment.run_experiment(ict.IctTask(cfg, file_pattern=args.input))
+    print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in result["train"].items()))
+    print(f"exported retriever to {retriever_export.export_retriever(result['model'], cfg, result['step'])}")
+    return command.training_exit_code(result)
+
+
+def _args_train_ict(p: argparse.ArgumentParser) -> None:
+    command.add_config_args(p)
+    p.add_argument(
+    "--input", default=None, help="ICT TFRecord pattern (default: data.ict_dir/ict-*.tfrecord*)")
+
+
+def _cmd_pretrain(args: argparse.Namespace) -> int:
+    """REALM pre-training with asynchronous index refresh; resumes from model_dir's latest checkpoint."""
+    from realm_tf.tasks import realm_pretraining
+
+    result = realm_pretraining.pretrain(command.load(args), pretraining_pattern=args.input, evaluate=not args.no_eval,
+                                        eval_pattern=args.eval_input)
+    print(realm_pretraining.format_result(result))
+    if args.metrics:
+        import json
+
+        summary = {"step": result["step"], "train": result["train"], "eval": result.get("eval", {})}
+        config_lib.atomic_write_text(args.metrics, json.dumps(summary, indent=2, default=float) + "\n")
+    return command.training_exit_code(result)
+
+
+def _args_pretrain(p: argparse.ArgumentParser) -> None:
+    command.add_config_args(p)
+    p.add_argument("--input", default=None,
+                   help="pre-training TFRecords (default: data.pretraining_dir/pretraining-*)")
+    p.add_argument("--eval-input", dest="eval_input", default=None,
+                   help="pre-training TFRecords whose held-out salient spans are scored "
+                        "at the end (default: --input); e.g. salient-span data for a run "
+                        "trained on data.masking_strategy=random_span")
+    p.add_argument("--no-eval", dest="no_eval", action="store_true",
+                   help="skip the held-out evaluation at the end")
+    p.add_argument("--metrics", default=None, metavar="FILE.json",
+                   help="also write the final step, training logs and held-out scores "
+                        "to this file")
+
+
+def _cmd_train_reader(args: argparse.Namespace) -> int:
+    """Reader warm start on gold + negative blocks (resumable)."""
+    from realm_tf.tasks import reader_warm_start
+
+    result = reader_warm_start.train_reader(command.load(args), args.questions)
+    print(f"train-reader: step {result['step']}: " + ", ".join(f"{k}={v:.4g}" for k, v in result["train"].items()))
+    return command.training_exit_code(result)
+
+
+def _args_train_reader(p: argparse.ArgumentParser) -> None:
+    command.add_config_args(p)
+    p.add_argument("--questions", nargs="*", default=(), metavar="FILE.jsonl",
+                   help="{question, answers, gold_passage_ids} files (default: "
+                        "qa.reader_questions); their dev and tune splits are held "
+                        "out")
+
+
+def _cmd_finetune(args: argparse.Namespace) -> int:
+    """Open-QA fine-tuning on any {question, answers} JSONL (dev split held out); resumable."""
+    from realm_tf.tasks import open_qa
+
+    result = open_qa.finetune(command.load(args), args.train, retriever=args.retriever)
+    print(f"finetune: step {result['step']}: " + ", ".join(f"{k}={v:.4g}" for k, v in result["train"].items()))
+    return command.training_exit_code(result)
+
+
+def _args_finetune(p: argparse.ArgumentParser) -> None:
+    command.add_config_args(p)
+    p.add_argument("--train", default=None, required=True, metavar="FILE.jsonl",
+                   help="questions with answers (.jsonl or .jsonl.gz); the dev and tune "
+                        "splits (data.qa_dev_fraction, qa_tune_fraction) are held out")
+    p.add_argument("--retriever", choices=("dense", "bm25"), default="dense",
+                   help="dense: retriever and reader trained together (ORQA); bm25: the "
+                        "reader alone on BM25's top blocks (the BM25 + reader baseline)")
+
+
+def _cmd_train_retro(args: argparse.Namespace) -> int:
+    """Trains RETRO's decoder (or its baseline, or RETRO-fits a baseline) on the chunk database's documents."""
+    from realm_tf.tasks import experiment
+    from realm_tf.tasks import retro_lm
+
+    result = experiment.run_experiment(retro_lm.RetroLmTask(command.load(args), retrieval=not args.baseline))
+    print(f"step {result['step']}: " + ", ".join(f"{k}={v:.4g}" for k, v in result["train"].items()))
+    return command.training_exit_code(result)
+
+
+def _args_train_retro(p: argparse.ArgumentParser) -> None:
+    command.add_config_args(p)
+    p.add_argument(
+    "--baseline", action="store_true",
+    help="the same decoder without retrieval (no RETRO layers): the baseline")
+
+
+#: The named experiments: the config section that holds each one's training settings, the command that trains
+#: it (``realm-tf train --experiment NAME`` is that command) and what it trains.
+EXPERIMENTS: dict[str, tuple[str, str, str]] = {
+    "ict": ("ict", "train-ict", "the retriever's Inverse Cloze Task warm start (ORQA, Lee et al. 2019) and export"),
+    "pretrain": ("trainer", "pretrain", "REALM pre-training: salient spans, null document, asynchronous index refresh"),
+    "reader": ("reader", "train-reader", "the reader warm start on gold blocks, before Open-QA fine-tuning"),
+    "finetune": ("finetune", "finetune", "Open-QA fine-tuning of the retriever and the span reader (REALM §4)"),
+    "retro": ("retro_trainer", "train-retro", "RETRO's decoder (Borgeaud et al. 2021), or its baseline (--baseline)"),
+}
+
+
+def _train(args: argparse.Namespace) -> int:
+    """``realm-tf train --experiment NAME ARGS``: the experiment's own command with ARGS."""
+    _, name, _ = EXPERIMENTS[args.experiment]
+    return args.entry_point([name, *args.experiment_args, *(["--verbose"] if args.verbose else [])])
+
+
+def _args_train(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--experiment", required=True, choices=sorted(EXPERIMENTS),
+                   help="; ".join(f"{name}: {what} (= realm-tf {command_name}, config section {section})"
+                                  for name, (section, command_name, what) in EXPERIMENTS.items()))
+    p.epilog = ("Every other argument is the experiment's own (realm-tf train-ict --help, ...): --config FILE.yaml, "
+                "--set KEY=VALUE, ...")
+    command.keep_unknown_args(p, "experiment_args")
+
+
+COMMANDS = [
+    command.Command("train", "train a named experiment (--experiment ict, pretrain, reader, finetune, retro): its "
+                    "command, generated from the experiment registry", _train, _args_train),
+    command.Command("init-retriever",
+                    "the retriever from model.init_checkpoint with its projection fitted to the corpus "
+                    "(model.projection_init: pca keeps an imported embedder's ranking), saved as a run",
+                    _cmd_init_retriever, _args_init_retriever),
+    command.Command("train-ict",
+                    "train the retriever with the Inverse Cloze Task (resumable), then export it",
+                    _cmd_train_ict, _args_train_ict),
+    command.Command("pretrain",
+                    "REALM pre-training (salient spans, null doc, async index refresh); resumable",
+                    _cmd_pretrain, _args_pretrain),
+    command.Command("train-reader",
+                    "reader warm start: span reading on gold blocks next to BM25 negatives, before finetune; "
+                    "resumable",
+                    _cmd_train_reader, _args_train_reader),
+    command.Command("finetune",
+                    "Open-QA fine-tuning (retriever + span reader) on a {question, answers} JSONL; resumable",
+                    _cmd_finetune, _args_finetune),
+    command.Command("train-retro",
+                    "train RETRO's decoder on the chunk database's training documents, neighbours retrieved in the "
+                    "input pipeline (resumable; retro.retro_fit_from RETRO-fits a baseline)",
+                    _cmd_train_retro, _args_train_retro),
+]
