@@ -71,6 +71,7 @@ from realm_tf import errors
 from realm_tf.data import corpus_versions
 from realm_tf.data import example_schemas
 from realm_tf.index import index_kinds
+from realm_tf.index import index_publisher
 
 logger = logging.getLogger(__name__)
 
@@ -318,12 +319,75 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
       IndexVersionExistsError: that version is already published.
       IncompleteEmbeddingsError: some block is missing, duplicated or failed (nothing is published).
     """
-    from realm_tf.index import index_publisher  # pylint: disable=import-outside-toplevel
+    started = time.time()
+    target = _target(cfg, export_path, index_dir, blocks)
+    export = target.export
+    embeddings_dir = embeddings_dir or filesystems.FileSystems.join(
+        target.index_dir, f".embeddings-{index_publisher.version_name(target.version)}-{uuid.uuid4().hex[:8]}")
+    job_support.delete_matching([filesystems.FileSystems.join(embeddings_dir, f"{prefix}-*")  # a rerun into it
+                                 for prefix in (EMBEDDINGS_PREFIX, FAILURES_PREFIX)])
+
+    options = job_support.pipeline_options_for(beam_args)
+    use_the_cores(options, beam_args)
+    if intra_op_threads is None:
+        intra_op_threads = default_intra_op_threads(options)
+    logger.info("embed_blocks: export %s (step %d, dim %d) over %s%s -> %s", export_path, int(export["step"]),
+                export["embedding_dim"], target.blocks,
+                f" ({target.num_blocks:,} blocks)" if target.num_blocks is not None else "", target.index_dir)
+    pipeline = beam.Pipeline(options=options)
+    outputs = (pipeline
+               | "ReadBlocks" >> beam.io.ReadFromTFRecord(target.blocks)
+               | "EmbedBlocks" >> EmbedBlocks(export_path, int(export["block_seq_length"]), min_batch_size,
+                                              max_batch_size, batching, target.num_blocks,
+                                              job_support.progress_interval_for(progress_interval, options),
+                                              intra_op_threads))
+    _ = outputs["embeddings"] | "WriteEmbeddings" >> vector_job.WriteKeyedVectors(embeddings_dir, EMBEDDINGS_PREFIX,
+                                                                                  num_shards)
+    _ = outputs["failures"] | "WriteFailures" >> vector_job.WriteFailures(embeddings_dir, FAILURES_PREFIX)
+    counts = vector_job.run_pipeline(pipeline, NAMESPACE)
+    embed_seconds = time.time() - started
+
+    start = time.time()
+    matrix = vector_job.read_matrix(embeddings_dir, EMBEDDINGS_PREFIX, int(export["embedding_dim"]),
+                                    target.num_blocks, where=f" (blocks {target.blocks}; embeddings kept in "
+                                                             f"{embeddings_dir})")  # [N, dim]
+    metadata = {
+        **_export_metadata(export_path, export), "corpus_version": target.corpus_version,
+        "blocks_pattern": target.blocks, "blocks_manifest": target.num_blocks is not None, "counts": counts,
+        "batching": {"mode": batching, "min_batch_size": min_batch_size, "max_batch_size": max_batch_size},
+        "runner": _runner_description(options), "intra_op_threads": intra_op_threads,
+        "embed_seconds": round(embed_seconds, 3), "assemble_seconds": round(time.time() - start, 3),
+        "config_hash": config_lib.config_hash(cfg),
+    }
+    _, path, publish_seconds = vector_job.build_and_publish(cfg, target.index_dir, matrix, metadata, target.version,
+                                                            pause_before_commit=pause_before_commit)
+    if not keep_embeddings:
+        job_support.remove_scratch_directory(embeddings_dir)
+    summary = {**index_publisher.read_index_json(path), "index_path": path,
+               "publish_seconds": round(publish_seconds, 3), "total_seconds": round(time.time() - started, 3),
+               "embeddings_dir": embeddings_dir if keep_embeddings else None}
+    logger.info("%s", format_summary(summary))
+    return summary
+
+
+class _Target(NamedTuple):
+    """What one run embeds and where it publishes."""
+
+    blocks: str  # the block files
+    corpus_version: int
+    index_dir: str
+    export: Mapping[str, Any]  # the export's export.json
+    version: int  # the index version to publish
+    num_blocks: int | None  # from the blocks' manifest (None: no manifest)
+
+
+def _target(cfg: config_lib.ExperimentConfig, export_path: str, index_dir: str | None,
+            blocks: str | None) -> _Target:
+    """Checks a run's inputs before anything is embedded: the export, the version it would publish (not yet
+    published), the index kind, the blocks (their vocabulary the export's)."""
     from realm_tf.serving import retriever_export  # pylint: disable=import-outside-toplevel
 
-    started = time.time()
     blocks = blocks or corpus_versions.current_pattern(cfg.data.blocks_dir, "blocks-*.tfrecord")
-    corpus_version = corpus_versions.version_of(cfg.data.blocks_dir, blocks)
     index_dir = index_dir or cfg.index.index_dir
     export = retriever_export.read_export_metadata(export_path)
     version = index_publisher.version_for_export(index_dir, int(export["step"]))
@@ -333,69 +397,17 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
             f"already published")
     index_kinds.index_class(cfg.index.kind)  # an unknown kind fails before the embedding, not after
     manifest = job_support.check_input(blocks, export["vocab_hash"], flag="--blocks")
-    expected_blocks = int(manifest["blocks"]) if manifest and "blocks" in manifest else None
-    embeddings_dir = embeddings_dir or filesystems.FileSystems.join(
-        index_dir, f".embeddings-{index_publisher.version_name(version)}-{uuid.uuid4().hex[:8]}")
-    embeddings_pattern = filesystems.FileSystems.join(embeddings_dir, f"{EMBEDDINGS_PREFIX}-*.tfrecord")
-    failures_pattern = filesystems.FileSystems.join(embeddings_dir, f"{FAILURES_PREFIX}-*.jsonl")
-    job_support.delete_matching([embeddings_pattern, failures_pattern])  # a rerun into the same embeddings_dir
+    num_blocks = int(manifest["blocks"]) if manifest and "blocks" in manifest else None
+    return _Target(blocks, corpus_versions.version_of(cfg.data.blocks_dir, blocks), index_dir, export, version,
+                   num_blocks)
 
-    options = job_support.pipeline_options_for(beam_args)
-    use_the_cores(options, beam_args)
-    interval = job_support.progress_interval_for(progress_interval, options)
-    if intra_op_threads is None:
-        intra_op_threads = default_intra_op_threads(options)
-    logger.info("embed_blocks: export %s (step %d, dim %d) over %s%s -> %s", export_path, int(export["step"]),
-                export["embedding_dim"], blocks,
-                f" ({expected_blocks:,} blocks)" if expected_blocks is not None else "", index_dir)
 
-    pipeline = beam.Pipeline(options=options)
-    outputs = (pipeline
-               | "ReadBlocks" >> beam.io.ReadFromTFRecord(blocks)
-               | "EmbedBlocks" >> EmbedBlocks(export_path, int(export["block_seq_length"]), min_batch_size,
-                                              max_batch_size, batching, expected_blocks, interval,
-                                              intra_op_threads))
-    _ = outputs["embeddings"] | "WriteEmbeddings" >> vector_job.WriteKeyedVectors(embeddings_dir, EMBEDDINGS_PREFIX,
-                                                                                  num_shards)
-    _ = outputs["failures"] | "WriteFailures" >> vector_job.WriteFailures(embeddings_dir, FAILURES_PREFIX)
-    counts = vector_job.run_pipeline(pipeline, NAMESPACE)
-    embed_seconds = time.time() - started
-
-    start = time.time()
-    matrix = vector_job.read_matrix(embeddings_dir, EMBEDDINGS_PREFIX, int(export["embedding_dim"]), expected_blocks,
-                                    where=f" (blocks {blocks}; embeddings kept in {embeddings_dir})")  # [N, dim]
-    assemble_seconds = time.time() - start
-    metadata = {
-        "export_step": int(export["step"]),
-        "corpus_version": corpus_version,
-        "export_path": export_path if "://" in export_path else os.path.abspath(export_path),
-        "exported_at": export.get("exported_at"),
-        "export_config_hash": export.get("config_hash"),
-        "vocab_hash": export["vocab_hash"],
-        "block_seq_length": int(export["block_seq_length"]),
-        "blocks_pattern": blocks,
-        "blocks_manifest": expected_blocks is not None,
-        "counts": counts,
-        "batching": {"mode": batching, "min_batch_size": min_batch_size, "max_batch_size": max_batch_size},
-        "runner": _runner_description(options),
-        "intra_op_threads": intra_op_threads,
-        "embed_seconds": round(embed_seconds, 3),
-        "assemble_seconds": round(assemble_seconds, 3),
-        "config_hash": config_lib.config_hash(cfg),
-    }
-    _, path, publish_seconds = vector_job.build_and_publish(cfg, index_dir, matrix, metadata, version,
-                                                            pause_before_commit=pause_before_commit)
-    if not keep_embeddings:
-        job_support.delete_matching([embeddings_pattern, failures_pattern])
-        try:
-            filesystems.FileSystems.delete([embeddings_dir])
-        except Exception:  # pylint: disable=broad-except  # object stores have no directories to delete
-            pass
-    summary = {**index_publisher.read_index_json(path), "index_path": path,
-               "publish_seconds": round(publish_seconds, 3), "total_seconds": round(time.time() - started, 3),
-               "embeddings_dir": embeddings_dir if keep_embeddings else None}
-    logger.info("%s", format_summary(summary))
-    return summary
+def _export_metadata(export_path: str, export: Mapping[str, Any]) -> dict[str, Any]:
+    """What an index version records of the export that embedded it."""
+    return {"export_step": int(export["step"]),
+            "export_path": export_path if "://" in export_path else os.path.abspath(export_path),
+            "exported_at": export.get("exported_at"), "export_config_hash": export.get("config_hash"),
+            "vocab_hash": export["vocab_hash"], "block_seq_length": int(export["block_seq_length"])}
 
 
 class EmbedBlocksJob(job_support.BeamJob):
