@@ -305,19 +305,12 @@ def build_chunk_database(cfg: config_lib.ExperimentConfig, blocks: str | None = 
     index_seconds = time.time() - start
 
     manifest = {
-        "job": JOB.name,
-        "blocks": blocks,
+        "job": JOB.name, "blocks": blocks, "num_chunks": counts.get(CHUNKS, 0),
         "chunk_shards": sorted(os.path.basename(m.path) for m in job_support.match(
             filesystems.FileSystems.join(chunks_dir, f"{CHUNKS_PREFIX}-*"))),
-        "num_chunks": counts.get(CHUNKS, 0),
-        "chunk_length": cfg.retro.chunk_length,
-        "continuation_length": cfg.retro.continuation_length,
-        "counts": counts,
-        "index_version": version,
-        "index_path": path,
-        "vocab_hash": vocab_hash,
-        "beam_args": [a for a in beam_args if a != "--"],
-        "config_hash": config_lib.config_hash(cfg),
+        "chunk_length": cfg.retro.chunk_length, "continuation_length": cfg.retro.continuation_length,
+        "counts": counts, "index_version": version, "index_path": path, "vocab_hash": vocab_hash,
+        "beam_args": [a for a in beam_args if a != "--"], "config_hash": config_lib.config_hash(cfg),
         "config": config_lib.to_dict(cfg),
         "seconds": {"pipeline": round(pipeline_seconds, 1), "index": round(index_seconds, 1),
                     "total": round(time.time() - started, 1)},

@@ -496,6 +496,62 @@ class _NothingChanged(Exception):
         self.counts = counts
 
 
+def _request(args: argparse.Namespace, cfg: config_lib.ExperimentConfig) -> tuple[list[str], list[str]]:
+    """The files to add and the ids to delete; refused before anything runs when there are none (or the index
+    kind is unknown)."""
+    deletes = parse_deletes(args.delete)
+    paths = preprocess_corpus.match_inputs(args.add, args.format, flag="--add") if args.add else []
+    if not paths and not deletes:
+        raise errors.UserError("update-corpus: nothing to do (give --add FILE and/or --delete IDS)")
+    index_kinds.index_class(cfg.index.kind)  # an unknown kind fails now, not after the embedding
+    return paths, deletes
+
+
+def _check_update(counters: Mapping[str, dict[str, int]], base: Base, num_deletes: int) -> None:
+    """Completes the update's counts (``_account``) and refuses to publish an update that changed nothing
+    (:class:`_NothingChanged`) or that did not read every block of its base."""
+    counts = counters["update_corpus"]
+    _account(counts, counters["preprocess_corpus"], num_deletes)
+    if not any(counts.get(f"documents_{change}", 0) for change in (ADDED, REPLACED, DELETED)):
+        raise _NothingChanged(counts)  # nothing is published: the staged versions are dropped
+    if counts.get(BASE_BLOCKS_READ, 0) != base.num_blocks:
+        raise embedding_matrix.IncompleteEmbeddingsError(
+            f"{base.blocks_pattern}: {counts.get(BASE_BLOCKS_READ, 0)} blocks read but index version "
+            f"{base.index_version} has {base.num_blocks} rows: refusing to publish")
+
+
+def _run(pipeline: beam.Pipeline) -> dict[str, dict[str, int]]:
+    """Runs the update's pipeline to its end; the counters of the update and of the two jobs it reuses."""
+    result = pipeline.run()
+    result.wait_until_finish()
+    return {name: job_support.read_counters(result, namespace) for name, namespace in (
+        ("update_corpus", NAMESPACE), ("preprocess_corpus", preprocess_corpus.NAMESPACE),
+        ("embed_blocks", embed_blocks.NAMESPACE))}
+
+
+def _nothing_published(base: Base, counts: Mapping[str, int]) -> dict[str, Any]:
+    """What an update that changed nothing returns (and says): the versions in service are the base's."""
+    logger.warning("update-corpus: nothing changed (%d documents unchanged, %d deletes of unknown ids): no version "
+                   "published; index version %d and corpus version %d still serve",
+                   counts.get(f"documents_{UNCHANGED}", 0), counts.get(f"dead_letters_{UNKNOWN_ID}", 0),
+                   base.index_version, base.corpus_version)
+    return {"published": False, "index_version": base.index_version, "corpus_version": base.corpus_version,
+            "counters": dict(counts)}
+
+
+def _serve(cfg: config_lib.ExperimentConfig, base_path: str, index_dir: str, blocks_dir: str, corpus_version: int,
+           index_version: int) -> str:
+    """``--serve``: the next served version under ``base_path``, the newest one's weights over the new corpus."""
+    from realm_tf.serving import open_qa_export  # pylint: disable=import-outside-toplevel
+
+    try:
+        return open_qa_export.publish_corpus_update(cfg, base_path, index_dir, blocks_dir)
+    except errors.UserError as e:
+        raise errors.UserError(f"{e} (corpus version {corpus_version} and index version {index_version} are "
+                               f"published; the served version is not: realm-tf export --base_path {base_path} "
+                               f"--corpus_only writes it)") from e
+
+
 class UpdateCorpusJob(job_support.BeamJob):
     """``python -m beam_jobs.update_corpus`` / ``realm-tf update-corpus``."""
 
@@ -505,29 +561,22 @@ class UpdateCorpusJob(job_support.BeamJob):
         job_flags.add_update_corpus_args(parser)
 
     def run_with_args(self, args: argparse.Namespace, beam_args: Sequence[str]) -> dict[str, Any]:
-        """Runs the update and publishes it; returns the manifest, with the index (and served) path, the
-        counters and the timings."""
+        """Runs the update and publishes it: the manifest, with the index (and served) path, counters, timings."""
         started = time.time()
         cfg = config_lib.load_config(args.config, args.overrides)
-        deletes = parse_deletes(args.delete)
-        paths = preprocess_corpus.match_inputs(args.add, args.format, flag="--add") if args.add else []
-        if not paths and not deletes:
-            raise errors.UserError("update-corpus: nothing to do (give --add FILE and/or --delete IDS)")
-        index_kinds.index_class(cfg.index.kind)  # an unknown kind fails now, not after the embedding
-        blocks_dir = args.blocks_dir or cfg.data.blocks_dir
-        index_dir = args.index_dir or cfg.index.index_dir
+        paths, deletes = _request(args, cfg)
+        blocks_dir, index_dir = args.blocks_dir or cfg.data.blocks_dir, args.index_dir or cfg.index.index_dir
         base = find_base(cfg, blocks_dir, index_dir)
         corpus_version = corpus_versions.next_version(blocks_dir)
         index_version = index_publisher.complete_versions(index_dir)[-1] + 1
         options = job_support.pipeline_options_for(beam_args)
-        interval = job_support.progress_interval_for(args.progress_interval, options)
         outputs_scratch = filesystems.FileSystems.join(index_dir, f".update-{index_version}-{uuid.uuid4().hex[:8]}")
         logger.info("update_corpus: corpus version %d (index version %d, %s blocks) + %d file(s) - %d id(s) -> "
                     "corpus version %d, index version %d", base.corpus_version, base.index_version,
                     f"{base.num_blocks:,}", len(paths), len(deletes), corpus_version, index_version)
         timings: dict[str, float] = {}
-        index_final = index_publisher.version_dir(index_dir, index_version)
-        corpus_final = corpus_versions.version_dir(blocks_dir, corpus_version)
+        index_final, corpus_final = (index_publisher.version_dir(index_dir, index_version),
+                                     corpus_versions.version_dir(blocks_dir, corpus_version))
         try:
             with artifacts.staged(index_final, artifacts.INDEX) as index_staging, \
                     artifacts.staged(corpus_final, artifacts.JOB_MANIFEST,
@@ -536,22 +585,12 @@ class UpdateCorpusJob(job_support.BeamJob):
                 outputs = Outputs(corpus_staging.path, outputs_scratch)
                 pipeline = beam.Pipeline(options=options)
                 build_pipeline(pipeline, cfg, base, paths, deletes, outputs, args.format, args.num_shards,
-                               args.batch_size, args.min_batch_size, args.max_batch_size, interval)
+                               args.batch_size, args.min_batch_size, args.max_batch_size,
+                               job_support.progress_interval_for(args.progress_interval, options))
                 start = time.time()
-                result = pipeline.run()
-                result.wait_until_finish()
+                counters = _run(pipeline)
                 timings["pipeline_seconds"] = round(time.time() - start, 3)
-                counters = {name: job_support.read_counters(result, namespace) for name, namespace in (
-                    ("update_corpus", NAMESPACE), ("preprocess_corpus", preprocess_corpus.NAMESPACE),
-                    ("embed_blocks", embed_blocks.NAMESPACE))}
-                counts = counters["update_corpus"]
-                _account(counts, counters["preprocess_corpus"], len(deletes))
-                if not any(counts.get(f"documents_{change}", 0) for change in (ADDED, REPLACED, DELETED)):
-                    raise _NothingChanged(counts)  # nothing is published: the staged versions are dropped
-                if counts.get(BASE_BLOCKS_READ, 0) != base.num_blocks:
-                    raise embedding_matrix.IncompleteEmbeddingsError(
-                        f"{base.blocks_pattern}: {counts.get(BASE_BLOCKS_READ, 0)} blocks read but index version "
-                        f"{base.index_version} has {base.num_blocks} rows: refusing to publish")
+                _check_update(counters, base, len(deletes))
                 start = time.time()
                 matrix = self._assemble(base, outputs)  # [num_blocks, dim]
                 index = index_kinds.build_index(cfg.index.kind, cfg.index, matrix)
@@ -563,13 +602,7 @@ class UpdateCorpusJob(job_support.BeamJob):
                     self._index_metadata(cfg, base, manifest, blocks_dir))
                 corpus_staging.metadata = manifest
         except _NothingChanged as nothing:
-            logger.warning("update-corpus: nothing changed (%d documents unchanged, %d deletes of unknown ids): no "
-                           "version published; index version %d and corpus version %d still serve",
-                           nothing.counts.get(f"documents_{UNCHANGED}", 0),
-                           nothing.counts.get(f"dead_letters_{UNKNOWN_ID}", 0), base.index_version,
-                           base.corpus_version)
-            return {"published": False, "index_version": base.index_version, "corpus_version": base.corpus_version,
-                    "counters": dict(nothing.counts)}
+            return _nothing_published(base, nothing.counts)
         except FileExistsError as e:
             raise index_publisher.IndexVersionExistsError(
                 f"{corpus_final} / {index_final}: published concurrently by another update or refresh; nothing of "
@@ -581,15 +614,8 @@ class UpdateCorpusJob(job_support.BeamJob):
         corpus_versions.prune(blocks_dir, keep=in_use)
         summary = {**manifest, "index_path": index_final, "corpus_path": corpus_final, "published": True}
         if args.serve:
-            from realm_tf.serving import open_qa_export  # pylint: disable=import-outside-toplevel
-
             start = time.time()
-            try:
-                summary["served_path"] = open_qa_export.publish_corpus_update(cfg, args.serve, index_dir, blocks_dir)
-            except errors.UserError as e:
-                raise errors.UserError(f"{e} (corpus version {corpus_version} and index version {index_version} are "
-                                       f"published; the served version is not: realm-tf export --base_path "
-                                       f"{args.serve} --corpus_only writes it)") from e
+            summary["served_path"] = _serve(cfg, args.serve, index_dir, blocks_dir, corpus_version, index_version)
             timings["serve_seconds"] = round(time.time() - start, 3)
         summary["seconds"] = {**timings, "total_seconds": round(time.time() - started, 3)}
         logger.info("%s", format_summary(summary))
