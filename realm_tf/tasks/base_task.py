@@ -145,11 +145,29 @@ class Task(abc.ABC):
                 "learning_rate": training_loop.learning_rate(optimizer)}
 
     def validation_step(self, inputs: tuple[Features, Labels], model: tf_keras.Model) -> Logs:
-        """Loss and metrics of one batch without an update."""
+        """Loss and metrics of one batch without an update (a task whose evaluation is not its loss returns its
+        per-example outputs instead, for :meth:`aggregate_logs`)."""
         features, labels = inputs
         outputs = self.call_model(model, features, training=False)
         per_example, terms = self.build_losses(labels, outputs)
         return {"loss": tf.reduce_mean(per_example), **self.build_metrics(labels, outputs, terms)}
+
+    # ---- evaluation, in tf-models' protocol (official/core/base_task.py) ----------------------------------
+
+    def aggregate_logs(self, state: Any, step_outputs: Logs) -> Any:
+        """Folds the outputs of one :meth:`validation_step` into the evaluation's state, on the host (``state`` is
+        None before the first batch). By default: the sum of each log over the batches and their count."""
+        state = state if state is not None else {"batches": 0}
+        state["batches"] += 1
+        for key, value in step_outputs.items():
+            state[key] = state.get(key, 0.0) + float(value)
+        return state
+
+    def reduce_aggregated_logs(self, state: Any) -> dict[str, Any]:
+        """The metrics of a whole evaluation from its state. By default: the mean of each log over the batches."""
+        if not state:
+            return {}
+        return {key: value / state["batches"] for key, value in state.items() if key != "batches"}
 
 
 def split_features(keys: Callable[[str], bool]) -> Callable[[Mapping[str, tf.Tensor]], tuple[Features, Labels]]:

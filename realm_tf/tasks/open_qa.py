@@ -13,16 +13,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gzip
-import json
 import logging
 import os
 import re
-import sys
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
-import tqdm
 
 from realm_tf import config as config_lib
 from realm_tf import errors
@@ -37,10 +34,13 @@ from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_retriever
 from realm_tf.models import open_qa_model
 from realm_tf.models import span_reader
+from realm_tf.tasks import answer_errors
 from realm_tf.tasks import base_task
+from realm_tf.tasks import evaluation
 from realm_tf.tasks import open_qa_loss
 from realm_tf.tasks import precision
-from realm_tf.tasks import tracing
+from realm_tf.tasks import reading_sets
+from realm_tf.tasks import retrieval_metrics
 from realm_tf.tasks import training_loop
 from realm_tf.tasks import warm_start
 
@@ -355,6 +355,99 @@ class OpenQaTask(base_task.Task):
         spans = self.cfg.qa.answer_aggregation_spans if aggregate_spans is None else aggregate_spans
         return model.decode(outputs, weight, spans)
 
+    # ---- evaluation (realm_tf.tasks.evaluation: validation_step, aggregate_logs, reduce_aggregated_logs) ----
+
+    def build_eval_inputs(self, examples: Sequence[QaExample], blocks: block_store_lib.BlockStore,
+                          given: np.ndarray | None = None, ranked: np.ndarray | None = None,
+                          score_weights: Sequence[float] = (), aggregations: Sequence[int] = ()) -> tf.data.Dataset:
+        """The batches of an evaluation over ``examples``, read from the model's own search or from ``given``
+        blocks ``[num_questions, k]`` (``ranked`` ``[num_questions, max_k]``: their ranking, for accuracy@k); the
+        answers are also decoded with each retrieval weight of ``score_weights`` and each span aggregation of
+        ``aggregations``."""
+        variants = [(f"w={w:g}", {"retrieval_weight": w}) for w in score_weights]
+        variants += [(f"agg={n}", {"aggregate_spans": n}) for n in aggregations]
+        self._evaluation = _Evaluation(list(examples), blocks, retrieval_metrics.AnswerMatcher(blocks.texts),
+                                       variants, ranked, max(self.cfg.qa.eval_ks))
+        return self.dataset(examples, self.cfg.data.batch_size, block_ids=given)
+
+    def validation_step(self, inputs: Mapping[str, tf.Tensor], model: open_qa_model.OpenQaModel) -> dict[str, Any]:
+        """Per question of a batch: the decoded answers (``decoded``: the default decoding, then each variant's),
+        whether any read span is an answer (``oracle``), the blocks ranked (``top``) and read (``read``)."""
+        outputs = model(model_inputs(inputs), training=False)
+        variants = self._evaluation.variants
+        decoded = [self.decode(model, outputs)] + [self.decode(model, outputs, **kw) for _, kw in variants]
+        oracle = tf.reduce_any(self.answer_span_mask(outputs, inputs["answer_ids"]), axis=[1, 2])  # [batch]
+        if "block_ids" in inputs:
+            top = inputs["block_ids"]  # [batch, k]: ranked outside (BM25 / gold); replaced by the ranking
+        else:
+            question = {k[len(_QUESTION_PREFIX):]: v for k, v in inputs.items() if k.startswith(_QUESTION_PREFIX)}
+            _, _, top = model.retrieve(question, self._evaluation.max_k)  # [batch, max_k]
+        return {"index": inputs["index"], "decoded": decoded, "oracle": oracle, "top": top,
+                "read": outputs["block_ids"]}
+
+    def aggregate_logs(self, state: dict[str, Any] | None, step_outputs: Mapping[str, Any]) -> dict[str, Any]:
+        """Scores each question of a batch and keeps its prediction record."""
+        e = self._evaluation
+        if state is None:
+            state = {"predictions": [], "retrieved": [],
+                     "totals": dict.fromkeys(["exact_match", "f1", "regex_match", "reader_oracle"]
+                                             + [f"{m}@{name}" for name, _ in e.variants for m in ("exact_match", "f1")],
+                                             0.0)}
+        totals, decoded = state["totals"], step_outputs["decoded"]
+        for i, index in enumerate(step_outputs["index"].numpy()):
+            example = e.examples[index]
+            answers = [d["answer"][i].numpy().decode("utf-8", "replace") for d in decoded]
+            answer, oracle = answers[0], bool(step_outputs["oracle"][i])
+            hit_em, hit_f1 = exact_match(answer, example.answers), f1(answer, example.answers)
+            totals["exact_match"] += hit_em
+            totals["f1"] += hit_f1
+            totals["regex_match"] += regex_match(answer, example.answers)
+            totals["reader_oracle"] += oracle
+            for (name, _), other in zip(e.variants, answers[1:]):
+                totals[f"exact_match@{name}"] += exact_match(other, example.answers)
+                totals[f"f1@{name}"] += f1(other, example.answers)
+            state["retrieved"].append(e.ranked[index] if e.ranked is not None else step_outputs["top"][i].numpy())
+            normalized = retrieval_metrics.normalized_answers(example.answers)
+            read_rows = [int(r) for r in step_outputs["read"][i].numpy()]
+            state["predictions"].append({
+                "id": example.id, "question": example.question, "prediction": answer,
+                "score": float(decoded[0]["score"][i]), "answers": list(example.answers), "exact_match": hit_em,
+                "f1": round(hit_f1, 4), "reader_oracle": oracle, "block_id": int(decoded[0]["block_id"][i]),
+                "predicted_block": int(decoded[0]["block"][i]), "retrieved_block_ids": read_rows,
+                "retrieved_titles": [e.blocks.titles[r] for r in read_rows],
+                "read_blocks_with_answer": [p for p, r in enumerate(read_rows)
+                                            if normalized and e.matcher.has_answer(r, normalized)]})
+        return state
+
+    def reduce_aggregated_logs(self, state: dict[str, Any]) -> dict[str, Any]:
+        """EM, F1, regex match and the reader oracle (means over the questions), retrieval accuracy@k, the count
+        of each outcome of :mod:`realm_tf.tasks.answer_errors`, and the prediction records (``predictions``)."""
+        predictions, retrieved = state["predictions"], state["retrieved"]
+        n, width = len(predictions), max(len(r) for r in retrieved)
+        padded = np.full([n, width], -1, np.int64)  # [num_questions, width]
+        for q, rows in enumerate(retrieved):
+            padded[q, :len(rows)] = rows
+        metrics: dict[str, Any] = {k: v / n for k, v in state["totals"].items()}
+        metrics.update({k: v for k, v in retrieval_metrics.retrieval_metrics(
+            padded, self._evaluation.matcher, [p["answers"] for p in predictions], ks=self.cfg.qa.eval_ks).items()
+            if k != "num_questions" and int(k.split("@")[1]) <= width})
+        metrics["num_questions"] = n
+        metrics["outcomes"] = answer_errors.count_outcomes(predictions)
+        metrics["predictions"] = predictions
+        return metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class _Evaluation:
+    """What an evaluation's steps and aggregation read besides the batches."""
+
+    examples: list[QaExample]
+    blocks: block_store_lib.BlockStore
+    matcher: retrieval_metrics.AnswerMatcher  # over the blocks' texts
+    variants: list[tuple[str, dict[str, Any]]]  # (name, OpenQaTask.decode keyword arguments)
+    ranked: np.ndarray | None  # [num_questions, max_k] blocks ranked outside the model, or None
+    max_k: int
+
 
 def _shuffle_buffer(num_examples: int) -> int:
     """A whole-set shuffle for up to 100k questions (a window of 100k beyond)."""
@@ -475,10 +568,6 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
       aggregations: also report ``exact_match@agg=N`` / ``f1@agg=N`` with the probabilities of the best N spans
         summed by answer text (``qa.answer_aggregation_spans``).
     """
-    from realm_tf.tasks import answer_errors  # pylint: disable=import-outside-toplevel
-    from realm_tf.tasks import reading_sets  # pylint: disable=import-outside-toplevel
-    from realm_tf.tasks import retrieval_metrics  # pylint: disable=import-outside-toplevel
-
     if retriever not in RETRIEVERS:
         raise errors.UserError(f"unknown retriever {retriever!r}: one of {', '.join(RETRIEVERS)}")
     task = OpenQaTask(cfg)
@@ -494,101 +583,36 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
     model = task.build_model(corpus)
     model_dir = model_dir or cfg.finetune.model_dir
     restored = load_finetuned(task, model, model_dir, check_index=retriever == "dense")
-    max_k = max(cfg.qa.eval_ks)
-    skipped: dict[str, int] = {}
-    given = top_given = None  # [num_questions, k] blocks read / ranked instead of the model's search
-    if retriever == "bm25":
-        from realm_tf.index import bm25_retriever  # pylint: disable=import-outside-toplevel
-
-        top_given, _ = bm25_retriever.Bm25Retriever(blocks.titles, blocks.texts).search(
-            [e.question for e in examples], max_k)  # [num_questions, max_k]
-        given = top_given[:, :cfg.model.reader_beam_size]
-    elif retriever == "gold":
-        reading = reading_sets.gold_only(examples, blocks)
-        examples, given, top_given, skipped = reading.examples, reading.block_ids, reading.block_ids, reading.skipped
-    variants = [(f"w={w:g}", {"retrieval_weight": w}) for w in score_weights]
-    variants += [(f"agg={n}", {"aggregate_spans": n}) for n in aggregations]
-
-    def run(batch):
-        outputs = model(model_inputs(batch), training=False)
-        decoded = [task.decode(model, outputs)] + [task.decode(model, outputs, **kw) for _, kw in variants]
-        oracle = tf.reduce_any(task.answer_span_mask(outputs, batch["answer_ids"]), axis=[1, 2])  # [batch]
-        if "block_ids" in batch:
-            top = batch["block_ids"]  # [batch, k]: ranked outside (BM25 / gold); replaced below
-        else:
-            question = {k[len(_QUESTION_PREFIX):]: v for k, v in batch.items() if k.startswith(_QUESTION_PREFIX)}
-            _, _, top = model.retrieve(question, max_k)  # [batch, max_k]
-        return decoded, oracle, top, outputs["block_ids"]
-
-    predictions, retrieved = [], []
-    totals = {"exact_match": 0.0, "f1": 0.0, "regex_match": 0.0, "reader_oracle": 0.0}
-    for name, _ in variants:
-        totals[f"exact_match@{name}"] = totals[f"f1@{name}"] = 0.0
-    matcher = retrieval_metrics.AnswerMatcher(blocks.texts)
-    progress = tqdm.tqdm(total=len(examples), desc=f"evaluate {retriever}", unit="question", file=sys.stderr,
-                         mininterval=10.0)
-    dataset = task.dataset(examples, cfg.data.batch_size, block_ids=given)
-    run = tracing.trace_once(run, dataset)
-    for batch in dataset:
-        indices = batch["index"].numpy()
-        progress.update(len(indices))
-        decoded, oracle, top, read = run(batch)
-        for i, index in enumerate(indices):
-            example = examples[index]
-            answers = [d["answer"][i].numpy().decode("utf-8", "replace") for d in decoded]
-            answer = answers[0]
-            hit_em, hit_f1 = exact_match(answer, example.answers), f1(answer, example.answers)
-            totals["exact_match"] += hit_em
-            totals["f1"] += hit_f1
-            totals["regex_match"] += regex_match(answer, example.answers)
-            totals["reader_oracle"] += bool(oracle[i])
-            for (name, _), other in zip(variants, answers[1:]):
-                totals[f"exact_match@{name}"] += exact_match(other, example.answers)
-                totals[f"f1@{name}"] += f1(other, example.answers)
-            rows = top_given[index] if top_given is not None else top[i].numpy()
-            retrieved.append(rows)
-            normalized = retrieval_metrics.normalized_answers(example.answers)
-            read_rows = [int(r) for r in read[i].numpy()]
-            predictions.append({
-                "id": example.id, "question": example.question, "prediction": answer,
-                "score": float(decoded[0]["score"][i]), "answers": list(example.answers), "exact_match": hit_em,
-                "f1": round(hit_f1, 4), "reader_oracle": bool(oracle[i]), "block_id": int(decoded[0]["block_id"][i]),
-                "predicted_block": int(decoded[0]["block"][i]), "retrieved_block_ids": read_rows,
-                "retrieved_titles": [blocks.titles[r] for r in read_rows],
-                "read_blocks_with_answer": [p for p, r in enumerate(read_rows)
-                                            if normalized and matcher.has_answer(r, normalized)]})
-    progress.close()
-    n = len(examples)
-    width = max(len(r) for r in retrieved)
-    padded = np.full([n, width], -1, np.int64)
-    for q, rows in enumerate(retrieved):
-        padded[q, :len(rows)] = rows
-    ordered = [p["answers"] for p in predictions]
-    metrics: dict[str, Any] = {k: v / n for k, v in totals.items()}
-    metrics.update({k: v for k, v in retrieval_metrics.retrieval_metrics(padded, matcher, ordered,
-                                                                         ks=cfg.qa.eval_ks).items()
-                    if k != "num_questions" and int(k.split("@")[1]) <= width})
-    metrics["num_questions"] = n
-    metrics["outcomes"] = answer_errors.count_outcomes(predictions)
+    examples, given, top_given, skipped = _blocks_given(cfg, retriever, examples, blocks)
+    dataset = task.build_eval_inputs(examples, blocks, given, top_given, score_weights, aggregations)
+    metrics = evaluation.run_evaluation(task, model, dataset, total=len(examples), description=f"evaluate {retriever}",
+                                        count=lambda batch: int(batch["index"].shape[0]))
     if skipped:
         metrics["skipped"] = skipped
     suffix = "" if retriever == "dense" else f"-{retriever}"
     predictions_path = predictions_path or os.path.join(model_dir, f"predictions-{split}{suffix}.jsonl")
-    tf.io.gfile.makedirs(os.path.dirname(predictions_path) or ".")
-    with tf.io.gfile.GFile(predictions_path, "w") as f:
-        f.write("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in predictions))
-    step = int(restored.rsplit("-", 1)[1]) if restored else 0
-    writer = tf.summary.create_file_writer(os.path.join(model_dir, f"eval_{split}{suffix.replace('-', '_')}"))
-    with writer.as_default(step=step):
-        for key, value in metrics.items():
-            if isinstance(value, float):
-                tf.summary.scalar(key, value)
-    writer.flush()
-    metrics["checkpoint"] = restored or ""
-    metrics["index_version"] = meta["version"]
-    metrics["retriever"] = retriever
-    metrics["predictions"] = predictions_path
-    return metrics
+    evaluation.write_jsonl(metrics.pop("predictions"), predictions_path)
+    evaluation.write_scalars(metrics, os.path.join(model_dir, f"eval_{split}{suffix.replace('-', '_')}"),
+                             int(restored.rsplit("-", 1)[1]) if restored else 0)
+    return {**metrics, "checkpoint": restored or "", "index_version": meta["version"], "retriever": retriever,
+            "predictions": predictions_path}
+
+
+def _blocks_given(cfg: config_lib.ExperimentConfig, retriever: str, examples: list[QaExample],
+                  blocks: block_store_lib.BlockStore) -> tuple[list[QaExample], Any, Any, dict[str, int]]:
+    """``(examples, blocks read, blocks ranked, skipped)`` of an evaluation whose blocks are not the model's own
+    search: BM25's top blocks, or each question's gold block (questions without one skipped and counted);
+    ``None`` for the dense retriever."""
+    if retriever == "bm25":
+        from realm_tf.index import bm25_retriever  # pylint: disable=import-outside-toplevel
+
+        ranked, _ = bm25_retriever.Bm25Retriever(blocks.titles, blocks.texts).search(
+            [e.question for e in examples], max(cfg.qa.eval_ks))  # [num_questions, max_k]
+        return examples, ranked[:, :cfg.model.reader_beam_size], ranked, {}
+    if retriever == "gold":
+        reading = reading_sets.gold_only(examples, blocks)
+        return reading.examples, reading.block_ids, reading.block_ids, reading.skipped
+    return examples, None, None, {}
 
 
 def load_for_serving(cfg: config_lib.ExperimentConfig, model_dir: str | None = None, index_dir: str | None = None,

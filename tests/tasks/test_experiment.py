@@ -1,5 +1,6 @@
 """run_experiment drives any Task: phases in order with their own variables, one iterator for phases with
 equal inputs, resume from the last checkpoint, params.yaml, the task's hooks and result."""
+import json
 import os
 
 import numpy as np
@@ -8,6 +9,7 @@ import tf_keras
 
 from realm_tf import config
 from realm_tf.tasks import base_task
+from realm_tf.tasks import evaluation
 from realm_tf.tasks import experiment
 
 
@@ -139,3 +141,21 @@ def test_validation_step_matches_numpy(tmp_path):
     logs = task.validation_step((features, labels), model)
     want = np.mean((model(features["x"])["y"].numpy() - labels["y"].numpy()) ** 2)
     np.testing.assert_allclose(logs["loss"].numpy(), want, rtol=1e-6)
+
+
+def test_run_evaluation_averages_the_validation_logs_over_the_batches(tmp_path):
+    """The default protocol (aggregate_logs, reduce_aggregated_logs): the mean of each log over the batches."""
+    task = _Regression(_cfg(tmp_path, 1))
+    model = task.build_model()
+    model.get_layer("bias_layer").set_weights([np.array([[0.5], [0.0], [1.0]], np.float32), np.zeros([1], np.float32)])
+    dataset = task.build_inputs().take(5)
+    metrics = evaluation.run_evaluation(task, model, dataset)
+    losses, firsts = [], []
+    for features, labels in dataset:
+        losses.append(np.mean((features["x"].numpy() @ [0.5, 0.0, 1.0] - labels["y"].numpy()) ** 2))
+        firsts.append(labels["index"].numpy()[0])
+    assert set(metrics) == {"loss", "first", "tag"}
+    np.testing.assert_allclose(metrics["loss"], np.mean(losses), rtol=1e-5)
+    assert metrics["first"] == np.mean(firsts) == 8.0 and metrics["tag"] == 0.0
+    evaluation.write_metrics(metrics, str(tmp_path / "metrics.json"))
+    assert json.loads((tmp_path / "metrics.json").read_text()) == metrics
