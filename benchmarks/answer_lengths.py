@@ -22,6 +22,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from realm_tf import config as config_lib  # noqa: E402
+from realm_tf.data import questions  # noqa: E402
 from realm_tf.layers import bert_tokenizer  # noqa: E402
 from realm_tf.tasks import open_qa  # noqa: E402
 
@@ -41,7 +42,7 @@ def main() -> int:
           f"{f'no answer <= {width} wp':>22}{'all > 5 words':>15}")
     record: dict[str, str] = {}  # claim and figure: the dev split of the first file
     for path in args.questions:
-        examples = open_qa.read_questions(path)
+        examples = questions.read_questions(path)
         for split in ("train", "dev"):
             chosen = open_qa.select_split(examples, split, cfg.data)
             answers = [a for e in chosen for a in e.answers]

@@ -39,6 +39,7 @@ import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 import numpy as np  # noqa: E402
 
 from realm_tf import config as config_lib  # noqa: E402
+from realm_tf.data import questions  # noqa: E402
 from realm_tf.index import index_publisher  # noqa: E402
 from realm_tf.serving import answerer  # noqa: E402
 from realm_tf.tasks import answer_errors  # noqa: E402
@@ -226,7 +227,7 @@ def main() -> int:
     def serve() -> dict[str, Any]:
         export = os.path.join(out, "serving", str(int(time.time())))
         stages.cli(["export", *sets, *weight, "--out", export])
-        dev_questions = open_qa.select_split(open_qa.read_questions(args.questions), "dev", cfg.data)
+        dev_questions = open_qa.select_split(questions.read_questions(args.questions), "dev", cfg.data)
         latencies = measure_latency(export, [e.question for e in dev_questions], args.latency_questions)
         return {"export": export, "latency": format_latency(latencies)}
 

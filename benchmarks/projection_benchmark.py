@@ -30,11 +30,12 @@ import tensorflow as tf  # noqa: E402
 
 from realm_tf import config as config_lib  # noqa: E402
 from realm_tf.data import block_store  # noqa: E402
+from realm_tf.data import questions  # noqa: E402
 from realm_tf.layers import bert_tokenizer  # noqa: E402
 from realm_tf.models import knowledge_retriever  # noqa: E402
 from realm_tf.tasks import open_qa  # noqa: E402
 from realm_tf.tasks import projection_init  # noqa: E402
-from realm_tf.tasks import retrieval_metrics  # noqa: E402
+from realm_tf.tasks import qa_metrics  # noqa: E402
 
 import result_records  # noqa: E402  (benchmarks/)
 
@@ -61,7 +62,7 @@ def main() -> int:
     args = parser.parse_args()
     cfg = config_lib.load_config(args.config, [f"data.blocks_dir={args.blocks}", *args.overrides])
     blocks = block_store.BlockStore.load(os.path.join(args.blocks, "blocks-*.tfrecord*"))
-    dev = open_qa.select_split(open_qa.read_questions(args.questions), "dev", cfg.data)
+    dev = open_qa.select_split(questions.read_questions(args.questions), "dev", cfg.data)
     tokenizer = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, cfg.model.lower_case)
     retriever = knowledge_retriever.build_knowledge_retriever(cfg.model)
     print(f"{len(blocks)} blocks, {len(dev)} dev questions, projection {cfg.model.projection_size}, pooling "
@@ -92,7 +93,7 @@ def main() -> int:
         kernel, bias, kept[kind] = projection_init.principal_projection(pooled_blocks[sample], size,
                                                                         centered=kind == "pca_centered")
         variants[kind] = (layer_norm(pooled_questions @ kernel + bias), layer_norm(pooled_blocks @ kernel + bias))
-    matcher = retrieval_metrics.AnswerMatcher(blocks.texts)
+    matcher = qa_metrics.AnswerMatcher(blocks.texts)
     answers = [e.answers for e in dev]
     reference = None
     scores: dict[str, dict[str, float]] = {}  # projection -> its metrics
@@ -101,7 +102,7 @@ def main() -> int:
         top = np.argsort(-(queries @ docs.T), axis=1)[:, :100]  # [num_dev, 100] exact ranking
         if reference is None:
             reference = top
-        metrics = scores[name] = retrieval_metrics.retrieval_metrics(top, matcher, answers, ks=(1, 5, 20))
+        metrics = scores[name] = qa_metrics.qa_metrics(top, matcher, answers, ks=(1, 5, 20))
         overlap = [np.mean([len(set(a[:k]) & set(b[:k])) / k for a, b in zip(top, reference)]) for k in (5, 20)]
         print(f"{name:<20}{metrics['accuracy@1']:>8.3f}{metrics['accuracy@5']:>8.3f}{metrics['accuracy@20']:>8.3f}"
               f"{overlap[0]:>11.3f}{overlap[1]:>11.3f}  {kept.get(name, '')}", flush=True)
@@ -122,7 +123,7 @@ def main() -> int:
 
 
 def compare_predictions(name: str, path: str, dev: list, reference: np.ndarray,
-                        matcher: retrieval_metrics.AnswerMatcher) -> None:
+                        matcher: qa_metrics.AnswerMatcher) -> None:
     """accuracy@1/5 of the ``retrieved_block_ids`` in a predictions file, and a paired (McNemar) comparison
     of accuracy@1 with the reference ranking on the same questions."""
     import json  # pylint: disable=import-outside-toplevel
@@ -132,7 +133,7 @@ def compare_predictions(name: str, path: str, dev: list, reference: np.ndarray,
         retrieved = {row["id"]: row["retrieved_block_ids"] for row in map(json.loads, f)}
     rows = [i for i, e in enumerate(dev) if e.id in retrieved]
     def hit(ids, answers, k):
-        norm = retrieval_metrics.normalized_answers(answers)
+        norm = qa_metrics.normalized_answers(answers)
         return bool(norm) and any(matcher.has_answer(int(b), norm) for b in ids[:k])
 
     theirs = np.array([hit(retrieved[dev[i].id], dev[i].answers, 1) for i in rows])

@@ -39,7 +39,7 @@ from realm_tf.index import bm25_retriever  # noqa: E402
 from realm_tf.index import brute_force_index  # noqa: E402
 from realm_tf.index import index_publisher  # noqa: E402
 from realm_tf.serving import retriever_export  # noqa: E402
-from realm_tf.tasks import retrieval_metrics  # noqa: E402
+from realm_tf.tasks import qa_metrics  # noqa: E402
 
 import result_records  # noqa: E402  (benchmarks/)
 
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
 
     blocks = read_blocks(args.blocks)
     questions = read_dev_questions(args.questions, args.dev_fraction)
-    matcher = retrieval_metrics.AnswerMatcher(blocks["text"])
+    matcher = qa_metrics.AnswerMatcher(blocks["text"])
     answers = [q["answers"] for q in questions]
     gold = [q.get("gold_passage_ids", []) for q in questions]
     print(f"{len(blocks['text'])} blocks, {len(questions)} dev questions (dev_fraction={args.dev_fraction})")
@@ -167,13 +167,13 @@ def main(argv: list[str] | None = None) -> None:
             recall = np.mean([len(set(a[:10]) & set(b[:10])) / 10 for a, b in zip(scann_rows, rows)])
             print(f"{name}: ScaNN {params} recall@10 vs exact {recall:.4f}")
             results.append((name + "+scann", scann_rows, time.time() - start))
-    ks = [k for k in retrieval_metrics.DEFAULT_KS if k <= args.max_k]
+    ks = [k for k in qa_metrics.DEFAULT_KS if k <= args.max_k]
     header = f"{'retriever':<22}" + "".join(f"{'acc@' + str(k):>9}" for k in ks) + \
         "".join(f"{'gold@' + str(k):>9}" for k in ks) + f"{'seconds':>9}"
     print(header)
     scores: dict[str, dict[str, float]] = {}  # retriever -> its metrics
     for name, rows, seconds in results:
-        m = scores[name] = retrieval_metrics.retrieval_metrics(rows, matcher, answers, blocks["doc_id"], gold, ks)
+        m = scores[name] = qa_metrics.qa_metrics(rows, matcher, answers, blocks["doc_id"], gold, ks)
         print(f"{name:<22}" + "".join(f"{m[f'accuracy@{k}']:>9.3f}" for k in ks)
               + "".join(f"{m[f'gold_recall@{k}']:>9.3f}" for k in ks) + f"{seconds:>9.0f}", flush=True)
     exact = [name for name in scores if not name.endswith("+scann")]

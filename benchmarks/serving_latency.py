@@ -36,9 +36,9 @@ import setting_runs  # noqa: E402  (benchmarks/setting_runs.py)
 
 
 def _questions(path: str, count: int) -> list[str]:
-    from realm_tf.tasks import open_qa
+    from realm_tf.data import questions
 
-    return [q.question for q in open_qa.read_questions(path)][-count:]
+    return [q.question for q in questions.read_questions(path)][-count:]
 
 
 def run_child(args: argparse.Namespace) -> dict:

@@ -12,23 +12,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gzip
 import logging
 import os
-import re
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
 
 from realm_tf import config as config_lib
 from realm_tf import errors
-from realm_tf.data import answer_normalization
 from realm_tf.data import block_store as block_store_lib
 from realm_tf.data import corpus_versions
-from realm_tf.data import document_files
 from realm_tf.data import knowledge_corpus
 from realm_tf.data import question_split
+from realm_tf.data import questions
 from realm_tf.index import index_publisher
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_retriever
@@ -39,8 +36,8 @@ from realm_tf.tasks import base_task
 from realm_tf.tasks import evaluation
 from realm_tf.tasks import open_qa_loss
 from realm_tf.tasks import precision
+from realm_tf.tasks import qa_metrics
 from realm_tf.tasks import reading_sets
-from realm_tf.tasks import retrieval_metrics
 from realm_tf.tasks import training_loop
 from realm_tf.tasks import warm_start
 
@@ -49,45 +46,8 @@ logger = logging.getLogger(__name__)
 _QUESTION_PREFIX = "question_"
 
 
-@dataclasses.dataclass(frozen=True)
-class QaExample:
-    """One question with its answers (and where it came from, for error messages and predictions)."""
-
-    question: str
-    answers: tuple[str, ...]
-    id: str
-    gold_passage_ids: tuple[str, ...] = ()
-
-
-def read_questions(path: str) -> list[QaExample]:
-    """Reads ``{question, answers[, id, gold_passage_ids]}`` lines (``.gz`` too); errors name file and line."""
-    opener = gzip.open if path.endswith(".gz") else open
-    examples = []
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for where, row in document_files.json_rows(path, f):
-                question, answers = row.get("question") if isinstance(row, dict) else None, None
-                if isinstance(row, dict):
-                    answers = row.get("answers", row.get("answer"))
-                if isinstance(answers, str):
-                    answers = [answers]
-                if not isinstance(question, str) or not question.strip():
-                    raise errors.UserError(f"{where}: needs a non-empty string 'question'")
-                if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
-                    raise errors.UserError(f"{where}: needs 'answers', a list of strings")
-                gold = row.get("gold_passage_ids") or ()
-                line = where.rsplit(":", 1)[1]
-                examples.append(QaExample(question.strip(), tuple(answers), str(row.get("id", f"line{line}")),
-                                          tuple(str(g) for g in gold)))
-    except OSError as e:
-        raise errors.UserError(f"{path}: cannot read questions: {e.strerror or e}") from e
-    if not examples:
-        raise errors.UserError(f"{path}: no questions")
-    return examples
-
-
-def split_questions(examples: Sequence[QaExample], dev_fraction: float,
-                    tune_fraction: float = 0.0) -> tuple[list[QaExample], list[QaExample]]:
+def split_questions(examples: Sequence[questions.QaExample], dev_fraction: float,
+                    tune_fraction: float = 0.0) -> tuple[list[questions.QaExample], list[questions.QaExample]]:
     """(train, dev) by :func:`realm_tf.data.question_split.split_of` on the question id; the tune split (the
     next ``tune_fraction``) is in neither."""
     split = [question_split.split_of(e.id, dev_fraction, tune_fraction) for e in examples]
@@ -97,7 +57,8 @@ def split_questions(examples: Sequence[QaExample], dev_fraction: float,
 SPLITS = ("all", "train", "dev", "tune")
 
 
-def select_split(examples: Sequence[QaExample], split: str, data: config_lib.DataConfig) -> list[QaExample]:
+def select_split(examples: Sequence[questions.QaExample], split: str,
+                 data: config_lib.DataConfig) -> list[questions.QaExample]:
     """The questions of ``split`` (one of :data:`SPLITS`) under ``data.qa_dev_fraction`` / ``qa_tune_fraction``."""
     if split not in SPLITS:
         raise errors.UserError(f"unknown split {split!r}: one of {', '.join(SPLITS)}")
@@ -143,7 +104,7 @@ class OpenQaTask(base_task.Task):
         self.retriever = retriever
         self.blocks: block_store_lib.BlockStore | None = None
         self.corpus_meta: dict[str, Any] = {}
-        self._training_set: tuple[list[QaExample], np.ndarray | None, dict[str, Any]] | None = None
+        self._training_set: tuple[list[questions.QaExample], np.ndarray | None, dict[str, Any]] | None = None
 
     @functools.cached_property
     def continuation(self) -> np.ndarray:
@@ -181,8 +142,8 @@ class OpenQaTask(base_task.Task):
 
     # ---- data ---------------------------------------------------------------------------------------------
 
-    def dataset(self, examples: Sequence[QaExample], batch_size: int, repeat: bool = False, shuffle: bool = False,
-                seed: int | None = None, drop_remainder: bool = False,
+    def dataset(self, examples: Sequence[questions.QaExample], batch_size: int, repeat: bool = False,
+                shuffle: bool = False, seed: int | None = None, drop_remainder: bool = False,
                 block_ids: np.ndarray | None = None,
                 mixture: Sequence[tuple[np.ndarray, float]] | None = None) -> tf.data.Dataset:
         """Batches of ``question_*`` ``int32[batch, q_len]``, ``answer_ids`` ``int32[batch, max_answers,
@@ -295,12 +256,12 @@ class OpenQaTask(base_task.Task):
 
     # ---- the run ------------------------------------------------------------------------------------------
 
-    def training_set(self) -> tuple[list[QaExample], np.ndarray | None, dict[str, Any]]:
+    def training_set(self) -> tuple[list[questions.QaExample], np.ndarray | None, dict[str, Any]]:
         """(questions, the blocks each reads ``[num_questions, k]`` or None to search, facts to print)."""
         if self._training_set is None:
             if not self.train_path:
                 raise errors.UserError("finetune needs a question file to train on")
-            train, dev = split_questions(read_questions(self.train_path), self.cfg.data.qa_dev_fraction,
+            train, dev = split_questions(questions.read_questions(self.train_path), self.cfg.data.qa_dev_fraction,
                                          self.cfg.data.qa_tune_fraction)
             if not train:
                 raise errors.UserError(f"{self.train_path}: every question is in the dev or tune split "
@@ -357,7 +318,7 @@ class OpenQaTask(base_task.Task):
 
     # ---- evaluation (realm_tf.tasks.evaluation: validation_step, aggregate_logs, reduce_aggregated_logs) ----
 
-    def build_eval_inputs(self, examples: Sequence[QaExample], blocks: block_store_lib.BlockStore,
+    def build_eval_inputs(self, examples: Sequence[questions.QaExample], blocks: block_store_lib.BlockStore,
                           given: np.ndarray | None = None, ranked: np.ndarray | None = None,
                           score_weights: Sequence[float] = (), aggregations: Sequence[int] = ()) -> tf.data.Dataset:
         """The batches of an evaluation over ``examples``, read from the model's own search or from ``given``
@@ -366,7 +327,7 @@ class OpenQaTask(base_task.Task):
         ``aggregations``."""
         variants = [(f"w={w:g}", {"retrieval_weight": w}) for w in score_weights]
         variants += [(f"agg={n}", {"aggregate_spans": n}) for n in aggregations]
-        self._evaluation = _Evaluation(list(examples), blocks, retrieval_metrics.AnswerMatcher(blocks.texts),
+        self._evaluation = _Evaluation(list(examples), blocks, qa_metrics.AnswerMatcher(blocks.texts),
                                        variants, ranked, max(self.cfg.qa.eval_ks))
         return self.dataset(examples, self.cfg.data.batch_size, block_ids=given)
 
@@ -398,16 +359,16 @@ class OpenQaTask(base_task.Task):
             example = e.examples[index]
             answers = [d["answer"][i].numpy().decode("utf-8", "replace") for d in decoded]
             answer, oracle = answers[0], bool(step_outputs["oracle"][i])
-            hit_em, hit_f1 = exact_match(answer, example.answers), f1(answer, example.answers)
+            hit_em, hit_f1 = qa_metrics.exact_match(answer, example.answers), qa_metrics.f1(answer, example.answers)
             totals["exact_match"] += hit_em
             totals["f1"] += hit_f1
-            totals["regex_match"] += regex_match(answer, example.answers)
+            totals["regex_match"] += qa_metrics.regex_match(answer, example.answers)
             totals["reader_oracle"] += oracle
             for (name, _), other in zip(e.variants, answers[1:]):
-                totals[f"exact_match@{name}"] += exact_match(other, example.answers)
-                totals[f"f1@{name}"] += f1(other, example.answers)
+                totals[f"exact_match@{name}"] += qa_metrics.exact_match(other, example.answers)
+                totals[f"f1@{name}"] += qa_metrics.f1(other, example.answers)
             state["retrieved"].append(e.ranked[index] if e.ranked is not None else step_outputs["top"][i].numpy())
-            normalized = retrieval_metrics.normalized_answers(example.answers)
+            normalized = qa_metrics.normalized_answers(example.answers)
             read_rows = [int(r) for r in step_outputs["read"][i].numpy()]
             state["predictions"].append({
                 "id": example.id, "question": example.question, "prediction": answer,
@@ -428,7 +389,7 @@ class OpenQaTask(base_task.Task):
         for q, rows in enumerate(retrieved):
             padded[q, :len(rows)] = rows
         metrics: dict[str, Any] = {k: v / n for k, v in state["totals"].items()}
-        metrics.update({k: v for k, v in retrieval_metrics.retrieval_metrics(
+        metrics.update({k: v for k, v in qa_metrics.qa_metrics(
             padded, self._evaluation.matcher, [p["answers"] for p in predictions], ks=self.cfg.qa.eval_ks).items()
             if k != "num_questions" and int(k.split("@")[1]) <= width})
         metrics["num_questions"] = n
@@ -441,9 +402,9 @@ class OpenQaTask(base_task.Task):
 class _Evaluation:
     """What an evaluation's steps and aggregation read besides the batches."""
 
-    examples: list[QaExample]
+    examples: list[questions.QaExample]
     blocks: block_store_lib.BlockStore
-    matcher: retrieval_metrics.AnswerMatcher  # over the blocks' texts
+    matcher: qa_metrics.AnswerMatcher  # over the blocks' texts
     variants: list[tuple[str, dict[str, Any]]]  # (name, OpenQaTask.decode keyword arguments)
     ranked: np.ndarray | None  # [num_questions, max_k] blocks ranked outside the model, or None
     max_k: int
@@ -494,28 +455,6 @@ def check_index_matches(task: "OpenQaTask", model: open_qa_model.OpenQaModel, sa
     return diff
 
 
-def f1(prediction: str, answers: Iterable[str]) -> float:
-    """SQuAD token F1, the best over the answers."""
-    return max((answer_normalization.f1_score(prediction, a) for a in answers), default=0.0)
-
-
-def exact_match(prediction: str, answers: Iterable[str]) -> bool:
-    """SQuAD exact match: equal after ``normalize_answer``, against any answer."""
-    norm = answer_normalization.normalize_answer(prediction)
-    return any(norm == answer_normalization.normalize_answer(a) for a in answers)
-
-
-def regex_match(prediction: str, patterns: Iterable[str]) -> bool:
-    """CuratedTREC-style match: an answer is a regular expression matched at the start, case-insensitively
-    (a pattern that is not a valid regex is matched literally)."""
-    for pattern in patterns:
-        try:
-            compiled = re.compile(pattern, flags=re.IGNORECASE | re.UNICODE | re.MULTILINE)
-        except re.error:
-            compiled = re.compile(re.escape(pattern), flags=re.IGNORECASE)
-        if compiled.match(prediction) is not None:
-            return True
-    return False
 
 
 def load_finetuned(task: OpenQaTask, model: open_qa_model.OpenQaModel, model_dir: str,
@@ -571,7 +510,7 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
     if retriever not in RETRIEVERS:
         raise errors.UserError(f"unknown retriever {retriever!r}: one of {', '.join(RETRIEVERS)}")
     task = OpenQaTask(cfg)
-    examples = select_split(read_questions(questions_path), split, cfg.data)
+    examples = select_split(questions.read_questions(questions_path), split, cfg.data)
     if not examples:
         raise errors.UserError(f"{questions_path}: no questions in split {split!r}")
     if retriever == "gold":  # no index needed: the corpus embeddings are never searched
@@ -598,8 +537,8 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
             "predictions": predictions_path}
 
 
-def _blocks_given(cfg: config_lib.ExperimentConfig, retriever: str, examples: list[QaExample],
-                  blocks: block_store_lib.BlockStore) -> tuple[list[QaExample], Any, Any, dict[str, int]]:
+def _blocks_given(cfg: config_lib.ExperimentConfig, retriever: str, examples: list[questions.QaExample],
+                  blocks: block_store_lib.BlockStore) -> tuple[list[questions.QaExample], Any, Any, dict[str, int]]:
     """``(examples, blocks read, blocks ranked, skipped)`` of an evaluation whose blocks are not the model's own
     search: BM25's top blocks, or each question's gold block (questions without one skipped and counted);
     ``None`` for the dense retriever."""

@@ -27,6 +27,7 @@ from realm_tf import errors
 from realm_tf.data import block_store as block_store_lib
 from realm_tf.data import corpus_versions
 from realm_tf.data import knowledge_corpus
+from realm_tf.data import questions
 from realm_tf.models import open_qa_model
 from realm_tf.tasks import experiment
 from realm_tf.tasks import open_qa
@@ -36,11 +37,11 @@ from realm_tf.tasks import training_loop
 logger = logging.getLogger(__name__)
 
 def read_training_questions(cfg: config_lib.ExperimentConfig,
-                            paths: Sequence[str]) -> list[open_qa.QaExample]:
+                            paths: Sequence[str]) -> list[questions.QaExample]:
     """The train split (neither dev nor tune) of every question file."""
-    examples: list[open_qa.QaExample] = []
+    examples: list[questions.QaExample] = []
     for path in paths:
-        train, _ = open_qa.split_questions(open_qa.read_questions(path), cfg.data.qa_dev_fraction,
+        train, _ = open_qa.split_questions(questions.read_questions(path), cfg.data.qa_dev_fraction,
                                            cfg.data.qa_tune_fraction)
         examples += train
     return examples
@@ -74,7 +75,7 @@ class ReaderWarmStartTask(open_qa.OpenQaTask):
     def checkpoint_items(self, model: open_qa_model.OpenQaModel) -> dict[str, tf.Module]:
         return {"reader": model.reader}
 
-    def training_set(self) -> tuple[list[open_qa.QaExample], np.ndarray | None, dict[str, Any]]:
+    def training_set(self) -> tuple[list[questions.QaExample], np.ndarray | None, dict[str, Any]]:
         if self._training_set is None:
             blocks = self.blocks or block_store_lib.BlockStore.load(
                 corpus_versions.current_pattern(self.cfg.data.blocks_dir))

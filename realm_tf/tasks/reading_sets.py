@@ -14,11 +14,11 @@ import numpy as np
 
 from realm_tf import errors
 from realm_tf.data import block_store as block_store_lib
-from realm_tf.tasks import retrieval_metrics
+from realm_tf.tasks import qa_metrics
 
 
 class Question(Protocol):
-    """What is read of a question (``open_qa.QaExample`` has it)."""
+    """What is read of a question (``questions.QaExample`` has it)."""
 
     question: str
     answers: tuple[str, ...]
@@ -43,14 +43,14 @@ class ReadingSet:
 
 def answer_blocks(examples: Sequence[Question], blocks: block_store_lib.BlockStore,
                   by_document: dict[str, list[int]] | None = None,
-                  matcher: retrieval_metrics.AnswerMatcher | None = None) -> list[list[int]]:
+                  matcher: qa_metrics.AnswerMatcher | None = None) -> list[list[int]]:
     """Per question, the blocks of its gold passages whose text contains a (SQuAD-normalised) answer
     (``by_document`` / ``matcher``: the store's document index and answer matcher, when already built)."""
     by_document = blocks.blocks_of_documents() if by_document is None else by_document
-    matcher = retrieval_metrics.AnswerMatcher(blocks.texts) if matcher is None else matcher
+    matcher = qa_metrics.AnswerMatcher(blocks.texts) if matcher is None else matcher
     out = []
     for example in examples:
-        answers = retrieval_metrics.normalized_answers(example.answers)
+        answers = qa_metrics.normalized_answers(example.answers)
         gold = [b for doc in example.gold_passage_ids for b in by_document.get(str(doc), [])]
         out.append([b for b in gold if answers and matcher.has_answer(b, answers)])
     return out
@@ -66,7 +66,7 @@ def gold_and_negatives(examples: Sequence[Question], blocks: block_store_lib.Blo
     if num_negatives < 0:
         raise ValueError(f"num_negatives={num_negatives} must be >= 0")
     by_document = blocks.blocks_of_documents()
-    matcher = retrieval_metrics.AnswerMatcher(blocks.texts)  # caches each block's normalised text for both uses
+    matcher = qa_metrics.AnswerMatcher(blocks.texts)  # caches each block's normalised text for both uses
     positives = answer_blocks(examples, blocks, by_document, matcher)
     skipped = {"no_gold_passage": 0, "no_answer_in_gold_blocks": 0}
     kept = []
@@ -89,7 +89,7 @@ def gold_and_negatives(examples: Sequence[Question], blocks: block_store_lib.Blo
             [e.question for e, _ in kept], min(_NEGATIVE_POOL + num_negatives, len(blocks)))
         rng = np.random.default_rng(seed)
         for q, (example, _) in enumerate(kept):
-            answers = retrieval_metrics.normalized_answers(example.answers)
+            answers = qa_metrics.normalized_answers(example.answers)
             excluded = {b for doc in example.gold_passage_ids for b in by_document.get(str(doc), [])}
             negatives = [int(b) for b in ranked[q] if b not in excluded and not matcher.has_answer(int(b), answers)]
             tries = 0

@@ -6,7 +6,7 @@ import gzip
 import json
 import pathlib
 
-from realm_tf.tasks import open_qa
+from realm_tf.data import questions
 
 READING = pathlib.Path(__file__).resolve().parents[2] / "data" / "reading"
 
@@ -27,10 +27,10 @@ def test_squad_train_questions_name_bundled_paragraphs_that_hold_their_answers()
     passages = _passages()
     assert len(passages) == 18_896
     assert len({p["title"] for p in passages.values()}) == 442
-    questions = open_qa.read_questions(str(READING / "qa_squad_train.jsonl.gz"))
-    assert len(questions) == 87_636 and len({q.id for q in questions}) == len(questions)
+    squad = questions.read_questions(str(READING / "qa_squad_train.jsonl.gz"))
+    assert len(squad) == 87_636 and len({q.id for q in squad}) == len(squad)
     used = set()
-    for question in questions:
+    for question in squad:
         assert len(question.gold_passage_ids) == 1 and question.answers, question.id
         text = passages[question.gold_passage_ids[0]]["text"]
         assert all(answer and answer in text for answer in question.answers), question.id

@@ -13,6 +13,7 @@ from realm_tf import cli
 from realm_tf import config
 from realm_tf.data import answer_normalization
 from realm_tf.data import answer_spans
+from realm_tf.data import questions
 from realm_tf.index import bm25_retriever
 from realm_tf.index import index_refresher
 from realm_tf.layers import bert_tokenizer
@@ -22,6 +23,7 @@ from realm_tf.serving import retriever_export
 from realm_tf.tasks import answer_errors
 from realm_tf.tasks import open_qa
 from realm_tf.tasks import precision
+from realm_tf.tasks import qa_metrics
 
 TINY = "configs/tiny.yaml"
 QUESTIONS = ["who wrote the lyrics", "when did the crisis begin", "what is the capital city", "where was he born",
@@ -47,7 +49,7 @@ def qa(tmp_path_factory, pretraining_workspace):
     model = task.build_model(corpus)
     # Answers taken from the blocks the (random) model retrieves, so that matches exist: a title, a word of
     # the body, a two-word phrase, and something absent.
-    examples = [open_qa.QaExample(q, ("placeholder",), f"q{i}") for i, q in enumerate(QUESTIONS)]
+    examples = [questions.QaExample(q, ("placeholder",), f"q{i}") for i, q in enumerate(QUESTIONS)]
     batch = next(iter(task.dataset(examples, len(examples))))
     outputs = model({k: v for k, v in batch.items() if k.startswith("question_")})
     ids = outputs["block_ids"].numpy()
@@ -56,7 +58,7 @@ def qa(tmp_path_factory, pretraining_workspace):
         first, second = int(ids[i, 0]), int(ids[i, -1])
         words = re.findall(r"[A-Za-z]{4,}", blocks.texts[second])
         answers = (blocks.titles[first], words[len(words) // 2], " ".join(words[1:3]), "zzqx unfindable")
-        with_answers.append(open_qa.QaExample(e.question, answers, e.id))
+        with_answers.append(questions.QaExample(e.question, answers, e.id))
     return cfg, root, task, model, blocks, with_answers
 
 
@@ -294,7 +296,7 @@ def test_finetune_then_evaluate_through_the_cli(qa, capsys):
                      "--errors"]) == 0
     printed = capsys.readouterr().out.strip().splitlines()
     metrics = json.loads(printed[-1])
-    train, dev = open_qa.split_questions(open_qa.read_questions(str(path)), 0.3)
+    train, dev = open_qa.split_questions(questions.read_questions(str(path)), 0.3)
     assert metrics["num_questions"] == len(dev) > 0 and metrics["checkpoint"].endswith("-4")
     for key in ("exact_match", "regex_match", "reader_oracle", "accuracy@1", "accuracy@5", "accuracy@20",
                 "accuracy@100"):
@@ -303,7 +305,7 @@ def test_finetune_then_evaluate_through_the_cli(qa, capsys):
     predictions = [json.loads(line) for line in open(root / "model" / "predictions-dev.jsonl")]
     assert [p["id"] for p in predictions] == [e.id for e in dev]
     assert all(p["prediction"] and len(p["retrieved_titles"]) == cfg.model.reader_beam_size for p in predictions)
-    em = np.mean([open_qa.exact_match(p["prediction"], p["answers"]) for p in predictions])
+    em = np.mean([qa_metrics.exact_match(p["prediction"], p["answers"]) for p in predictions])
     assert metrics["exact_match"] == pytest.approx(em)
     # --errors: every dev question in one outcome, counted from the predictions written, and the table printed.
     outcomes = metrics["outcomes"]
@@ -312,7 +314,7 @@ def test_finetune_then_evaluate_through_the_cli(qa, capsys):
     for p in predictions:  # the fields the outcomes are judged by are the evaluation's own
         assert p["predicted_block"] in range(cfg.model.reader_beam_size)
         assert p["retrieved_block_ids"][p["predicted_block"]] == p["block_id"]
-        assert open_qa.exact_match(p["prediction"], p["answers"]) == p["exact_match"]
+        assert qa_metrics.exact_match(p["prediction"], p["answers"]) == p["exact_match"]
     table = answer_errors.format_table(outcomes).splitlines()
     assert printed[-1 - len(table):-1] == table
 
@@ -349,7 +351,7 @@ def test_bm25_evaluation_reads_bm25_blocks_with_the_same_reader(qa, capsys):
     predictions = [json.loads(line) for line in open(root / "model" / "predictions-all-bm25.jsonl")]
     assert [p["retrieved_block_ids"] for p in predictions] == expected.tolist()
     assert all(p["block_id"] in p["retrieved_block_ids"] for p in predictions)  # the answer is read from them
-    em = np.mean([open_qa.exact_match(p["prediction"], p["answers"]) for p in predictions])
+    em = np.mean([qa_metrics.exact_match(p["prediction"], p["answers"]) for p in predictions])
     assert metrics["exact_match"] == pytest.approx(em)
     # accuracy@k from BM25's own ranking (the answers came from the dense retriever's blocks, so they need not
     # be in BM25's top k), by brute-force search of the normalised answers in the normalised block texts.
@@ -390,10 +392,10 @@ def test_a_mixed_precision_model_is_checked_against_the_index_in_float32(qa):
 
 
 def test_exact_and_regex_match():
-    assert open_qa.exact_match("The Beatles.", ["beatles"]) and not open_qa.exact_match("Beatle", ["beatles"])
-    assert open_qa.exact_match("  an  Apple ", ["apple"])
-    assert open_qa.regex_match("1973 oil crisis", [r"19\d\d"]) and not open_qa.regex_match("in 1973", [r"19\d\d"])
-    assert open_qa.regex_match("C++ (language)", ["c++"])  # an invalid regex is matched literally
+    assert qa_metrics.exact_match("The Beatles.", ["beatles"]) and not qa_metrics.exact_match("Beatle", ["beatles"])
+    assert qa_metrics.exact_match("  an  Apple ", ["apple"])
+    assert qa_metrics.regex_match("1973 oil crisis", [r"19\d\d"]) and not qa_metrics.regex_match("in 1973", [r"19\d\d"])
+    assert qa_metrics.regex_match("C++ (language)", ["c++"])  # an invalid regex is matched literally
     assert answer_normalization.normalize_answer("U.S.A.") == "usa"
 
 
@@ -401,10 +403,10 @@ def test_bad_question_files_name_the_line(tmp_path):
     path = tmp_path / "q.jsonl"
     path.write_text('{"question": "ok?", "answers": ["a"]}\n{"question": "", "answers": ["a"]}\n')
     with pytest.raises(Exception, match=r"q.jsonl:2: needs a non-empty string 'question'"):
-        open_qa.read_questions(str(path))
+        questions.read_questions(str(path))
     path.write_text('{"question": "ok?", "answers": "a"}\nnot json\n')
     with pytest.raises(Exception, match=r"q.jsonl:2: not valid JSON"):
-        open_qa.read_questions(str(path))
+        questions.read_questions(str(path))
 
 
 def test_finetune_on_bm25_blocks_trains_the_reader_alone(qa):

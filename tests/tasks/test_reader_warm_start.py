@@ -18,8 +18,10 @@ from realm_tf import errors
 from realm_tf.data import answer_normalization
 from realm_tf.data import block_store
 from realm_tf.data import knowledge_corpus
+from realm_tf.data import questions
 from realm_tf.tasks import open_qa
 from realm_tf.tasks import precision
+from realm_tf.tasks import qa_metrics
 from realm_tf.tasks import reader_warm_start
 from realm_tf.tasks import reading_sets
 
@@ -52,7 +54,7 @@ def _normalized_contains(text, answers):
 
 def test_gold_block_first_then_negatives_without_the_answer(squad):
     _, path, blocks, _ = squad
-    examples = open_qa.read_questions(str(path))
+    examples = questions.read_questions(str(path))
     reading = reading_sets.gold_and_negatives(examples, blocks, num_negatives=3)
     assert reading.skipped == {"no_gold_passage": 1, "no_answer_in_gold_blocks": 1}
     assert len(reading.examples) + sum(reading.skipped.values()) == len(examples)
@@ -77,7 +79,7 @@ def test_train_reader_then_its_reader_starts_finetuning(squad, capsys):
     assert checkpoint.endswith("-3")
     # Neither the dev nor the tune split was read: the logged counts are the train split's.
     cfg = config.load_config(TINY, [s for s in sets if s != "--set"])
-    everything = open_qa.read_questions(str(path))
+    everything = questions.read_questions(str(path))
     train, dev = open_qa.split_questions(everything, 0.2, 0.1)
     assert dev and len(train) + len(dev) < len(everything)  # some questions are in the tune split
     expected = reading_sets.gold_and_negatives(train, blocks, 2)
@@ -108,7 +110,7 @@ def test_evaluate_on_gold_blocks_reports_f1(squad, capsys):
     assert metrics["num_questions"] == len(predictions) == 36 and metrics["skipped"]["no_gold_passage"] == 1
     assert all(len(p["retrieved_block_ids"]) == 1 == len(p["read_blocks_with_answer"]) for p in predictions)
     assert metrics["accuracy@1"] == 1.0  # the gold block holds the answer by construction
-    assert metrics["f1"] == pytest.approx(np.mean([open_qa.f1(p["prediction"], p["answers"]) for p in predictions]))
+    assert metrics["f1"] == pytest.approx(np.mean([qa_metrics.f1(p["prediction"], p["answers"]) for p in predictions]))
     # One block, no retrieval score: the weight on it cannot change the answer.
     assert metrics["exact_match@w=0"] == metrics["exact_match@w=2"] == metrics["exact_match"]
     assert metrics["f1@w=0"] == pytest.approx(metrics["f1"])
@@ -134,14 +136,14 @@ def test_f1_matches_the_official_formula():
         prediction = " ".join(rng.choice(words, rng.integers(0, 6)))
         truths = [" ".join(rng.choice(words, rng.integers(1, 6))) for _ in range(rng.integers(1, 3))]
         expected = max(_official_f1(prediction, t) for t in truths)
-        assert open_qa.f1(prediction, truths) == pytest.approx(expected)
-    assert open_qa.f1("actor Tim Allen", ["Tim Allen"]) == pytest.approx(0.8)
+        assert qa_metrics.f1(prediction, truths) == pytest.approx(expected)
+    assert qa_metrics.f1("actor Tim Allen", ["Tim Allen"]) == pytest.approx(0.8)
 
 
 def test_length_buckets_change_neither_loss_nor_predictions(squad):
     _, path, blocks, sets = squad
     overrides = [s for s in sets if s != "--set"]
-    examples = open_qa.read_questions(str(path))
+    examples = questions.read_questions(str(path))
     reading = reading_sets.gold_and_negatives(examples, blocks, 2)
     results, weights = [], None
     for buckets in (1, 3):
@@ -214,7 +216,7 @@ def test_mixed_bfloat16_reader_computes_in_bfloat16_and_trains_float32_checkpoin
     float32 again after the run."""
     root, path, blocks, sets = squad
     overrides = [s for s in sets if s != "--set"]
-    examples = open_qa.read_questions(str(path))
+    examples = questions.read_questions(str(path))
     reading = reading_sets.gold_and_negatives(examples, blocks, 2)
     cfg = config.load_config(TINY, overrides)
     task = open_qa.OpenQaTask(cfg)

@@ -1,4 +1,5 @@
-"""Retrieval metrics for Open-QA: accuracy@k and gold-block recall@k.
+"""The metrics of Open-QA: exact match, F1 and regex match of an answer (SQuAD, Rajpurkar et al. 2016; CuratedTREC's
+patterns), and of retrieval, accuracy@k and gold-block recall@k.
 
 Following ORQA/REALM (Lee et al., 2019; Guu et al., 2020, §4.4 "retrieval recall"), a retrieval is
 correct at k when any of the top-k blocks contains a (normalised) answer string; with gold passages
@@ -7,6 +8,7 @@ Containment is on SQuAD-normalised *tokens*, so "1973" does not match inside "19
 """
 from __future__ import annotations
 
+import re
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -44,7 +46,7 @@ class AnswerMatcher:
         return any(a in text for a in answers)
 
 
-def retrieval_metrics(retrieved: np.ndarray, matcher: AnswerMatcher, answers: Sequence[Sequence[str]],
+def qa_metrics(retrieved: np.ndarray, matcher: AnswerMatcher, answers: Sequence[Sequence[str]],
                       block_doc_ids: Sequence[str] | None = None,
                       gold_doc_ids: Sequence[Sequence[str]] | None = None,
                       ks: Sequence[int] = DEFAULT_KS) -> dict[str, float]:
@@ -80,3 +82,27 @@ def retrieval_metrics(retrieved: np.ndarray, matcher: AnswerMatcher, answers: Se
         if gold_doc_ids is not None:
             metrics[f"gold_recall@{k}"] = float(np.mean(gold_at <= k))
     return metrics
+
+
+def f1(prediction: str, answers: Iterable[str]) -> float:
+    """SQuAD token F1, the best over the answers."""
+    return max((answer_normalization.f1_score(prediction, a) for a in answers), default=0.0)
+
+
+def exact_match(prediction: str, answers: Iterable[str]) -> bool:
+    """SQuAD exact match: equal after ``normalize_answer``, against any answer."""
+    norm = answer_normalization.normalize_answer(prediction)
+    return any(norm == answer_normalization.normalize_answer(a) for a in answers)
+
+
+def regex_match(prediction: str, patterns: Iterable[str]) -> bool:
+    """CuratedTREC-style match: an answer is a regular expression matched at the start, case-insensitively
+    (a pattern that is not a valid regex is matched literally)."""
+    for pattern in patterns:
+        try:
+            compiled = re.compile(pattern, flags=re.IGNORECASE | re.UNICODE | re.MULTILINE)
+        except re.error:
+            compiled = re.compile(re.escape(pattern), flags=re.IGNORECASE)
+        if compiled.match(prediction) is not None:
+            return True
+    return False

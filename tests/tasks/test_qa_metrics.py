@@ -3,16 +3,16 @@ import random
 
 import numpy as np
 
-from realm_tf.tasks import retrieval_metrics
+from realm_tf.tasks import qa_metrics
 
 
 def test_token_boundary_matching():
-    matcher = retrieval_metrics.AnswerMatcher(["The oil crisis of 1973, (October).", "In 19730 nothing"])
-    norm = retrieval_metrics.normalized_answers(["1973", "  "])
+    matcher = qa_metrics.AnswerMatcher(["The oil crisis of 1973, (October).", "In 19730 nothing"])
+    norm = qa_metrics.normalized_answers(["1973", "  "])
     assert norm == [" 1973 "]
     assert matcher.has_answer(0, norm) and not matcher.has_answer(1, norm)
-    assert matcher.has_answer(0, retrieval_metrics.normalized_answers(["the October"]))  # article + punctuation
-    assert not matcher.has_answer(0, retrieval_metrics.normalized_answers(["crisis 1973"]))
+    assert matcher.has_answer(0, qa_metrics.normalized_answers(["the October"]))  # article + punctuation
+    assert not matcher.has_answer(0, qa_metrics.normalized_answers(["crisis 1973"]))
 
 
 def test_matches_brute_force_reference():
@@ -23,8 +23,8 @@ def test_matches_brute_force_reference():
     questions = [([rng.choice(words) + " " + rng.choice(words)], [str(rng.randrange(14))]) for _ in range(50)]
     retrieved = np.array([rng.sample(range(40), 20) for _ in range(50)])
     retrieved[3, 10:] = -1  # a short list
-    got = retrieval_metrics.retrieval_metrics(
-        retrieved, retrieval_metrics.AnswerMatcher(texts), [a for a, _ in questions], doc_ids,
+    got = qa_metrics.qa_metrics(
+        retrieved, qa_metrics.AnswerMatcher(texts), [a for a, _ in questions], doc_ids,
         [g for _, g in questions], ks=(1, 5, 20))
     for k in (1, 5, 20):
         acc = gold = 0
