@@ -36,11 +36,11 @@ from realm_tf.models import knowledge_retriever
 from realm_tf.models import realm_pretrainer
 from realm_tf.serving import retriever_export
 from realm_tf.tasks import base_task
+from realm_tf.tasks import evaluation
 from realm_tf.tasks import experiment
 from realm_tf.tasks import mlm_head_warmup
 from realm_tf.tasks import realm_loss
 from realm_tf.tasks import retrieval_augmented_input
-from realm_tf.tasks import tracing
 from realm_tf.tasks import training_loop
 from realm_tf.tasks import warm_start
 
@@ -263,40 +263,60 @@ class RealmPretrainingTask(base_task.Task):
         ``mlm_accuracy_span_retrieved`` / ``mlm_accuracy_null_only_span_retrieved`` (the two accuracies on the
         examples with the span in some retrieved block: does the reader copy it?) and ``num_examples``.
         """
-        def score(features, labels):
-            outputs = model(features, training=False)
-            full = realm_loss.realm_marginal_loss(outputs["retrieval_logits"], outputs["mlm_logits"],
-                                                  labels["target_ids"], labels["target_weights"])
-            null = realm_loss.realm_marginal_loss(outputs["retrieval_logits"][:, :1], outputs["mlm_logits"][:, :1],
-                                                  labels["target_ids"], labels["target_weights"])
-            return full, null
+        return evaluation.run_evaluation(self, model, dataset)
 
-        score = tracing.trace_once(score, dataset, arguments=list)
-        sums = {"correct": 0.0, "correct_null": 0.0, "count": 0.0, "ru": 0.0, "ll": 0.0, "ll_null": 0.0, "n": 0,
-                "top1": 0.0, "any": 0.0, "correct_found": 0.0, "correct_null_found": 0.0, "count_found": 0.0}
-        for features, labels in dataset:
-            full, null = score(features, labels)
-            found = span_in_candidates({**features, **labels})  # [batch, num_candidates - 1]
-            sums["top1"] += float(found[:, 0].sum()) if found.shape[1] else 0.0
-            sums["any"] += float(found.any(axis=1).sum())
-            in_some = found.any(axis=1)  # [batch]
-            sums["correct_found"] += float(full["mlm_correct"].numpy()[in_some].sum())
-            sums["correct_null_found"] += float(null["mlm_correct"].numpy()[in_some].sum())
-            sums["count_found"] += float(full["mlm_count"].numpy()[in_some].sum())
-            sums["correct"] += float(tf.reduce_sum(full["mlm_correct"]))
-            sums["correct_null"] += float(tf.reduce_sum(null["mlm_correct"]))
-            sums["count"] += float(tf.reduce_sum(full["mlm_count"]))
-            sums["ru"] += float(tf.reduce_sum(full["retrieval_utility"]))
-            sums["ll"] += float(tf.reduce_sum(full["log_marginal"]))
-            sums["ll_null"] += float(tf.reduce_sum(null["log_marginal"]))
-            sums["n"] += int(full["loss"].shape[0])
-        n, count = max(sums["n"], 1), max(sums["count"], 1.0)
+    # ---- evaluation (realm_tf.tasks.evaluation: validation_step, aggregate_logs, reduce_aggregated_logs) ----
+
+    #: What the host needs of a batch to find the masked span in the retrieved blocks (span_in_candidates).
+    _SPAN_INPUTS = ("reader_input_word_ids", "reader_input_type_ids", "reader_input_mask", "target_ids",
+                    "target_weights")
+    _SUMS = ("correct", "correct_null", "count", "utility", "log_likelihood", "log_likelihood_null", "examples",
+             "top1", "any", "correct_found", "correct_null_found", "count_found")
+
+    def validation_step(self, inputs: tuple[base_task.Features, base_task.Labels],
+                        model: realm_pretrainer.RealmPretrainer) -> base_task.Logs:
+        """Per example: the marginal loss terms over the k candidates (``full``) and over the null document alone
+        (``null``), and the inputs that tell whether the masked span was retrieved (``span``)."""
+        features, labels = inputs
+        outputs = model(features, training=False)
+        full = realm_loss.realm_marginal_loss(outputs["retrieval_logits"], outputs["mlm_logits"],
+                                              labels["target_ids"], labels["target_weights"])
+        null = realm_loss.realm_marginal_loss(outputs["retrieval_logits"][:, :1], outputs["mlm_logits"][:, :1],
+                                              labels["target_ids"], labels["target_weights"])
+        batch = {**features, **labels}
+        return {"full": full, "null": null, "span": {k: batch[k] for k in self._SPAN_INPUTS}}
+
+    def aggregate_logs(self, state: dict[str, float] | None, step_outputs: base_task.Logs) -> dict[str, float]:
+        """Sums a batch's correct masked wordpieces, retrieval utility and log-likelihoods, overall and on the
+        examples whose span some retrieved block holds."""
+        sums = state or dict.fromkeys(self._SUMS, 0.0)
+        full, null = step_outputs["full"], step_outputs["null"]
+        found = span_in_candidates(step_outputs["span"])  # [batch, num_candidates - 1]
+        in_some = found.any(axis=1)  # [batch]
+        sums["top1"] += float(found[:, 0].sum()) if found.shape[1] else 0.0
+        sums["any"] += float(in_some.sum())
+        sums["correct_found"] += float(full["mlm_correct"].numpy()[in_some].sum())
+        sums["correct_null_found"] += float(null["mlm_correct"].numpy()[in_some].sum())
+        sums["count_found"] += float(full["mlm_count"].numpy()[in_some].sum())
+        sums["correct"] += float(tf.reduce_sum(full["mlm_correct"]))
+        sums["correct_null"] += float(tf.reduce_sum(null["mlm_correct"]))
+        sums["count"] += float(tf.reduce_sum(full["mlm_count"]))
+        sums["utility"] += float(tf.reduce_sum(full["retrieval_utility"]))
+        sums["log_likelihood"] += float(tf.reduce_sum(full["log_marginal"]))
+        sums["log_likelihood_null"] += float(tf.reduce_sum(null["log_marginal"]))
+        sums["examples"] += int(full["loss"].shape[0])
+        return sums
+
+    def reduce_aggregated_logs(self, state: dict[str, float] | None) -> dict[str, Any]:
+        """The held-out scores of :meth:`evaluate` from the sums."""
+        sums = state or dict.fromkeys(self._SUMS, 0.0)
+        n, count, found = max(sums["examples"], 1), max(sums["count"], 1.0), max(sums["count_found"], 1.0)
         return {"mlm_accuracy": sums["correct"] / count, "mlm_accuracy_null_only": sums["correct_null"] / count,
-                "retrieval_utility": sums["ru"] / n, "log_likelihood": sums["ll"] / n,
-                "log_likelihood_null_only": sums["ll_null"] / n, "span_recall_top1": sums["top1"] / n,
-                "span_recall": sums["any"] / n, "num_examples": sums["n"],
-                "mlm_accuracy_span_retrieved": sums["correct_found"] / max(sums["count_found"], 1.0),
-                "mlm_accuracy_null_only_span_retrieved": sums["correct_null_found"] / max(sums["count_found"], 1.0)}
+                "retrieval_utility": sums["utility"] / n, "log_likelihood": sums["log_likelihood"] / n,
+                "log_likelihood_null_only": sums["log_likelihood_null"] / n, "span_recall_top1": sums["top1"] / n,
+                "span_recall": sums["any"] / n, "num_examples": int(sums["examples"]),
+                "mlm_accuracy_span_retrieved": sums["correct_found"] / found,
+                "mlm_accuracy_null_only_span_retrieved": sums["correct_null_found"] / found}
 
 
 def span_in_candidates(batch: Mapping[str, tf.Tensor]) -> np.ndarray:
