@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Protocol
 
 import tensorflow as tf
 import tf_keras
@@ -21,9 +21,19 @@ from realm_tf.tasks import base_task
 from realm_tf.tasks import tracing
 
 
-def run_evaluation(task: base_task.Task, model: tf_keras.Model, dataset: tf.data.Dataset | Iterable,
+class Evaluator(Protocol):
+    """What :func:`run_evaluation` runs: a :class:`base_task.Task`, or any object with the same three methods."""
+
+    def validation_step(self, inputs: Any, model: tf_keras.Model) -> Any: ...
+
+    def aggregate_logs(self, state: Any, step_outputs: Any) -> Any: ...
+
+    def reduce_aggregated_logs(self, state: Any) -> Any: ...
+
+
+def run_evaluation(task: Evaluator | base_task.Task, model: tf_keras.Model, dataset: tf.data.Dataset | Iterable,
                    total: int | None = None, description: str = "evaluate",
-                   count: Callable[[Any], int] | None = None) -> dict[str, Any]:
+                   count: Callable[[Any], int] | None = None) -> Any:
     """Runs ``task.validation_step`` over ``dataset`` (traced once), folds each batch's outputs with
     ``task.aggregate_logs`` and returns ``task.reduce_aggregated_logs`` of the whole.
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -28,9 +28,9 @@ from realm_tf import errors
 from realm_tf.data import document_files
 from realm_tf.data import retro_sequences
 from realm_tf.index import knn_datastore
+from realm_tf.tasks import evaluation
 from realm_tf.tasks import knn_lm
 from realm_tf.tasks import retro_lm
-from realm_tf.tasks import tracing
 
 logger = logging.getLogger(__name__)
 
@@ -84,51 +84,69 @@ def score_tokens(task: retro_lm.RetroLmTask, model: tf_keras.Model, split: str, 
                  database: str = "train_only", with_knn_keys: bool = False, batch_size: int = 8,
                  limit_sequences: int = 0) -> TokenScores:
     """log p(target) of every scored token of ``split``'s documents under ``model`` (RETRO with ``neighbours``
-    from ``database``, or all neighbours masked; the baseline ignores both)."""
-    byte_lengths = retro_sequences.token_byte_lengths(task.tokenizer.vocab)
-    m = task.cfg.retro.chunk_length
-
-    def forward(features):
-        outputs = model(features, training=False)
-        log_probs = tf.nn.log_softmax(tf.cast(outputs["logits"], tf.float32), axis=-1)  # [b, n, V]
-        return log_probs, outputs["knn_keys"]
-
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in ("chunk_ids", "targets", "log_probs", "bytes",
-                                                          "wordpiece_bytes", "keys")}
-    offsets = (np.arange(task.cfg.retro.sequence_length) + 1) % m  # [n]: each target's place in its chunk
-    seen = 0
+    from ``database``, or all neighbours masked; the baseline ignores both); the first ``limit_sequences``
+    sequences only when > 0."""
     dataset = task.dataset(split, exclude_own_document=True, neighbours=neighbours, batch_size=batch_size,
                            database=database)
-    forward = tracing.trace_once(forward, dataset, arguments=lambda spec: [spec[0]])  # features only
-    for features, labels in dataset:
-        log_probs, keys = forward(features)
-        targets = labels["targets"].numpy()  # [b, n]
-        mask = labels["target_mask"].numpy()  # [b, n]
+    if limit_sequences:
+        dataset = dataset.take(-(-limit_sequences // batch_size))
+    scores = evaluation.run_evaluation(TokenScoring(task, with_knn_keys), model, dataset)
+    if scores is None:
+        raise errors.UserError(f"split {split!r} has no documents (retro.validation_fraction / test_fraction)")
+    return scores
+
+
+class TokenScoring:
+    """Token scoring in the evaluation protocol (:mod:`realm_tf.tasks.evaluation`): per batch the log-probability
+    of each target under the decoder (and its kNN-LM key), gathered on the host with the chunk it lies in and the
+    UTF-8 bytes of the original text it stands for (bits-per-byte, RETRO §2.6), into one :class:`TokenScores`."""
+
+    def __init__(self, task: retro_lm.RetroLmTask, with_knn_keys: bool = False) -> None:
+        self.task, self.with_knn_keys = task, with_knn_keys
+        self.byte_lengths = retro_sequences.token_byte_lengths(task.tokenizer.vocab)
+        m = task.cfg.retro.chunk_length
+        self.offsets = (np.arange(task.cfg.retro.sequence_length) + 1) % m  # [n]: each target's place in its chunk
+
+    def validation_step(self, inputs: tuple[Mapping[str, tf.Tensor], Mapping[str, tf.Tensor]],
+                        model: tf_keras.Model) -> dict[str, tf.Tensor]:
+        features, labels = inputs
+        outputs = model(features, training=False)
+        log_probs = tf.nn.log_softmax(tf.cast(outputs["logits"], tf.float32), axis=-1)  # [b, n, V]
+        picked = tf.gather(log_probs, labels["targets"], batch_dims=2)  # [b, n]: log p(target)
+        return {"log_probs": picked, "keys": outputs["knn_keys"], "targets": labels["targets"],
+                "target_mask": labels["target_mask"], "chunk_ids": labels["chunk_ids"]}
+
+    def aggregate_logs(self, state: dict[str, list[np.ndarray]] | None,
+                       step_outputs: Mapping[str, tf.Tensor]) -> dict[str, list[np.ndarray]]:
+        parts = state or {k: [] for k in ("chunk_ids", "targets", "log_probs", "bytes", "wordpiece_bytes", "keys")}
+        m = self.task.cfg.retro.chunk_length
+        targets = step_outputs["targets"].numpy()  # [b, n]
+        mask = step_outputs["target_mask"].numpy()  # [b, n]
         # target t + 1 lies in chunk (t + 1) // m; the last position's target is never real (mask False), so its
         # chunk index wraps to 0 harmlessly
-        chunk_of = labels["chunk_ids"].numpy()[:, (np.arange(targets.shape[1]) + 1) // m % (targets.shape[1] // m)]
-        picked = np.take_along_axis(log_probs.numpy(), targets[..., None], axis=-1)[..., 0]  # [b, n]
+        chunk_of = step_outputs["chunk_ids"].numpy()[:, (np.arange(targets.shape[1]) + 1) // m
+                                                     % (targets.shape[1] // m)]  # [b, n]
         parts["chunk_ids"].append(chunk_of[mask])
         parts["targets"].append(targets[mask])
-        parts["log_probs"].append(picked[mask].astype(np.float64))
-        parts["wordpiece_bytes"].append(byte_lengths[targets[mask]])
-        scored_chunks, scored_offsets = chunk_of[mask], np.broadcast_to(offsets, targets.shape)[mask]  # [t] each
+        parts["log_probs"].append(step_outputs["log_probs"].numpy()[mask].astype(np.float64))
+        parts["wordpiece_bytes"].append(self.byte_lengths[targets[mask]])
+        scored_chunks, scored_offsets = chunk_of[mask], np.broadcast_to(self.offsets, targets.shape)[mask]  # [t]
         distinct, where = np.unique(scored_chunks, return_inverse=True)  # [u], [t]
         chunk_bytes = np.zeros([distinct.size, m], np.int64)  # [u, m]: a document's last chunk may be shorter
         for row, chunk_id in enumerate(distinct.tolist()):
-            lengths = task.original_bytes(int(chunk_id))
+            lengths = self.task.original_bytes(int(chunk_id))
             chunk_bytes[row, :lengths.size] = lengths
         parts["bytes"].append(chunk_bytes[where.reshape(-1), scored_offsets])
-        if with_knn_keys:
-            parts["keys"].append(keys.numpy()[mask])
-        seen += targets.shape[0]
-        if limit_sequences and seen >= limit_sequences:
-            break
-    if not parts["targets"]:
-        raise errors.UserError(f"split {split!r} has no documents (retro.validation_fraction / test_fraction)")
-    cat = {k: np.concatenate(v) for k, v in parts.items() if v}
-    return TokenScores(cat["chunk_ids"], cat["targets"], cat["log_probs"], cat["bytes"], cat.get("keys"),
-                       cat["wordpiece_bytes"])
+        if self.with_knn_keys:
+            parts["keys"].append(step_outputs["keys"].numpy()[mask])
+        return parts
+
+    def reduce_aggregated_logs(self, state: dict[str, list[np.ndarray]] | None) -> TokenScores | None:
+        if not state or not state["targets"]:
+            return None
+        cat = {k: np.concatenate(v) for k, v in state.items() if v}
+        return TokenScores(cat["chunk_ids"], cat["targets"], cat["log_probs"], cat["bytes"], cat.get("keys"),
+                           cat["wordpiece_bytes"])
 
 
 def chunk_overlaps(task: retro_lm.RetroLmTask, chunk_ids: np.ndarray, database: str = "train_only",
