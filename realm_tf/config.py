@@ -244,6 +244,9 @@ class TrainerConfig:
     distribution.set_intra_op_threads``).
     ``max_minutes`` > 0 stops a run (with a checkpoint) once it has trained that long, before ``steps`` if
     need be; ``eval_examples`` caps the held-out evaluation at the end of ``realm-tf pretrain``.
+    ``eval_every_steps`` > 0: train and evaluate: every that many steps the task's held-out evaluation runs
+    (TensorBoard ``eval``), and the model of the best score so far is kept in ``<model_dir>/best``
+    (``tasks/experiment``); 0: no evaluation during training.
     ``learning_rate_decay``: ``linear`` (REALM, BERT: linear decay to 0 at ``steps``) or ``constant`` (no decay
     after the warm-up: a run continued step by step for as long as it improves, with no length fixed in advance).
     ``learning_rate_scales``: ``"REGEX=SCALE"`` items; variables whose name matches REGEX (first match wins)
@@ -274,6 +277,7 @@ class TrainerConfig:
     keep_checkpoints: int = 3
     summary_every_steps: int = 10
     eval_examples: int = 256
+    eval_every_steps: int = 0
     max_minutes: float = 0.0
     intra_op_threads: int = 0
     learning_rate_scales: tuple[str, ...] = ()

@@ -55,6 +55,8 @@ class Task(abc.ABC):
     """
 
     trainer_section: ClassVar[str] = "trainer"
+    #: The evaluation score that decides the best model of a train-and-eval run, and whether higher is better.
+    best_metric: ClassVar[tuple[str, str]] = ("loss", "min")
 
     def __init__(self, cfg: config_lib.ExperimentConfig):
         self.cfg = cfg  # no TensorFlow op here: MultiWorkerMirroredStrategy must be created before any
@@ -153,6 +155,11 @@ class Task(abc.ABC):
         return {"loss": tf.reduce_mean(per_example), **self.build_metrics(labels, outputs, terms)}
 
     # ---- evaluation, in tf-models' protocol (official/core/base_task.py) ----------------------------------
+
+    def eval_inputs(self) -> tf.data.Dataset | None:
+        """The held-out batches :meth:`validation_step` reads during train-and-eval (``eval_every_steps``); None:
+        the task has none."""
+        return None
 
     def aggregate_logs(self, state: Any, step_outputs: Logs) -> Any:
         """Folds the outputs of one :meth:`validation_step` into the evaluation's state, on the host (``state`` is

@@ -9,13 +9,16 @@ fine-tuning (§4) all run here.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Iterator, Sequence
 
 import tensorflow as tf
 
+from realm_tf import artifacts
 from realm_tf import config as config_lib
 from realm_tf.tasks import base_task
 from realm_tf.tasks import distribution
+from realm_tf.tasks import evaluation
 from realm_tf.tasks import optimizer as optimizer_lib
 from realm_tf.tasks import precision
 from realm_tf.tasks import training_loop
@@ -48,7 +51,7 @@ def run_experiment(task: base_task.Task, strategy: tf.distribute.Strategy | None
     logs: dict[str, float] = {}
     try:
         task.initialize(model, loop)
-        all_hooks = (*task.train_hooks(model, loop), *hooks)
+        all_hooks = (*task.train_hooks(model, loop), *_train_and_eval(task, model, loop), *hooks)
         iterators: dict[tuple, Iterator] = {}
         for phase in task.phases(loop.step):
             if loop.step >= (phase.until_step if phase.until_step is not None else trainer.steps):
@@ -77,6 +80,44 @@ def run_experiment(task: base_task.Task, strategy: tf.distribute.Strategy | None
     result["stopped_by"] = loop.stopped_by
     result["train"] = logs
     return result
+
+
+BEST_DIR = "best"  # <model_dir>/best: the model of the best evaluation of a train-and-eval run
+BEST_MARKER = "best.json"
+
+
+def _train_and_eval(task: base_task.Task, model: Any, loop: training_loop.TrainingLoop) -> list[training_loop.Hook]:
+    """With ``eval_every_steps`` > 0 and held-out inputs: a hook that evaluates the model every that many steps
+    (:func:`evaluation.run_evaluation`; TensorBoard ``<model_dir>/eval``) and, when the score named by the task's
+    ``best_metric`` beats the best so far (``<model_dir>/best/best.json``, which a resumed run reads), publishes
+    the model as ``<model_dir>/best`` (a checkpoint ``ckpt``, written atomically)."""
+    every = task.trainer_config.eval_every_steps
+    inputs = task.eval_inputs() if every > 0 else None
+    if inputs is None:
+        return []
+    model_dir = task.trainer_config.model_dir
+    best_dir = os.path.join(model_dir, BEST_DIR)
+    name, mode = task.best_metric
+    if mode not in ("min", "max"):
+        raise ValueError(f"{type(task).__name__}.best_metric: mode {mode!r} is not 'min' or 'max'")
+
+    def hook(step: int, logs: Any) -> None:
+        del logs
+        if step % every:
+            return
+        metrics = evaluation.run_evaluation(task, model, inputs)
+        evaluation.write_scalars(metrics, os.path.join(model_dir, "eval"), step)
+        best = artifacts.read_marker(best_dir, BEST_MARKER) if artifacts.is_complete(best_dir, BEST_MARKER) else None
+        value = float(metrics[name])
+        if best is not None and not (value < best["value"] if mode == "min" else value > best["value"]):
+            return
+        with artifacts.staged(best_dir, BEST_MARKER, replace=True) as staging:
+            tf.train.Checkpoint(**task.checkpoint_items(model)).write(os.path.join(staging.path, "ckpt"))
+            staging.metadata = {"step": step, "metric": name, "value": value,
+                                "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
+        logger.info("%s: step %d: %s %.5g, the best so far: kept in %s", model_dir, step, name, value, best_dir)
+
+    return [hook]
 
 
 def _distributed_inputs(task: base_task.Task, strategy: tf.distribute.Strategy, step: int,

@@ -68,6 +68,7 @@ class RealmPretrainingTask(base_task.Task):
     """
 
     trainer_section = "trainer"
+    best_metric = ("mlm_accuracy", "max")  # train-and-eval (trainer.eval_every_steps): the held-out MLM accuracy
 
     def __init__(self, cfg: config_lib.ExperimentConfig, pretraining_pattern: str | None = None,
                  evaluate: bool = True, eval_pattern: str | None = None):
@@ -239,11 +240,7 @@ class RealmPretrainingTask(base_task.Task):
                                   "excluded_source_blocks": stats.excluded_source_blocks,
                                   "trivial_retrievals_kept": stats.trivial_retrievals_kept}
         if self.run_evaluation and self.chief:
-            batch = self.global_batch_size
-            heldout = self.inputs.dataset(self.eval_pattern, batch, repeat=False, shuffle=False,
-                                          split=salient_heldout_predicate(self.cfg.data.pretraining_heldout_fraction))
-            heldout = heldout.take(max(1, self.cfg.trainer.eval_examples // batch))
-            scores = self.evaluate(model, heldout.map(base_task.split_features(is_model_input)))
+            scores = self.evaluate(model, self.eval_inputs())
             writer = tf.summary.create_file_writer(os.path.join(self.cfg.trainer.model_dir, "eval"))
             with writer.as_default(step=loop.step):
                 for key, value in scores.items():
@@ -251,6 +248,17 @@ class RealmPretrainingTask(base_task.Task):
             writer.flush()
             result["eval"] = scores
         return result
+
+    def eval_inputs(self) -> tf.data.Dataset | None:
+        """The held-out salient spans (``trainer.eval_examples`` of them; held out by source block), as
+        ``(features, labels)`` batches, with their retrievals from the current index (chief only)."""
+        if not self.chief:
+            return None
+        batch = self.global_batch_size
+        heldout = self.inputs.dataset(self.eval_pattern, batch, repeat=False, shuffle=False,
+                                      split=salient_heldout_predicate(self.cfg.data.pretraining_heldout_fraction))
+        heldout = heldout.take(max(1, self.cfg.trainer.eval_examples // batch))
+        return heldout.map(base_task.split_features(is_model_input))
 
     def evaluate(self, model: realm_pretrainer.RealmPretrainer, dataset: tf.data.Dataset) -> dict[str, float]:
         """Held-out scores (``dataset``: ``(features, labels)`` batches) of the marginal model and of the same model

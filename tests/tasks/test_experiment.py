@@ -159,3 +159,46 @@ def test_run_evaluation_averages_the_validation_logs_over_the_batches(tmp_path):
     assert metrics["first"] == np.mean(firsts) == 8.0 and metrics["tag"] == 0.0
     evaluation.write_metrics(metrics, str(tmp_path / "metrics.json"))
     assert json.loads((tmp_path / "metrics.json").read_text()) == metrics
+
+
+class _EvaluatedRegression(_Regression):
+    """_Regression with held-out batches (another 16 examples of the same line) and a record of each evaluation."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.evaluations = []
+
+    def eval_inputs(self):
+        rng = np.random.default_rng(1)
+        x = rng.normal(size=[16, 3]).astype(np.float32)
+        y = x @ np.array([1.0, -2.0, 0.5], np.float32) + 0.25
+        return tf.data.Dataset.from_tensor_slices(({"x": x}, {"y": y, "index": np.arange(16),
+                                                              "tag": np.zeros(16, np.int64)})).batch(4)
+
+    def reduce_aggregated_logs(self, state):
+        metrics = super().reduce_aggregated_logs(state)
+        self.evaluations.append((self.loop.step, metrics["loss"]))
+        return metrics
+
+
+def test_train_and_eval_keeps_the_model_of_the_best_evaluation(tmp_path):
+    cfg = config.load_config("configs/tiny.yaml", [
+        f"trainer.model_dir={tmp_path}/run", "trainer.steps=12", "trainer.learning_rate=0.5", "trainer.warmup_steps=0",
+        "trainer.checkpoint_every_steps=4", "trainer.eval_every_steps=3", "data.batch_size=4",
+        "trainer.weight_decay=0.0"])
+    task = _EvaluatedRegression(cfg)
+    experiment.run_experiment(task)
+    assert [step for step, _ in task.evaluations] == [3, 6, 9, 12]
+    best_step, best_loss = min(task.evaluations, key=lambda e: e[1])
+    best_dir = tmp_path / "run" / experiment.BEST_DIR
+    marker = json.loads((best_dir / experiment.BEST_MARKER).read_text())
+    assert (marker["step"], marker["metric"]) == (best_step, "loss")
+    np.testing.assert_allclose(marker["value"], best_loss, rtol=1e-6)
+    # The kept model is that step's: its held-out loss, computed in numpy from the restored weights.
+    model = task.build_model()
+    tf.train.Checkpoint(model=model).read(str(best_dir / "ckpt")).expect_partial()
+    kernel, bias = model.get_layer("bias_layer").get_weights()
+    features, labels = next(iter(task.eval_inputs().unbatch().batch(16)))
+    want = np.mean((features["x"].numpy() @ kernel[:, 0] + bias[0] - labels["y"].numpy()) ** 2)
+    np.testing.assert_allclose(best_loss, want, rtol=1e-5)
+    assert not list(tmp_path.glob("run/.staging-*")) and not list(tmp_path.glob("run/.replaced-*"))
