@@ -64,7 +64,7 @@ def main() -> int:
         cfg = config_lib.load_config(args.config, [f"model.reader_length_buckets={buckets}"])
         reader = span_reader.build_span_reader(cfg.model)
 
-        # Traced once for any lengths, as training and evaluation trace (tasks/tracing.py): a per-shape trace would
+        # Traced once for any lengths, as training and evaluation trace (core/tracing.py): a per-shape trace would
         # time a retrace whenever a batch's longest row differs from the last one's.
         signature = [{k: tf.TensorSpec([None, None, None], tf.int32) for k in timed[0]}]
 

@@ -125,7 +125,7 @@ def run_setting(args: argparse.Namespace, name: str, path: str) -> dict:
     import tensorflow as tf
 
     from realm_tf import config as config_lib
-    from realm_tf.tasks import optimizer as optimizer_lib
+    from realm_tf.core import optimizer as optimizer_lib
     from realm_tf.tasks import realm_pretraining
 
     overrides, _ = SETTINGS[name]

@@ -34,7 +34,7 @@ import tqdm  # noqa: E402
 
 from realm_tf import cli  # noqa: E402  (after TF_USE_LEGACY_KERAS)
 from realm_tf import process_settings  # noqa: E402
-from realm_tf.tasks import training_loop  # noqa: E402
+from realm_tf.core import training_loop  # noqa: E402
 
 
 class _Mallinfo2(ctypes.Structure):

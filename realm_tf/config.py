@@ -235,7 +235,7 @@ class TrainerConfig:
     """Optimisation and bookkeeping of a training job (REALM Appendix A).
 
     ``precision``: ``mixed_bfloat16`` computes the layers in bfloat16 with float32 variables, optimizer and losses
-    (``tasks/precision``); checkpoints are float32 either way.
+    (``core/precision``); checkpoints are float32 either way.
     ``clip_norm``: the global norm the gradient of a step (summed over replicas) is clipped to, once.
     ``intra_op_threads``: threads one op may split its work over (TensorFlow's intra-op pool); 0 keeps TensorFlow's
     default, one per core. With 1, every op runs whole on the thread that runs it and independent ops (the
@@ -246,12 +246,12 @@ class TrainerConfig:
     need be; ``eval_examples`` caps the held-out evaluation at the end of ``realm-tf pretrain``.
     ``eval_every_steps`` > 0: train and evaluate: every that many steps the task's held-out evaluation runs
     (TensorBoard ``eval``), and the model of the best score so far is kept in ``<model_dir>/best``
-    (``tasks/experiment``); 0: no evaluation during training.
+    (``core/experiment``); 0: no evaluation during training.
     ``learning_rate_decay``: ``linear`` (REALM, BERT: linear decay to 0 at ``steps``) or ``constant`` (no decay
     after the warm-up: a run continued step by step for as long as it improves, with no length fixed in advance).
     ``learning_rate_scales``: ``"REGEX=SCALE"`` items; variables whose name matches REGEX (first match wins)
     train at ``learning_rate × SCALE``, e.g. ``["masked_lm=10", "knowledge_retriever=0.1"]`` for a new MLM head
-    and a retriever kept near its warm start (``tasks/optimizer.ScaledAdamWeightDecay``).
+    and a retriever kept near its warm start (``core/optimizer.ScaledAdamWeightDecay``).
 
     REALM pre-training only (``realm-tf pretrain``):
     ``mlm_head_warmup_blocks`` > 0: before step 1 of a new run, fit the reader's masked-LM head on that many

@@ -77,7 +77,7 @@ def bound_cache(directory: str, max_bytes: int) -> list[str]:
 
 def native_bfloat16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX), where ``mixed_bfloat16`` training
-    (``tasks/precision``) is faster than float32; elsewhere oneDNN emulates it. False when ``cpuinfo`` cannot be
+    (``core/precision``) is faster than float32; elsewhere oneDNN emulates it. False when ``cpuinfo`` cannot be
     read (not Linux). Reads no TensorFlow, so a parent process (``realm-tf demo``) can decide without loading it."""
     if not os.path.exists(cpuinfo):
         return False

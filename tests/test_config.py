@@ -128,9 +128,9 @@ def test_enumerated_setting_outside_its_choices_names_line_and_allowed_values(tm
 
 
 def test_the_modules_acting_on_a_choice_know_exactly_its_values():
+    from realm_tf.core import distribution
     from realm_tf.data import span_annotators
     from realm_tf.index import index_kinds
-    from realm_tf.tasks import distribution
     from realm_tf.tasks import projection_init
 
     assert set(index_kinds.INDEX_KINDS) == set(config.choices(config.IndexKind))

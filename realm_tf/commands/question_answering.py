@@ -68,9 +68,9 @@ def _cmd_export_retriever(args: argparse.Namespace) -> int:
     fails if the retriever's variables are not all in the checkpoint)."""
     import tensorflow as tf
 
+    from realm_tf.core import warm_start
     from realm_tf.models import knowledge_retriever
     from realm_tf.serving import retriever_export
-    from realm_tf.tasks import warm_start
 
     cfg = command.load(args)
     run_dir = args.model_dir or cfg.ict.model_dir

@@ -28,8 +28,8 @@ def _args_init_retriever(p: argparse.ArgumentParser) -> None:
 
 def _cmd_train_ict(args: argparse.Namespace) -> int:
     """ICT warm start of the retriever, then a retriever export for the index builder."""
+    from realm_tf.core import experiment
     from realm_tf.serving import retriever_export
-    from realm_tf.tasks import experiment
     from realm_tf.tasks import ict
 
     cfg = command.load(args)
@@ -113,7 +113,7 @@ def _args_finetune(p: argparse.ArgumentParser) -> None:
 
 def _cmd_train_retro(args: argparse.Namespace) -> int:
     """Trains RETRO's decoder (or its baseline, or RETRO-fits a baseline) on the chunk database's documents."""
-    from realm_tf.tasks import experiment
+    from realm_tf.core import experiment
     from realm_tf.tasks import retro_lm
 
     result = experiment.run_experiment(retro_lm.RetroLmTask(command.load(args), retrieval=not args.baseline))

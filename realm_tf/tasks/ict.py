@@ -13,11 +13,11 @@ from typing import Mapping
 import tensorflow as tf
 
 from realm_tf import config as config_lib
+from realm_tf.core import base_task
+from realm_tf.core import warm_start
 from realm_tf.data import example_schemas
 from realm_tf.models import knowledge_retriever
 from realm_tf.networks import bert_encoder
-from realm_tf.tasks import base_task
-from realm_tf.tasks import warm_start
 
 
 class IctTask(base_task.Task):

@@ -25,10 +25,10 @@ import tf_keras
 
 from realm_tf import config as config_lib
 from realm_tf import errors
+from realm_tf.core import evaluation
 from realm_tf.data import document_files
 from realm_tf.data import retro_sequences
 from realm_tf.index import knn_datastore
-from realm_tf.tasks import evaluation
 from realm_tf.tasks import knn_lm
 from realm_tf.tasks import retro_lm
 
@@ -97,7 +97,7 @@ def score_tokens(task: retro_lm.RetroLmTask, model: tf_keras.Model, split: str, 
 
 
 class TokenScoring:
-    """Token scoring in the evaluation protocol (:mod:`realm_tf.tasks.evaluation`): per batch the log-probability
+    """Token scoring in the evaluation protocol (:mod:`realm_tf.core.evaluation`): per batch the log-probability
     of each target under the decoder (and its kNN-LM key), gathered on the host with the chunk it lies in and the
     UTF-8 bytes of the original text it stands for (bits-per-byte, RETRO §2.6), into one :class:`TokenScores`."""
 

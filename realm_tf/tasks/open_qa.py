@@ -21,6 +21,11 @@ import tensorflow as tf
 
 from realm_tf import config as config_lib
 from realm_tf import errors
+from realm_tf.core import base_task
+from realm_tf.core import evaluation
+from realm_tf.core import precision
+from realm_tf.core import training_loop
+from realm_tf.core import warm_start
 from realm_tf.data import block_store as block_store_lib
 from realm_tf.data import corpus_versions
 from realm_tf.data import knowledge_corpus
@@ -32,14 +37,9 @@ from realm_tf.models import knowledge_retriever
 from realm_tf.models import open_qa_model
 from realm_tf.models import span_reader
 from realm_tf.tasks import answer_errors
-from realm_tf.tasks import base_task
-from realm_tf.tasks import evaluation
 from realm_tf.tasks import open_qa_loss
-from realm_tf.tasks import precision
 from realm_tf.tasks import qa_metrics
 from realm_tf.tasks import reading_sets
-from realm_tf.tasks import training_loop
-from realm_tf.tasks import warm_start
 
 logger = logging.getLogger(__name__)
 
@@ -316,7 +316,7 @@ class OpenQaTask(base_task.Task):
         spans = self.cfg.qa.answer_aggregation_spans if aggregate_spans is None else aggregate_spans
         return model.decode(outputs, weight, spans)
 
-    # ---- evaluation (realm_tf.tasks.evaluation: validation_step, aggregate_logs, reduce_aggregated_logs) ----
+    # ---- evaluation (realm_tf.core.evaluation: validation_step, aggregate_logs, reduce_aggregated_logs) ----
 
     def build_eval_inputs(self, examples: Sequence[questions.QaExample], blocks: block_store_lib.BlockStore,
                           given: np.ndarray | None = None, ranked: np.ndarray | None = None,
@@ -480,7 +480,7 @@ def finetune(cfg: config_lib.ExperimentConfig, train_path: str, retriever: str =
     trained on; ``realm-tf evaluate --split dev`` scores them. Resumes from ``finetune.model_dir``. ``retriever``:
     see :class:`OpenQaTask`.
     """
-    from realm_tf.tasks import experiment  # pylint: disable=import-outside-toplevel
+    from realm_tf.core import experiment  # pylint: disable=import-outside-toplevel
 
     return experiment.run_experiment(OpenQaTask(cfg, train_path, retriever))
 

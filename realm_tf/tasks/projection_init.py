@@ -26,11 +26,11 @@ import tensorflow as tf
 
 from realm_tf import config as config_lib
 from realm_tf import errors
+from realm_tf.core import warm_start
 from realm_tf.data import block_store as block_store_lib
 from realm_tf.data import corpus_versions
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_retriever
-from realm_tf.tasks import warm_start
 
 KINDS = config_lib.choices(config_lib.ProjectionInit)
 

@@ -24,15 +24,15 @@ import tensorflow as tf
 
 from realm_tf import config as config_lib
 from realm_tf import errors
+from realm_tf.core import experiment
+from realm_tf.core import training_loop
 from realm_tf.data import block_store as block_store_lib
 from realm_tf.data import corpus_versions
 from realm_tf.data import knowledge_corpus
 from realm_tf.data import questions
 from realm_tf.models import open_qa_model
-from realm_tf.tasks import experiment
 from realm_tf.tasks import open_qa
 from realm_tf.tasks import reading_sets
-from realm_tf.tasks import training_loop
 
 logger = logging.getLogger(__name__)
 

@@ -26,6 +26,11 @@ import tensorflow as tf
 import tf_keras
 
 from realm_tf import config as config_lib
+from realm_tf.core import base_task
+from realm_tf.core import evaluation
+from realm_tf.core import experiment
+from realm_tf.core import training_loop
+from realm_tf.core import warm_start
 from realm_tf.data import block_store
 from realm_tf.data import corpus_versions
 from realm_tf.data import example_schemas
@@ -35,14 +40,9 @@ from realm_tf.models import knowledge_augmented_encoder
 from realm_tf.models import knowledge_retriever
 from realm_tf.models import realm_pretrainer
 from realm_tf.serving import retriever_export
-from realm_tf.tasks import base_task
-from realm_tf.tasks import evaluation
-from realm_tf.tasks import experiment
 from realm_tf.tasks import mlm_head_warmup
 from realm_tf.tasks import realm_loss
 from realm_tf.tasks import retrieval_augmented_input
-from realm_tf.tasks import training_loop
-from realm_tf.tasks import warm_start
 
 logger = logging.getLogger(__name__)
 
@@ -273,7 +273,7 @@ class RealmPretrainingTask(base_task.Task):
         """
         return evaluation.run_evaluation(self, model, dataset)
 
-    # ---- evaluation (realm_tf.tasks.evaluation: validation_step, aggregate_logs, reduce_aggregated_logs) ----
+    # ---- evaluation (realm_tf.core.evaluation: validation_step, aggregate_logs, reduce_aggregated_logs) ----
 
     #: What the host needs of a batch to find the masked span in the retrieved blocks (span_in_candidates).
     _SPAN_INPUTS = ("reader_input_word_ids", "reader_input_type_ids", "reader_input_mask", "target_ids",

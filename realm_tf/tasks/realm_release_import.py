@@ -37,13 +37,13 @@ import tensorflow as tf
 
 from realm_tf import config as config_lib
 from realm_tf import errors
+from realm_tf.core import warm_start
 from realm_tf.index import released_corpus_import
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_augmented_encoder
 from realm_tf.models import knowledge_retriever
 from realm_tf.models import span_reader
 from realm_tf.networks import realm_checkpoint_import as ckpt_import
-from realm_tf.tasks import warm_start
 
 logger = logging.getLogger(__name__)
 

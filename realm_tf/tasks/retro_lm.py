@@ -22,6 +22,7 @@ import tf_keras
 
 from realm_tf import config as config_lib
 from realm_tf import errors
+from realm_tf.core import base_task
 from realm_tf.data import block_store as block_store_lib
 from realm_tf.data import chunk_store as chunk_store_lib
 from realm_tf.data import corpus_versions
@@ -32,7 +33,6 @@ from realm_tf.index import mips_index
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import chunk_key_embedder
 from realm_tf.models import retro_decoder
-from realm_tf.tasks import base_task
 from realm_tf.tasks import retro_neighbours
 
 logger = logging.getLogger(__name__)

@@ -24,8 +24,8 @@ import tf_keras
 from realm_tf import config
 from realm_tf.data import block_store
 from realm_tf.index import index_loader
-from realm_tf.tasks import base_task
-from realm_tf.tasks import distribution
+from realm_tf.core import base_task
+from realm_tf.core import distribution
 from realm_tf.tasks import realm_pretraining
 from realm_tf.tasks import retrieval_augmented_input
 

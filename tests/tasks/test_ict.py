@@ -9,10 +9,10 @@ import pytest
 import tensorflow as tf
 
 from realm_tf import config
+from realm_tf.core import experiment
 from realm_tf.data import example_schemas
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_retriever
-from realm_tf.tasks import experiment
 from realm_tf.tasks import ict
 
 

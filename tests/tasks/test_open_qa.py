@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from realm_tf import cli
 from realm_tf import config
+from realm_tf.core import precision
 from realm_tf.data import answer_normalization
 from realm_tf.data import answer_spans
 from realm_tf.data import questions
@@ -22,7 +23,6 @@ from realm_tf.models import open_qa_model
 from realm_tf.serving import retriever_export
 from realm_tf.tasks import answer_errors
 from realm_tf.tasks import open_qa
-from realm_tf.tasks import precision
 from realm_tf.tasks import qa_metrics
 
 TINY = "configs/tiny.yaml"

@@ -9,11 +9,11 @@ import tensorflow as tf
 
 from realm_tf import cli
 from realm_tf import config
+from realm_tf.core import warm_start
 from realm_tf.data import block_store
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_retriever
 from realm_tf.tasks import projection_init
-from realm_tf.tasks import warm_start
 
 MINILM = "configs/minilm.yaml"
 

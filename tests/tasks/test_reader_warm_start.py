@@ -15,12 +15,12 @@ import tf_keras
 from realm_tf import cli
 from realm_tf import config
 from realm_tf import errors
+from realm_tf.core import precision
 from realm_tf.data import answer_normalization
 from realm_tf.data import block_store
 from realm_tf.data import knowledge_corpus
 from realm_tf.data import questions
 from realm_tf.tasks import open_qa
-from realm_tf.tasks import precision
 from realm_tf.tasks import qa_metrics
 from realm_tf.tasks import reader_warm_start
 from realm_tf.tasks import reading_sets

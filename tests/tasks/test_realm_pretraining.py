@@ -7,6 +7,8 @@ import tensorflow as tf
 import tf_keras
 
 from realm_tf import config
+from realm_tf.core import base_task
+from realm_tf.core import precision
 from realm_tf.data import block_store
 from realm_tf.data import candidate_selection
 from realm_tf.data import example_schemas
@@ -14,8 +16,6 @@ from realm_tf.index import brute_force_index
 from realm_tf.index import index_loader
 from realm_tf.index import index_publisher
 from realm_tf.networks import bert_encoder
-from realm_tf.tasks import base_task
-from realm_tf.tasks import precision
 from realm_tf.tasks import realm_pretraining
 from realm_tf.tasks import retrieval_augmented_input
 

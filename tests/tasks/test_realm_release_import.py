@@ -15,13 +15,13 @@ import tensorflow as tf
 from realm_tf import cli
 from realm_tf import config
 from realm_tf import resources
+from realm_tf.core import warm_start
 from realm_tf.index import index_publisher
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_retriever
 from realm_tf.models import span_reader
 from realm_tf.serving import answerer
 from realm_tf.tasks import realm_release_import
-from realm_tf.tasks import warm_start
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "networks"))
 import original_realm_release as release  # noqa: E402  (a helper of tests/networks; tests are not a package)

@@ -1,7 +1,7 @@
 """The shape every training task has, in the manner of tensorflow/models ``official/core/base_task.py``.
 
 A task turns an experiment config into a model, its inputs, its losses and its metrics; one driver,
-:func:`realm_tf.tasks.experiment.run_experiment`, trains any task under any tf.distribute strategy with
+:func:`realm_tf.core.experiment.run_experiment`, trains any task under any tf.distribute strategy with
 checkpoints, TensorBoard summaries, resume, ``max_minutes`` and SIGTERM handling in one place. ICT (ORQA §5),
 REALM pre-training (Guu et al., 2020, §3), the reader warm start and Open-QA fine-tuning (§4) are tasks.
 
@@ -20,8 +20,8 @@ import tensorflow as tf
 import tf_keras
 
 from realm_tf import config as config_lib
+from realm_tf.core import training_loop
 from realm_tf.layers import bert_tokenizer
-from realm_tf.tasks import training_loop
 
 Features = Mapping[str, tf.Tensor]
 Labels = Mapping[str, tf.Tensor]

@@ -17,8 +17,8 @@ import tf_keras
 import tqdm
 
 from realm_tf import config as config_lib
-from realm_tf.tasks import base_task
-from realm_tf.tasks import tracing
+from realm_tf.core import base_task
+from realm_tf.core import tracing
 
 
 class Evaluator(Protocol):

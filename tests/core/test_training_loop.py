@@ -9,9 +9,9 @@ import tf_keras
 
 from realm_tf import config
 from realm_tf.commands import command
-from realm_tf.tasks import distribution
-from realm_tf.tasks import optimizer as optimizer_lib
-from realm_tf.tasks import training_loop
+from realm_tf.core import distribution
+from realm_tf.core import optimizer as optimizer_lib
+from realm_tf.core import training_loop
 
 
 def _dataset():

@@ -2,7 +2,7 @@
 import numpy as np
 import tensorflow as tf
 
-from realm_tf.tasks import tracing
+from realm_tf.core import tracing
 
 
 def _batches():

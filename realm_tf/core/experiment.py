@@ -2,7 +2,7 @@
 
 It writes ``<model_dir>/params.yaml``, builds the strategy named by the task's trainer section, the model and
 optimizer under it, restores the newest checkpoint (a rerun resumes), lets the task initialise, then runs the
-task's phases through :class:`realm_tf.tasks.training_loop.TrainingLoop` (checkpoints, TensorBoard scalars,
+task's phases through :class:`realm_tf.core.training_loop.TrainingLoop` (checkpoints, TensorBoard scalars,
 ``max_minutes``, SIGTERM). ICT, REALM pre-training (Guu et al., 2020, §3), the reader warm start and Open-QA
 fine-tuning (§4) all run here.
 """
@@ -16,12 +16,12 @@ import tensorflow as tf
 
 from realm_tf import artifacts
 from realm_tf import config as config_lib
-from realm_tf.tasks import base_task
-from realm_tf.tasks import distribution
-from realm_tf.tasks import evaluation
-from realm_tf.tasks import optimizer as optimizer_lib
-from realm_tf.tasks import precision
-from realm_tf.tasks import training_loop
+from realm_tf.core import base_task
+from realm_tf.core import distribution
+from realm_tf.core import evaluation
+from realm_tf.core import optimizer as optimizer_lib
+from realm_tf.core import precision
+from realm_tf.core import training_loop
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ def run_experiment(task: base_task.Task, strategy: tf.distribute.Strategy | None
     ``hooks`` are called after every step with ``(step, logs)``, after the task's own.
 
     Returns ``step`` (the global step reached), ``train`` (the last summary's logs, floats), ``model`` and
-    whatever the task's :meth:`~realm_tf.tasks.base_task.Task.finish` adds.
+    whatever the task's :meth:`~realm_tf.core.base_task.Task.finish` adds.
     """
     trainer = task.trainer_config
     config_lib.save_params(task.cfg, trainer.model_dir)

@@ -8,9 +8,9 @@ import tensorflow as tf
 import tf_keras
 
 from realm_tf import config
-from realm_tf.tasks import base_task
-from realm_tf.tasks import evaluation
-from realm_tf.tasks import experiment
+from realm_tf.core import base_task
+from realm_tf.core import evaluation
+from realm_tf.core import experiment
 
 
 class _Regression(base_task.Task):

@@ -8,14 +8,14 @@ import pytest
 import tensorflow as tf
 
 from realm_tf import config
-from realm_tf.tasks import distribution
+from realm_tf.core import distribution
 
 # A fresh process: TensorFlow sizes its intra-op pool once, when its runtime starts.
 _CHILD = """
 import logging, os, resource, sys, time
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import tensorflow as tf
-from realm_tf.tasks import distribution
+from realm_tf.core import distribution
 logging.basicConfig(level=logging.WARNING)
 threads = int(sys.argv[1])
 print("set", distribution.set_intra_op_threads(threads))

@@ -21,8 +21,8 @@ import tensorflow as tf
 import tqdm
 
 from realm_tf import config as config_lib
-from realm_tf.tasks import distribution
-from realm_tf.tasks import tracing
+from realm_tf.core import distribution
+from realm_tf.core import tracing
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from realm_tf.tasks import precision
+from realm_tf.core import precision
 
 
 def test_policy_scope_builds_bfloat16_layers_and_restores_the_policy():

@@ -6,12 +6,12 @@ import tensorflow as tf
 
 from realm_tf import config
 from realm_tf import errors
+from realm_tf.core import warm_start
 from realm_tf.models import knowledge_augmented_encoder
 from realm_tf.models import knowledge_retriever
 from realm_tf.models import realm_pretrainer
 from realm_tf.models import span_reader
 from realm_tf.tasks import realm_pretraining
-from realm_tf.tasks import warm_start
 
 CFG = config.load_config("configs/tiny.yaml")
 

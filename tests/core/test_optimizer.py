@@ -7,7 +7,7 @@ import tensorflow as tf
 import tf_keras
 
 from realm_tf import config
-from realm_tf.tasks import optimizer as optimizer_lib
+from realm_tf.core import optimizer as optimizer_lib
 
 BASE = dataclasses.replace(config.TrainerConfig(), learning_rate=1e-2, warmup_steps=0, steps=100, weight_decay=0.1,
                            clip_norm=100.0)
