@@ -212,15 +212,19 @@ def run_row(row: str, out: str, sets: list[str], args: argparse.Namespace, timed
     retriever_run = source.get(retriever, f"{out}/{retriever}/model")
     reader_run = "" if reader == "import" else f"{out}/{reader}/model"
     base = f"{out}/rows/{row}"
-    row_sets = [*sets, "--set", f"index.index_dir={base}/index", "--set", f"refresh.export_dir={base}/export",
+    # The index holds Embed_doc of the retriever's source, which Open-QA fine-tuning keeps fixed (ORQA's block
+    # encoder): rows that start their retriever from the same source share it.
+    index_base = f"{out}/indexes/{retriever}"
+    row_sets = [*sets, "--set", f"index.index_dir={index_base}/index", "--set",
+                f"refresh.export_dir={index_base}/export",
                 "--set", f"qa.retriever_checkpoint={retriever_run}", "--set", f"finetune.model_dir={base}/finetune"]
 
     def index() -> None:
-        if not index_publisher.complete_versions(f"{base}/index"):
+        if not index_publisher.complete_versions(f"{index_base}/index"):
             stages.cli(["export-retriever", *row_sets, "--model_dir", retriever_run])
             stages.cli(["embed-blocks", *row_sets])
 
-    timed(f"{row}_index", index)
+    timed(f"index_{retriever}", index)
     # The reader warm start reads gold blocks without retrieval scores (tasks/reader_warm_start): rows that start
     # their reader from the same source share it.
     warm_reader = f"{out}/readers/{reader}"
