@@ -1,7 +1,7 @@
 """Beam job: re-embed every knowledge-corpus block with a retriever export and publish a new MIPS index.
 
 This is the index builder of REALM's asynchronous refresh (Guu et al., 2020, §3.4 "Asynchronous MIPS
-refreshes"): the trainer periodically exports its current Embed_doc (``realm_tf/serving/retriever_export``,
+refreshes"): the trainer periodically exports its current Embed_doc (``realm_tf/export/retriever_export``,
 ``<export_dir>/<step>/``), this job embeds every block z of the corpus with it, builds a MIPS index over
 the ``[num_blocks, dim]`` matrix of Embed_doc(z) and publishes it as ``<index_dir>/<step>/``, which the
 trainer's :class:`realm_tf.index.index_loader.IndexLoader` swaps to without pausing.
@@ -292,7 +292,7 @@ def default_intra_op_threads(options: pipeline_options.PipelineOptions) -> int:
 
 def resolve_export(export: str | None, export_dir: str | None, cfg: config_lib.ExperimentConfig) -> str:
     """``export``, else the newest complete export under ``export_dir`` (default refresh.export_dir)."""
-    from realm_tf.serving import retriever_export  # pylint: disable=import-outside-toplevel
+    from realm_tf.export import retriever_export  # pylint: disable=import-outside-toplevel
 
     if export:
         return export.rstrip("/")
@@ -385,7 +385,7 @@ def _target(cfg: config_lib.ExperimentConfig, export_path: str, index_dir: str |
             blocks: str | None) -> _Target:
     """Checks a run's inputs before anything is embedded: the export, the version it would publish (not yet
     published), the index kind, the blocks (their vocabulary the export's)."""
-    from realm_tf.serving import retriever_export  # pylint: disable=import-outside-toplevel
+    from realm_tf.export import retriever_export  # pylint: disable=import-outside-toplevel
 
     blocks = blocks or corpus_versions.current_pattern(cfg.data.blocks_dir, "blocks-*.tfrecord")
     index_dir = index_dir or cfg.index.index_dir

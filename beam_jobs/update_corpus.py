@@ -28,7 +28,7 @@ commits the corpus version, then the index version: the index version is what th
 serving follow, so a reader sees the whole change or none of it. Both carry the manifest (``manifest.json`` of
 the corpus version, ``update`` in ``index.json``): documents added, replaced, deleted, unchanged, blocks
 embedded and reused, dead letters. With ``--serve`` a new version of the served model follows
-(``serving.open_qa_export.publish_corpus_update``: the same weights, the new corpus, no re-embedding).
+(``export.open_qa_export.publish_corpus_update``: the same weights, the new corpus, no re-embedding).
 
 Usage (DirectRunner by default; any Beam runner through the standard pipeline options)::
 
@@ -460,8 +460,8 @@ def assemble_update(base_matrix: np.ndarray, removed: np.ndarray, reused_ids: np
 
 def find_base(cfg: config_lib.ExperimentConfig, blocks_dir: str, index_dir: str) -> Base:
     """The newest index version, its corpus version and its export; UserError naming what is missing."""
+    from realm_tf.export import retriever_export  # pylint: disable=import-outside-toplevel
     from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
-    from realm_tf.serving import retriever_export  # pylint: disable=import-outside-toplevel
 
     vocab_hash = bert_tokenizer.vocab_hash(cfg.model.vocab_file)
     path, meta = index_publisher.newest_version(index_dir, vocab_hash)
@@ -542,7 +542,7 @@ def _nothing_published(base: Base, counts: Mapping[str, int]) -> dict[str, Any]:
 def _serve(cfg: config_lib.ExperimentConfig, base_path: str, index_dir: str, blocks_dir: str, corpus_version: int,
            index_version: int) -> str:
     """``--serve``: the next served version under ``base_path``, the newest one's weights over the new corpus."""
-    from realm_tf.serving import open_qa_export  # pylint: disable=import-outside-toplevel
+    from realm_tf.export import open_qa_export  # pylint: disable=import-outside-toplevel
 
     try:
         return open_qa_export.publish_corpus_update(cfg, base_path, index_dir, blocks_dir)

@@ -54,8 +54,8 @@ def export_retriever(config: str, overrides: list[str], out: str) -> None:
     served model's Embed_input and the index's Embed_doc are the same towers."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
+    from realm_tf.export import retriever_export  # pylint: disable=import-outside-toplevel
     from realm_tf.models import knowledge_retriever  # pylint: disable=import-outside-toplevel
-    from realm_tf.serving import retriever_export  # pylint: disable=import-outside-toplevel
 
     cfg = config_lib.load_config(config, overrides)
     retriever = knowledge_retriever.build_knowledge_retriever(cfg.model)

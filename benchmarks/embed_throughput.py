@@ -64,10 +64,10 @@ from beam_jobs import job_support  # pylint: disable=wrong-import-position
 from realm_tf import config as config_lib  # pylint: disable=wrong-import-position
 from realm_tf.data import block_packer  # pylint: disable=wrong-import-position
 from realm_tf.data import example_schemas  # pylint: disable=wrong-import-position
+from realm_tf.export import retriever_export  # pylint: disable=wrong-import-position
 from realm_tf.index import index_publisher  # pylint: disable=wrong-import-position
 from realm_tf.layers import bert_tokenizer  # pylint: disable=wrong-import-position
 from realm_tf.models import knowledge_retriever  # pylint: disable=wrong-import-position
-from realm_tf.serving import retriever_export  # pylint: disable=wrong-import-position
 
 CORPUS = "data/open_qa/passages.jsonl.gz"
 

@@ -16,9 +16,9 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import tensorflow as tf  # noqa: E402
 
 from realm_tf import config  # noqa: E402
+from realm_tf.export import retriever_export  # noqa: E402
 from realm_tf.layers import bert_tokenizer  # noqa: E402
 from realm_tf.models import knowledge_retriever  # noqa: E402
-from realm_tf.serving import retriever_export  # noqa: E402
 
 
 class VariablesOnlyModule(retriever_export.RetrieverExportModule):

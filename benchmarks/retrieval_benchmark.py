@@ -35,10 +35,10 @@ import tqdm  # noqa: E402
 
 from realm_tf.data import example_schemas  # noqa: E402
 from realm_tf.data import question_split  # noqa: E402
+from realm_tf.export import retriever_export  # noqa: E402
 from realm_tf.index import bm25_retriever  # noqa: E402
 from realm_tf.index import brute_force_index  # noqa: E402
 from realm_tf.index import index_publisher  # noqa: E402
-from realm_tf.serving import retriever_export  # noqa: E402
 from realm_tf.tasks import qa_metrics  # noqa: E402
 
 import result_records  # noqa: E402  (benchmarks/)

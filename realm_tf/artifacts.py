@@ -5,11 +5,11 @@ retriever export to the index builder, the index builder's MIPS index to the tra
 fine-tuned system to serving, and each data job's output to the next job. Every one is a directory that is
 complete exactly when its **marker** (a JSON file, written last) exists:
 
-* ``export.json``, a retriever SavedModel: written by ``serving.retriever_export``, read by
+* ``export.json``, a retriever SavedModel: written by ``export.retriever_export``, read by
   ``index.index_refresher``, ``beam_jobs/embed_blocks`` and the input pipeline (``index.index_loader``);
 * ``index.json``, a MIPS index version: written by ``index.index_publisher``, read by ``index.index_loader``,
   ``tasks.open_qa`` and serving;
-* ``realm_qa.json``, the Open-QA serving SavedModel: written by ``serving.open_qa_export``, read by
+* ``realm_qa.json``, the Open-QA serving SavedModel: written by ``export.open_qa_export``, read by
   ``serving.answerer`` (and TF Serving);
 * ``manifest.json``, a Beam job's output: written by every job (``data.job_manifest``), read by the next job.
 

@@ -36,9 +36,6 @@ from realm_tf import config as config_lib
 from realm_tf import process_settings
 from realm_tf.data import question_split
 
-STAGES = ("corpus", "preprocess", "pretraining-data", "init-retriever", "index", "pretrain", "train-reader",
-          "finetune", "evaluate", "export", "ask")
-
 
 def _overrides(work: str, pretrain_steps: int, finetune_steps: int, reader_steps: int, reader_minutes: float,
                reader_negatives: int, precision: str) -> list[str]:
@@ -103,85 +100,104 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
     params = config_lib.save_params(cfg, work)
     sets = ["--config", params]
 
-    def stage(number: int, name: str, what: str, fn: Callable[[], Any]) -> Any:
-        print(f"\n=== [{number}/{len(STAGES)}] {name}: {what}  (t={time.time() - started:.0f}s)", flush=True)
-        start = time.time()
-        result = fn()
-        print(f"=== {name} done in {time.time() - start:.0f}s", flush=True)
-        return result
-
     def call(*argv: str) -> None:
         code = main(list(argv))
         if code != 0:
             raise SystemExit(f"realm-tf demo: stage `realm-tf {argv[0]}` failed with exit code {code}")
 
+    options = {"num_questions": num_questions, "squad_paragraphs": squad_paragraphs, "reader_nq": reader_nq,
+               "reader_minutes": reader_minutes, "reader_batch_size": reader_batch_size, "samples": samples,
+               "pretrain_batch_size": pretrain_batch_size, "finetune_batch_size": finetune_batch_size}
+    results: dict[str, Any] = {}
+    plan = _stages(cfg, work, sets, call, options)
+    for number, (name, what, fn) in enumerate(plan, 1):
+        print(f"\n=== [{number}/{len(plan)}] {name}: {what}  (t={time.time() - started:.0f}s)", flush=True)
+        start = time.time()
+        results[name] = fn()
+        print(f"=== {name} done in {time.time() - start:.0f}s", flush=True)
+        if name == "corpus":
+            stats = results[name]
+            print(f"  {stats['passages']} passages, {stats['questions']} questions ({stats['dev']} held out), "
+                  f"{stats['squad_questions']} SQuAD questions for the reader warm start")
+    stats, metrics = results["corpus"], results["evaluate"]
+    print(f"\nrealm-tf demo finished in {(time.time() - started) / 60:.1f} min on {stats['passages']} passages; "
+          f"held-out questions: {metrics['num_questions']}")
+    print(f"outputs: {work}/ (blocks, index, pretrain, finetune, served); metrics {work}/metrics.json; "
+          f"predictions {metrics['predictions']}; TensorBoard: tensorboard --logdir {work}")
+    print(f"EM {metrics['exact_match']:.3f}  F1 {metrics['f1']:.3f}  accuracy@5 {metrics['accuracy@5']:.3f}  "
+          f"(reader oracle {metrics['reader_oracle']:.3f}, accuracy@20 {metrics['accuracy@20']:.3f})")
+    return 0
+
+
+def _stages(cfg: config_lib.ExperimentConfig, work: str, sets: list[str], call: Callable[..., None],
+            options: dict[str, Any]) -> list[tuple[str, str, Callable[[], Any]]]:
+    """The demo's stages, in order: ``(name, what it does, the call)``; each ``realm-tf`` command runs through
+    ``call`` (a child process of its own, or this one with ``--one-process``)."""
     corpus, questions, squad = f"{work}/corpus.jsonl", f"{work}/questions.jsonl", f"{work}/squad.jsonl"
-    stats = stage(1, "corpus", "gold passages of sampled questions, SQuAD paragraphs + as many others",
-                  lambda: _subset(cfg, corpus, questions, squad, num_questions, squad_paragraphs))
-    print(f"  {stats['passages']} passages, {stats['questions']} questions ({stats['dev']} held out), "
-          f"{stats['squad_questions']} SQuAD questions for the reader warm start")
-    stage(2, "preprocess", "passages -> blocks of <= 288 wordpieces", lambda: call(
-        "preprocess", *sets, "--input", corpus, "--output", cfg.data.blocks_dir))
-    stage(3, "pretraining-data", "salient-span masked queries", lambda: call("generate-pretraining-data", *sets))
-    stage(4, "init-retriever", "the import's projection fitted to the corpus (model.projection_init)", lambda: call(
-        "init-retriever", *sets, "--out", f"{work}/retriever_init", "--blocks", "256"))
     # Small steps, each BERT in one length group: the demo's few pre-training and fine-tuning steps show the loop,
     # and each stage stays under 4 GB and traces its step in seconds (pre-training: 6.8 GB and about a minute at 4
     # queries in 4 groups; fine-tuning: 5.6 GB at 4 questions; RESULTS.md).
     one_group = ["--set", "model.reader_length_buckets=1", "--set", "model.candidate_length_buckets=1"]
+    reader_nq = options["reader_nq"]
 
     def first_index() -> None:  # pre-training finds it and builds none (in its own process it would keep the memory)
         call("export-retriever", *sets, "--model_dir", f"{work}/retriever_init")
         call("refresh-index", *sets)
 
-    stage(5, "index", "Embed_doc exported, every block embedded, the first ScaNN index published", first_index)
-    stage(6, "pretrain", "REALM pre-training steps", lambda: call(
-        "pretrain", *sets, "--set", f"data.batch_size={pretrain_batch_size}", *one_group))
-
     def warm_start() -> None:
-        reading: list[str] = []
-        if reader_nq == "all":  # the gold blocks of every bundled question, for reading (not indexed)
-            call("preprocess", *sets, "--input", cfg.data.corpus_pattern, "--output", f"{work}/reading_blocks")
-            reading = ["--set", f"data.blocks_dir={work}/reading_blocks"]
-        # Two length groups. Where the cores are no more than the groups, each op runs on one thread and the
-        # groups run side by side (trainer.intra_op_threads=1): on 2 cores 96% fewer context switches and half
-        # the kernel time, for 10% fewer steps/s. Three groups run faster still but held 3.8-4.1 GB, over the
-        # demo's 4 GB; four held 4.0-4.2 GB (benchmarks/stage_memory.py).
-        groups = 2
-        threads = 1 if (os.cpu_count() or 1) <= groups else 0
-        call("train-reader", *sets, "--set", f"qa.reader_checkpoint={cfg.trainer.model_dir}", "--set",
-             f"data.batch_size={reader_batch_size}", "--set", f"model.reader_length_buckets={groups}",
-             "--set", f"reader.intra_op_threads={threads}", *reading,
-             "--questions", squad,
-             cfg.data.qa_train if reader_nq == "all" else questions)
-
-    nq = "every bundled NQ training question" if reader_nq == "all" else "the sample's NQ training questions"
-    stage(7, "train-reader", f"the reader warm start on gold blocks, SQuAD + {nq} (at most {reader_minutes:g} min)",
-          warm_start)
-    stage(8, "finetune", "Open-QA fine-tuning (retriever + span reader)", lambda: call(
-        "finetune", *sets, "--set", f"data.batch_size={finetune_batch_size}", *one_group, "--train", questions))
-    metrics_path = f"{work}/metrics.json"
+        _warm_start(cfg, work, sets, call, reader_nq, options["reader_batch_size"], squad, questions)
 
     def evaluate() -> dict[str, Any]:
-        call("evaluate", *sets, "--questions", questions, "--split", "dev", "--metrics", metrics_path)
-        with open(metrics_path, encoding="utf-8") as f:
+        call("evaluate", *sets, "--questions", questions, "--split", "dev", "--metrics", f"{work}/metrics.json")
+        with open(f"{work}/metrics.json", encoding="utf-8") as f:
             return json.load(f)
 
-    metrics = stage(9, "evaluate", "held-out questions: EM, retrieval accuracy@k", evaluate)
+    nq = "every bundled NQ training question" if reader_nq == "all" else "the sample's NQ training questions"
     served = f"{work}/served"
-    stage(10, "export", "one SavedModel: tokenize, embed, ScaNN search, read, decode", lambda: call(
-        "export", *sets, "--out", served))
-    sample = _dev_questions(questions, cfg.data.qa_dev_fraction)[:samples]
-    stage(11, "ask", "sample held-out questions", lambda: call("ask", *sample, "--model", served, "--snippet", "100"))
+    return [
+        ("corpus", "gold passages of sampled questions, SQuAD paragraphs + as many others",
+         lambda: _subset(cfg, corpus, questions, squad, options["num_questions"], options["squad_paragraphs"])),
+        ("preprocess", "passages -> blocks of <= 288 wordpieces",
+         lambda: call("preprocess", *sets, "--input", corpus, "--output", cfg.data.blocks_dir)),
+        ("pretraining-data", "salient-span masked queries", lambda: call("generate-pretraining-data", *sets)),
+        ("init-retriever", "the import's projection fitted to the corpus (model.projection_init)",
+         lambda: call("init-retriever", *sets, "--out", f"{work}/retriever_init", "--blocks", "256")),
+        ("index", "Embed_doc exported, every block embedded, the first ScaNN index published", first_index),
+        ("pretrain", "REALM pre-training steps", lambda: call(
+            "pretrain", *sets, "--set", f"data.batch_size={options['pretrain_batch_size']}", *one_group)),
+        ("train-reader", f"the reader warm start on gold blocks, SQuAD + {nq} (at most "
+                         f"{options['reader_minutes']:g} min)", warm_start),
+        ("finetune", "Open-QA fine-tuning (retriever + span reader)", lambda: call(
+            "finetune", *sets, "--set", f"data.batch_size={options['finetune_batch_size']}", *one_group,
+            "--train", questions)),
+        ("evaluate", "held-out questions: EM, retrieval accuracy@k", evaluate),
+        ("export", "one SavedModel: tokenize, embed, ScaNN search, read, decode",
+         lambda: call("export", *sets, "--out", served)),
+        ("ask", "sample held-out questions", lambda: call(
+            "ask", *_dev_questions(questions, cfg.data.qa_dev_fraction)[:options["samples"]], "--model", served,
+            "--snippet", "100")),
+    ]
 
-    minutes = (time.time() - started) / 60
-    print(f"\nrealm-tf demo finished in {minutes:.1f} min on {stats['passages']} passages; "
-          f"held-out questions: {metrics['num_questions']}")
-    print(f"outputs: {work}/ (blocks, index, pretrain, finetune, served); metrics {metrics_path}; "
-          f"predictions {metrics['predictions']}; TensorBoard: tensorboard --logdir {work}")
-    print(f"EM {metrics['exact_match']:.3f}  F1 {metrics['f1']:.3f}  accuracy@5 {metrics['accuracy@5']:.3f}  "
-          f"(reader oracle {metrics['reader_oracle']:.3f}, accuracy@20 {metrics['accuracy@20']:.3f})")
-    return 0
+
+def _warm_start(cfg: config_lib.ExperimentConfig, work: str, sets: list[str], call: Callable[..., None],
+                reader_nq: str, reader_batch_size: int, squad: str, questions: str) -> None:
+    """The reader warm start: SQuAD and the NQ training questions (every bundled one, read on the whole bundled
+    corpus preprocessed for reading, or the demo's sample) on their gold blocks."""
+    reading: list[str] = []
+    if reader_nq == "all":  # the gold blocks of every bundled question, for reading (not indexed)
+        call("preprocess", *sets, "--input", cfg.data.corpus_pattern, "--output", f"{work}/reading_blocks")
+        reading = ["--set", f"data.blocks_dir={work}/reading_blocks"]
+    # Two length groups. Where the cores are no more than the groups, each op runs on one thread and the
+    # groups run side by side (trainer.intra_op_threads=1): on 2 cores 96% fewer context switches and half
+    # the kernel time, for 10% fewer steps/s. Three groups run faster still but held 3.8-4.1 GB, over the
+    # demo's 4 GB; four held 4.0-4.2 GB (benchmarks/stage_memory.py).
+    groups = 2
+    threads = 1 if (os.cpu_count() or 1) <= groups else 0
+    call("train-reader", *sets, "--set", f"qa.reader_checkpoint={cfg.trainer.model_dir}", "--set",
+         f"data.batch_size={reader_batch_size}", "--set", f"model.reader_length_buckets={groups}",
+         "--set", f"reader.intra_op_threads={threads}", *reading,
+         "--questions", squad,
+         cfg.data.qa_train if reader_nq == "all" else questions)
 
 
 def _subset(cfg: config_lib.ExperimentConfig, corpus_out: str, questions_out: str, squad_out: str,

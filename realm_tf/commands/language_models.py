@@ -92,7 +92,7 @@ def _args_generate(p: argparse.ArgumentParser) -> None:
 
 def _cmd_export_retro(args: argparse.Namespace) -> int:
     """Exports a trained RETRO / baseline decoder as a SavedModel (scoring and generation, retrieval in-graph)."""
-    from realm_tf.serving import retro_export
+    from realm_tf.export import retro_export
     from realm_tf.tasks import lm_evaluation
     from realm_tf.tasks import retro_lm
 

@@ -69,8 +69,8 @@ def _cmd_export_retriever(args: argparse.Namespace) -> int:
     import tensorflow as tf
 
     from realm_tf.core import warm_start
+    from realm_tf.export import retriever_export
     from realm_tf.models import knowledge_retriever
-    from realm_tf.serving import retriever_export
 
     cfg = command.load(args)
     run_dir = args.model_dir or cfg.ict.model_dir
@@ -103,7 +103,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     """Exports the fine-tuned Open-QA model (search, reading, decoding in the graph) for TF Serving: one SavedModel
     (``--out``), or the next numbered version under a model base path (``--base_path``), or (``--corpus_only``)
     a version with the weights of the newest one over the newest index version's corpus."""
-    from realm_tf.serving import open_qa_export
+    from realm_tf.export import open_qa_export
     from realm_tf.tasks import open_qa
 
     cfg = command.load(args)

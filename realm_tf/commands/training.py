@@ -29,7 +29,7 @@ def _args_init_retriever(p: argparse.ArgumentParser) -> None:
 def _cmd_train_ict(args: argparse.Namespace) -> int:
     """ICT warm start of the retriever, then a retriever export for the index builder."""
     from realm_tf.core import experiment
-    from realm_tf.serving import retriever_export
+    from realm_tf.export import retriever_export
     from realm_tf.tasks import ict
 
     cfg = command.load(args)

@@ -13,7 +13,7 @@ non-trainable variables (so a SavedModel carries them and a checkpoint does not 
 :meth:`search` is exact maximum inner product search (a matmul and top-k); :meth:`swap_embeddings` replaces
 the matrix in place when a refreshed index is published (fine-tuning with ``qa.refresh_doc_embeddings``).
 Every variable has an unknown number of rows, so a served graph takes any corpus: a corpus update writes new
-values into a copy of it (``serving.open_qa_export.publish_corpus_update``) instead of exporting anew.
+values into a copy of it (``export.open_qa_export.publish_corpus_update``) instead of exporting anew.
 """
 from __future__ import annotations
 

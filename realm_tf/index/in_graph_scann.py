@@ -18,7 +18,7 @@ from scann.scann_ops.py import scann_ops
 from realm_tf.index import scann_index
 
 #: Every searcher resource of a served graph has its own name (a process may serve two versions at once);
-#: a copied graph gets a new one (:func:`realm_tf.serving.open_qa_export.publish_corpus_update`).
+#: a copied graph gets a new one (:func:`realm_tf.export.open_qa_export.publish_corpus_update`).
 SHARED_NAME_PREFIX = "realm-scann-"
 
 

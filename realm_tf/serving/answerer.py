@@ -1,6 +1,6 @@
 """Python API over an exported Open-QA SavedModel: ``Answerer(path).ask("question")``.
 
-The same SavedModel TF Serving serves (:mod:`realm_tf.serving.open_qa_export`); this class only loads it
+The same SavedModel TF Serving serves (:mod:`realm_tf.export.open_qa_export`); this class only loads it
 (registering the tokenizer's and ScaNN's custom ops first) and turns its tensors into plain Python::
 
     from realm_tf.serving import answerer
@@ -23,7 +23,7 @@ import tensorflow as tf
 
 from realm_tf import artifacts
 from realm_tf import errors
-from realm_tf.serving import serving_warmup
+from realm_tf.export import serving_warmup
 
 logger = logging.getLogger(__name__)
 

@@ -34,12 +34,12 @@ from realm_tf.core import warm_start
 from realm_tf.data import block_store
 from realm_tf.data import corpus_versions
 from realm_tf.data import example_schemas
+from realm_tf.export import retriever_export
 from realm_tf.index import index_publisher
 from realm_tf.index import refresh_supervisor
 from realm_tf.models import knowledge_augmented_encoder
 from realm_tf.models import knowledge_retriever
 from realm_tf.models import realm_pretrainer
-from realm_tf.serving import retriever_export
 from realm_tf.tasks import mlm_head_warmup
 from realm_tf.tasks import realm_loss
 from realm_tf.tasks import retrieval_augmented_input

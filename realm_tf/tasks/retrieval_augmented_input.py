@@ -43,10 +43,10 @@ from realm_tf import errors
 from realm_tf.data import block_store as block_store_lib
 from realm_tf.data import candidate_selection
 from realm_tf.data import example_schemas
+from realm_tf.export import retriever_export
 from realm_tf.index import index_loader as index_loader_lib
 from realm_tf.index import index_publisher
 from realm_tf.layers import bert_tokenizer
-from realm_tf.serving import retriever_export
 
 logger = logging.getLogger(__name__)
 

@@ -24,12 +24,12 @@ from beam_jobs import embed_blocks
 from beam_jobs import job_support
 from realm_tf import config
 from realm_tf.data import example_schemas
+from realm_tf.export import retriever_export
 from realm_tf.index import embedding_matrix
 from realm_tf.index import index_loader
 from realm_tf.index import index_publisher
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_retriever
-from realm_tf.serving import retriever_export
 
 NUM_BLOCKS = 40
 STEP = 3

@@ -22,12 +22,12 @@ from realm_tf.data import block_store
 from realm_tf.data import corpus_versions
 from realm_tf.data import document_packing
 from realm_tf.data import example_schemas
+from realm_tf.export import retriever_export
 from realm_tf.index import embedding_matrix
 from realm_tf.index import index_loader
 from realm_tf.index import index_publisher
 from realm_tf.index import index_refresher
 from realm_tf.models import knowledge_retriever
-from realm_tf.serving import retriever_export
 
 TINY = "configs/tiny.yaml"
 FACT = {"id": "fact-1", "title": "Glimmerwick", "text": "The zorblax of Quintessia is named Glimmerwick."}

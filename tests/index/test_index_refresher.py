@@ -8,10 +8,10 @@ import pytest
 
 from realm_tf import cli
 from realm_tf import config
+from realm_tf.export import retriever_export
 from realm_tf.index import index_publisher
 from realm_tf.index import index_refresher
 from realm_tf.models import knowledge_retriever
-from realm_tf.serving import retriever_export
 
 TINY = "configs/tiny.yaml"
 

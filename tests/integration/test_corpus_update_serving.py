@@ -24,10 +24,10 @@ from realm_tf import artifacts
 from realm_tf import cli
 from realm_tf import config
 from realm_tf.data import corpus_versions
+from realm_tf.export import retriever_export
 from realm_tf.index import index_publisher
 from realm_tf.models import knowledge_retriever
 from realm_tf.serving import answerer
-from realm_tf.serving import retriever_export
 
 pytestmark = pytest.mark.slow  # a MiniLM-sized export and a process SIGKILLed mid-update
 

@@ -15,12 +15,12 @@ from realm_tf.core import precision
 from realm_tf.data import answer_normalization
 from realm_tf.data import answer_spans
 from realm_tf.data import questions
+from realm_tf.export import retriever_export
 from realm_tf.index import bm25_retriever
 from realm_tf.index import index_refresher
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_retriever
 from realm_tf.models import open_qa_model
-from realm_tf.serving import retriever_export
 from realm_tf.tasks import answer_errors
 from realm_tf.tasks import open_qa
 from realm_tf.tasks import qa_metrics

@@ -252,8 +252,8 @@ def test_pipeline_refuses_an_index_of_another_corpus(setup, tmp_path):
 def test_query_embedder_export_is_found_after_the_run_moved(tmp_path):
     """index.json records where its export was; a run moved (or started from another directory) falls back
     to <refresh.export_dir>/<version>, and only to an export of that very step."""
+    from realm_tf.export import retriever_export  # pylint: disable=import-outside-toplevel
     from realm_tf.models import knowledge_retriever  # pylint: disable=import-outside-toplevel
-    from realm_tf.serving import retriever_export  # pylint: disable=import-outside-toplevel
 
     cfg = config.load_config("configs/tiny.yaml", [f"refresh.export_dir={tmp_path}/export"])
     retriever = knowledge_retriever.build_knowledge_retriever(cfg.model)

@@ -1,4 +1,4 @@
-"""The RETRO SavedModel (serving/retro_export): its scores match numpy over the Keras model's logits, its in-graph
+"""The RETRO SavedModel (export/retro_export): its scores match numpy over the Keras model's logits, its in-graph
 retrieval matches the retriever, and generation is greedy (or seeded sampling) with retrieval after each chunk."""
 import numpy as np
 import pytest
@@ -9,7 +9,7 @@ from realm_tf import cli
 from realm_tf import config
 from realm_tf import errors
 from realm_tf.data import retro_sequences
-from realm_tf.serving import retro_export
+from realm_tf.export import retro_export
 from realm_tf.tasks import lm_evaluation
 from realm_tf.tasks import retro_lm
 

@@ -11,7 +11,7 @@ retrieved blocks, the span reader and span decoding. Signatures:
 
 ``assets.extra/tf_serving_warmup_requests`` holds ``qa.serving_warmup_requests`` questions about titles spread over
 the corpus (one request each, then one batch of all), which TF Serving replays before a version takes traffic
-(:mod:`realm_tf.serving.serving_warmup`).
+(:mod:`realm_tf.export.serving_warmup`).
 
 Requests are cleaned, not refused: invalid UTF-8 is replaced (U+FFFD), a question longer than
 ``qa.question_seq_length`` wordpieces is truncated to it, an empty question gets the answer "" with score 0,
@@ -45,11 +45,11 @@ from realm_tf import errors
 from realm_tf.data import block_store
 from realm_tf.data import corpus_versions
 from realm_tf.data import knowledge_corpus
+from realm_tf.export import serving_warmup
 from realm_tf.index import in_graph_scann
 from realm_tf.index import index_publisher
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import open_qa_model
-from realm_tf.serving import serving_warmup
 
 logger = logging.getLogger(__name__)
 

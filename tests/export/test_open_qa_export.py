@@ -12,11 +12,11 @@ import tensorflow as tf
 from realm_tf import artifacts
 from realm_tf import config
 from realm_tf import errors
+from realm_tf.export import open_qa_export
+from realm_tf.export import retriever_export
 from realm_tf.index import index_refresher
 from realm_tf.models import knowledge_retriever
 from realm_tf.serving import answerer
-from realm_tf.serving import open_qa_export
-from realm_tf.serving import retriever_export
 from realm_tf.tasks import open_qa
 
 sys.path.insert(0, os.path.dirname(__file__))

@@ -8,9 +8,9 @@ import pytest
 import tensorflow as tf
 
 from realm_tf import config
+from realm_tf.export import retriever_export
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_retriever
-from realm_tf.serving import retriever_export
 
 QUERIES = ["who wrote the lyrics of he ain't heavy he's my brother", "when did the 1973 oil crisis begin", "x"]
 TITLES = ["1973 oil crisis", "Wild card (sports)", "Syndactyly"]

@@ -1,6 +1,6 @@
 """TF Serving warm-up records: the wire format read back by message classes built from TF Serving's .proto
-fields (tests/serving/serving_protos.py), and the questions chosen. The records of a real export are replayed in
-tests/serving/test_open_qa_export.py."""
+fields (tests/export/serving_protos.py), and the questions chosen. The records of a real export are replayed in
+tests/export/test_open_qa_export.py."""
 import os
 import sys
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from realm_tf.serving import serving_warmup
+from realm_tf.export import serving_warmup
 
 sys.path.insert(0, os.path.dirname(__file__))
 import serving_protos  # noqa: E402  (next to this file; tests are not a package)
