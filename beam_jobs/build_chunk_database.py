@@ -7,11 +7,11 @@ embeddings" (§2.3). This job builds it from the corpus of record that ``preproc
   ParseBlocks       block -> (doc_id, (block_index, body_ids)) | DeadLetter(unparseable_block)
   GroupByDocument   a document's blocks
   ChunkDocuments    its token stream (body wordpieces in block order) -> chunks of m tokens, each with the next
-                    r - m tokens as its continuation (``realm_tf/data/retro_chunks.py``)
+                    r - m tokens as its continuation (``realm_tf/retro/retro_chunks.py``)
                     | DeadLetter(duplicate_block_index | no_tokens)
   AssignChunkIds    dense, deterministic ids 0..N-1 in (SHA1(doc_id), chunk_index) order
   WriteChunks       <chunks_dir>/chunks-SSSSS-of-NNNNN.tfrecord   (example_schemas.chunk_feature_spec)
-  EmbedChunks       RunInference with the frozen BERT (``models/chunk_key_embedder``): unit-norm mean of the
+  EmbedChunks       RunInference with the frozen BERT (``retro/chunk_key_embedder``): unit-norm mean of the
                     chunk tokens' states -> <chunks_dir>/.keys-*/keys-*.tfrecord
   WriteDeadLetters  <chunks_dir>/dead_letter-SSSSS-of-NNNNN.jsonl
 
@@ -50,7 +50,7 @@ from realm_tf import errors
 from realm_tf.data import corpus_versions
 from realm_tf.data import example_schemas
 from realm_tf.data import job_manifest
-from realm_tf.data import retro_chunks
+from realm_tf.retro import retro_chunks
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ def _chunks_of(document: retro_chunks.ChunkedDocument) -> tuple[retro_chunks.Chu
 # ---- EmbedChunks ------------------------------------------------------------------------------------------
 
 class ChunkKeyModelHandler(vector_job.FallbackModelHandler[Sequence[int]]):
-    """Beam ModelHandler of the frozen chunk-key BERT (``models/chunk_key_embedder``): a batch of chunks (token
+    """Beam ModelHandler of the frozen chunk-key BERT (``retro/chunk_key_embedder``): a batch of chunks (token
     tuples) -> one unit-norm key per chunk (:class:`vector_job.Outcome`, ``value`` float32[hidden]), or the error
     that made it fail.
 
@@ -180,14 +180,14 @@ class ChunkKeyModelHandler(vector_job.FallbackModelHandler[Sequence[int]]):
 
     def load_model(self) -> Any:
         from realm_tf.layers import bert_tokenizer  # pylint: disable=import-outside-toplevel
-        from realm_tf.models import chunk_key_embedder  # pylint: disable=import-outside-toplevel
+        from realm_tf.retro import chunk_key_embedder  # pylint: disable=import-outside-toplevel
 
         vocab = bert_tokenizer.read_vocab(self._cfg.model.vocab_file)
         return _LoadedKeyModel(chunk_key_embedder.build_chunk_key_embedder(self._cfg), vocab.index("[CLS]"),
                                vocab.index("[SEP]"))
 
     def infer(self, model: Any, batch: Sequence[Sequence[int]]) -> list[vector_job.Outcome]:
-        from realm_tf.models import chunk_key_embedder  # pylint: disable=import-outside-toplevel
+        from realm_tf.retro import chunk_key_embedder  # pylint: disable=import-outside-toplevel
 
         packed = chunk_key_embedder.pack_chunks(batch, model.cls_id, model.sep_id)
         return [vector_job.finite(key, "key") for key in model.embedder(packed).numpy()]  # [B, hidden]

@@ -2,7 +2,7 @@
 
 "For every training token, the key is the decoder's hidden state at the input of the final layer's feed-forward
 block (after its LayerNorm), and the value is the next token." The training sequences are those the decoder
-trained on (``data/retro_sequences``: the training documents' token streams cut at chunk boundaries):
+trained on (``retro/retro_sequences``: the training documents' token streams cut at chunk boundaries):
 
   ReadChunks          <retro.chunks_dir>/chunks-*.tfrecord
   ParseChunks         chunk -> (doc_id, (chunk_id, tokens)) | DeadLetter(unparseable_chunk)
@@ -15,7 +15,7 @@ trained on (``data/retro_sequences``: the training documents' token streams cut 
                       int64 values)
 
 then reads the entries in sequence-key order (datastore row = position in that order), builds the MIPS index over
-the augmented keys (``index/knn_datastore``: inner product ranks as L2) and publishes it with ``values.npy`` as a
+the augmented keys (``retro/knn_datastore``: inner product ranks as L2) and publishes it with ``values.npy`` as a
 new version of ``retro.knn_dir``, and writes ``manifest.json`` there last, with counts that must add up.
 
 Usage (DirectRunner by default; any Beam runner through the standard pipeline options)::
@@ -47,8 +47,8 @@ from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.data import example_schemas
 from realm_tf.data import job_manifest
-from realm_tf.data import retro_sequences
-from realm_tf.index import knn_datastore
+from realm_tf.retro import knn_datastore
+from realm_tf.retro import retro_sequences
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def _sequences(grouped: tuple[str, Iterable[tuple[int, Sequence[int]]]], length:
 
 
 class DecoderKeyModelHandler(vector_job.FallbackModelHandler[Any]):
-    """Beam ModelHandler of a trained decoder (``models/retro_decoder``, the baseline): a batch of sequences
+    """Beam ModelHandler of a trained decoder (``retro/retro_decoder``, the baseline): a batch of sequences
     ``(ids [n], mask [n])`` -> per sequence a :class:`vector_job.Outcome` whose ``value`` is ``(keys float32
     [T, width], next tokens int32 [T])`` over its T real targets (``weight`` T), or the error that made it fail.
     ``load_model`` restores the newest checkpoint of ``model_dir``."""
@@ -122,8 +122,8 @@ class DecoderKeyModelHandler(vector_job.FallbackModelHandler[Any]):
         self._cfg, self._model_dir = cfg, model_dir
 
     def load_model(self) -> Any:
-        from realm_tf.tasks import lm_evaluation  # pylint: disable=import-outside-toplevel
-        from realm_tf.tasks import retro_lm  # pylint: disable=import-outside-toplevel
+        from realm_tf.retro import lm_evaluation  # pylint: disable=import-outside-toplevel
+        from realm_tf.retro import retro_lm  # pylint: disable=import-outside-toplevel
 
         return lm_evaluation.restore_decoder(retro_lm.RetroLmTask(self._cfg, retrieval=False), self._model_dir)
 

@@ -80,7 +80,7 @@ def training_scalars(model_dir: str) -> dict[str, float]:
 
 def measure_latency(cfg: config_lib.ExperimentConfig, count: int) -> dict[str, Any]:
     """Milliseconds per chunk of retrieval (RETRO's neighbours of one chunk), and the training table's build."""
-    from realm_tf.tasks import retro_lm  # pylint: disable=import-outside-toplevel
+    from realm_tf.retro import retro_lm  # pylint: disable=import-outside-toplevel
 
     task = retro_lm.RetroLmTask(cfg)
     retriever = task.retriever

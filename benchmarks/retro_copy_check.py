@@ -27,7 +27,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tf_keras  # noqa: E402
 
-from realm_tf.models import retro_decoder  # noqa: E402
+from realm_tf.retro import retro_decoder  # noqa: E402
 
 import result_records  # noqa: E402  (benchmarks/)
 

@@ -88,7 +88,7 @@ def main() -> int:
             ["train-retro", *flags(sets), *([] if retrieval else ["--baseline"])]))
 
         def score(sets=sets, retrieval=retrieval) -> dict[str, float]:
-            from realm_tf.tasks import lm_evaluation  # pylint: disable=import-outside-toplevel
+            from realm_tf.retro import lm_evaluation  # pylint: disable=import-outside-toplevel
 
             run_cfg = config_lib.load_config(args.config, sets)
             model_dir = run_cfg.retro_trainer.model_dir

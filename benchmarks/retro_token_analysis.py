@@ -35,8 +35,8 @@ import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 import numpy as np  # noqa: E402
 
 from realm_tf import config as config_lib  # noqa: E402
-from realm_tf.tasks import lm_evaluation  # noqa: E402
-from realm_tf.tasks import retro_lm  # noqa: E402
+from realm_tf.retro import lm_evaluation  # noqa: E402
+from realm_tf.retro import retro_lm  # noqa: E402
 
 CLASSES = ("first chunk", "bigram in neighbours", "token in neighbours", "absent")
 

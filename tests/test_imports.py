@@ -22,7 +22,7 @@ def test_no_import_cycles():
 # (docs/architecture.md). beam_jobs sit beside the package and use it; the package reaches them only from
 # its entry points (the commands that run them) and from the index builder, which runs embed_blocks.
 PARTS = ("errors", "resources", "library_logs", "process_settings", "config", "artifacts", "layers", "data", "networks",
-         "models", "index", "export", "core", "tasks", "serving", "demo", "commands", "cli")
+         "models", "index", "export", "core", "tasks", "retro", "serving", "demo", "commands", "cli")
 MAY_IMPORT_BEAM_JOBS = ("realm_tf.commands.pipelines", "realm_tf.index.index_refresher")
 
 

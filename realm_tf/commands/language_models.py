@@ -11,7 +11,7 @@ def _cmd_evaluate_lm(args: argparse.Namespace) -> int:
     """Bits-per-byte of a trained decoder on held-out documents; the last line printed is one JSON object."""
     import json
 
-    from realm_tf.tasks import lm_evaluation
+    from realm_tf.retro import lm_evaluation
 
     cfg = command.load(args)
     result = lm_evaluation.evaluate(cfg, args.model or cfg.retro_trainer.model_dir, retrieval=not args.baseline,
@@ -57,9 +57,9 @@ def _args_evaluate_lm(p: argparse.ArgumentParser) -> None:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     """Continues prompts with a trained RETRO (retrieving after each completed chunk) or baseline decoder."""
-    from realm_tf.tasks import lm_evaluation
-    from realm_tf.tasks import retro_generation
-    from realm_tf.tasks import retro_lm
+    from realm_tf.retro import lm_evaluation
+    from realm_tf.retro import retro_generation
+    from realm_tf.retro import retro_lm
 
     cfg = command.load(args)
     task = retro_lm.RetroLmTask(cfg, retrieval=not args.baseline)
@@ -92,9 +92,9 @@ def _args_generate(p: argparse.ArgumentParser) -> None:
 
 def _cmd_export_retro(args: argparse.Namespace) -> int:
     """Exports a trained RETRO / baseline decoder as a SavedModel (scoring and generation, retrieval in-graph)."""
-    from realm_tf.export import retro_export
-    from realm_tf.tasks import lm_evaluation
-    from realm_tf.tasks import retro_lm
+    from realm_tf.retro import lm_evaluation
+    from realm_tf.retro import retro_export
+    from realm_tf.retro import retro_lm
 
     cfg = command.load(args)
     out = retro_export.check_destination(args.out)  # before the model and database are read

@@ -114,7 +114,7 @@ def _args_finetune(p: argparse.ArgumentParser) -> None:
 def _cmd_train_retro(args: argparse.Namespace) -> int:
     """Trains RETRO's decoder (or its baseline, or RETRO-fits a baseline) on the chunk database's documents."""
     from realm_tf.core import experiment
-    from realm_tf.tasks import retro_lm
+    from realm_tf.retro import retro_lm
 
     result = experiment.run_experiment(retro_lm.RetroLmTask(command.load(args), retrieval=not args.baseline))
     print(f"step {result['step']}: " + ", ".join(f"{k}={v:.4g}" for k, v in result["train"].items()))

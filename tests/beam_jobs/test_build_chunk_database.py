@@ -13,10 +13,10 @@ from beam_jobs import build_chunk_database
 from realm_tf import cli
 from realm_tf import config
 from realm_tf.data import example_schemas
-from realm_tf.data import retro_chunks
 from realm_tf.index import brute_force_index
 from realm_tf.index import index_publisher
-from realm_tf.models import chunk_key_embedder
+from realm_tf.retro import chunk_key_embedder
+from realm_tf.retro import retro_chunks
 
 TINY = "configs/tiny.yaml"
 

@@ -2,7 +2,7 @@
 2021, §2.1 and §4: models are compared in bits-per-byte on held-out documents, which does not depend on the
 tokenizer).
 
-A document's token stream (its chunks in order, ``data/chunk_store``) is cut into sequences of n tokens aligned
+A document's token stream (its chunks in order, ``retro/chunk_store``) is cut into sequences of n tokens aligned
 with the chunks (n is a multiple of m), the last one padded. Whole documents are held out by id
 (``data/question_split``'s SHA1 positions): ``validation`` for choosing settings (e.g. kNN-LM's λ), ``test``
 only measured; their chunks are kept out of the database used with them where the protocol says so.

@@ -1,7 +1,7 @@
 """Bits-per-byte by leakage threshold (RETRO §2.6) against a direct numpy computation."""
 import numpy as np
 
-from realm_tf.tasks import lm_evaluation
+from realm_tf.retro import lm_evaluation
 
 
 def _scores(seed: int, num_chunks: int, num_tokens: int):

@@ -1,4 +1,4 @@
-"""The RETRO SavedModel (export/retro_export): its scores match numpy over the Keras model's logits, its in-graph
+"""The RETRO SavedModel (retro/retro_export): its scores match numpy over the Keras model's logits, its in-graph
 retrieval matches the retriever, and generation is greedy (or seeded sampling) with retrieval after each chunk."""
 import numpy as np
 import pytest
@@ -8,10 +8,10 @@ from realm_tf import artifacts
 from realm_tf import cli
 from realm_tf import config
 from realm_tf import errors
-from realm_tf.data import retro_sequences
-from realm_tf.export import retro_export
-from realm_tf.tasks import lm_evaluation
-from realm_tf.tasks import retro_lm
+from realm_tf.retro import lm_evaluation
+from realm_tf.retro import retro_export
+from realm_tf.retro import retro_lm
+from realm_tf.retro import retro_sequences
 
 TINY = "configs/tiny.yaml"
 

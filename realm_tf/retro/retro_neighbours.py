@@ -2,9 +2,9 @@
 §2.3: "retrieval is part of the input dataset pipeline").
 
 A sequence of n tokens is split into n/m chunks; each chunk is keyed by the frozen BERT
-(``models/chunk_key_embedder``), the chunk index returns its nearest database chunks, neighbours from the
+(``retro/chunk_key_embedder``), the chunk index returns its nearest database chunks, neighbours from the
 sequence's own document are dropped in training, and the first k that remain are read from the chunk database
-as [N, F] token values of r tokens (``data/chunk_store``). Chunk c's neighbours are computed from chunk c; the
+as [N, F] token values of r tokens (``retro/chunk_store``). Chunk c's neighbours are computed from chunk c; the
 decoder's chunked cross-attention applies the causal shift (tokens of chunk c + 1 attend them).
 
 A database may also be restricted to some of its chunks (``allowed``): RETRO's evaluation protocol searches a
@@ -22,9 +22,9 @@ import dataclasses
 import numpy as np
 
 from realm_tf import config as config_lib
-from realm_tf.data import chunk_store as chunk_store_lib
 from realm_tf.index import mips_index
-from realm_tf.models import chunk_key_embedder
+from realm_tf.retro import chunk_key_embedder
+from realm_tf.retro import chunk_store as chunk_store_lib
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from realm_tf import config
-from realm_tf.models import retro_decoder
+from realm_tf.retro import retro_decoder
 
 M, K, R, N = 4, 2, 6, 16  # chunk length, neighbours, neighbour length, sequence length: 4 chunks
 

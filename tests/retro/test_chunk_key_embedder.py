@@ -5,7 +5,7 @@ import pytest
 
 from realm_tf import config
 from realm_tf import errors
-from realm_tf.models import chunk_key_embedder
+from realm_tf.retro import chunk_key_embedder
 
 
 def test_key_is_the_unit_mean_of_the_chunk_tokens_states(tiny_bert_checkpoint):

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from realm_tf.data import example_schemas
-from realm_tf.data import retro_chunks
+from realm_tf.retro import retro_chunks
 
 
 @pytest.mark.parametrize("num_tokens,m,c", [(0, 4, 4), (1, 4, 4), (4, 4, 4), (9, 4, 4), (10, 3, 0), (17, 5, 12)])

@@ -18,7 +18,7 @@ neighbours all have the same fixed length r). H_u carries the decoder's own posi
 
 ``neighbour_mask`` ``bool[batch, num_chunks, k, r]`` (False: padding, empty neighbour) removes tokens as
 attention keys, so the real tokens' outputs do not depend on them; the outputs at masked positions are finite
-but meaningless, and are masked again by :class:`realm_tf.layers.chunked_cross_attention.ChunkedCrossAttention`.
+but meaningless, and are masked again by :class:`realm_tf.retro.chunked_cross_attention.ChunkedCrossAttention`.
 """
 from __future__ import annotations
 

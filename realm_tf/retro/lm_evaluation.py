@@ -27,10 +27,10 @@ from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.core import evaluation
 from realm_tf.data import document_files
-from realm_tf.data import retro_sequences
-from realm_tf.index import knn_datastore
-from realm_tf.tasks import knn_lm
-from realm_tf.tasks import retro_lm
+from realm_tf.retro import knn_datastore
+from realm_tf.retro import knn_lm
+from realm_tf.retro import retro_lm
+from realm_tf.retro import retro_sequences
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from realm_tf.layers import chunked_cross_attention
+from realm_tf.retro import chunked_cross_attention
 
 BATCH, NUM_CHUNKS, M, K, R, D, HEADS, HEAD_SIZE = 2, 3, 4, 2, 8, 16, 2, 8
 N = NUM_CHUNKS * M

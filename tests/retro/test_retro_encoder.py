@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from realm_tf.models import retro_encoder
+from realm_tf.retro import retro_encoder
 
 BATCH, NUM_CHUNKS, M, K, R, D = 2, 3, 4, 2, 8, 16
 

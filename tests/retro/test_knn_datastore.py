@@ -4,8 +4,8 @@ import numpy as np
 from realm_tf import config
 from realm_tf.index import brute_force_index
 from realm_tf.index import index_publisher
-from realm_tf.index import knn_datastore
 from realm_tf.index import scann_index
+from realm_tf.retro import knn_datastore
 
 
 def _brute_force(keys, values, queries, k):

@@ -3,8 +3,8 @@ each chunk conditioned on neighbours from the chunk database; the same task trai
 and RETRO-fits a trained baseline (§4.2: only the chunked cross-attention and the neighbour encoder train).
 
 Sequences of n tokens are cut from the training documents' token streams (the chunk database's chunks of each
-document, in order; ``data/retro_sequences``); validation and test documents are held out by id. Neighbours
-come from ``tasks/retro_neighbours`` inside the input pipeline, with the sequence's own document excluded.
+document, in order; ``retro/retro_sequences``); validation and test documents are held out by id. Neighbours
+come from ``retro/retro_neighbours`` inside the input pipeline, with the sequence's own document excluded.
 The loss is the next-token cross-entropy over the real tokens; ``logits[:, t]`` predicts token t + 1.
 """
 from __future__ import annotations
@@ -24,16 +24,16 @@ from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.core import base_task
 from realm_tf.data import block_store as block_store_lib
-from realm_tf.data import chunk_store as chunk_store_lib
 from realm_tf.data import corpus_versions
-from realm_tf.data import retro_sequences
 from realm_tf.index import index_loader
 from realm_tf.index import index_publisher
 from realm_tf.index import mips_index
 from realm_tf.layers import bert_tokenizer
-from realm_tf.models import chunk_key_embedder
-from realm_tf.models import retro_decoder
-from realm_tf.tasks import retro_neighbours
+from realm_tf.retro import chunk_key_embedder
+from realm_tf.retro import chunk_store as chunk_store_lib
+from realm_tf.retro import retro_decoder
+from realm_tf.retro import retro_neighbours
+from realm_tf.retro import retro_sequences
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class RetroLmTask(base_task.Task):
         that no document is scored against its own copy; the database's own test documents move to
         ``validation``. Returns ``{"documents", "document_chunks", "withheld": [database doc ids]}``.
         """
-        from realm_tf.data import retro_chunks  # pylint: disable=import-outside-toplevel
+        from realm_tf.retro import retro_chunks  # pylint: disable=import-outside-toplevel
 
         retro, store, retriever = self.cfg.retro, self.store, self.retriever
         streams: dict[bytes, list[str]] = {}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from realm_tf.tasks import knn_lm
+from realm_tf.retro import knn_lm
 
 VOCAB = 11
 

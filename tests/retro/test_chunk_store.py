@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from realm_tf.data import chunk_store
-from realm_tf.data import retro_chunks
+from realm_tf.retro import chunk_store
+from realm_tf.retro import retro_chunks
 
 
 def _store():

@@ -35,10 +35,10 @@ import tf_keras
 from realm_tf import artifacts
 from realm_tf import config as config_lib
 from realm_tf import errors
-from realm_tf.data import chunk_store
-from realm_tf.data import retro_sequences
 from realm_tf.index import in_graph_scann
 from realm_tf.layers import bert_tokenizer
+from realm_tf.retro import chunk_store
+from realm_tf.retro import retro_sequences
 
 
 class RetroExportModule(tf.Module):

@@ -3,11 +3,11 @@ keys, with the training sequence's own document excluded, read as r-token values
 import numpy as np
 
 from realm_tf import config
-from realm_tf.data import chunk_store
-from realm_tf.data import retro_chunks
 from realm_tf.index import brute_force_index
-from realm_tf.models import chunk_key_embedder
-from realm_tf.tasks import retro_neighbours
+from realm_tf.retro import chunk_key_embedder
+from realm_tf.retro import chunk_store
+from realm_tf.retro import retro_chunks
+from realm_tf.retro import retro_neighbours
 
 
 def test_own_document_excluded_in_training_and_found_otherwise(tiny_bert_checkpoint):

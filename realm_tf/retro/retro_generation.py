@@ -16,8 +16,8 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from realm_tf.tasks import retro_lm
-from realm_tf.tasks import retro_neighbours
+from realm_tf.retro import retro_lm
+from realm_tf.retro import retro_neighbours
 
 
 @dataclasses.dataclass(frozen=True)

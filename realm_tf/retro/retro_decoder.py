@@ -10,8 +10,8 @@
     logits ← LN(H) · EMBᵀ                                 tied input/output embeddings
 
 P, the RETRO layers, are every third layer from the middle of the stack (paper: 6, 9, 12 of 12;
-``retro.retro_layers`` overrides). The encoder (``models/retro_encoder``) and CCA
-(``layers/chunked_cross_attention``) are those layers. With no RETRO layer this is the baseline decoder, and a
+``retro.retro_layers`` overrides). The encoder (``retro/retro_encoder``) and CCA
+(``retro/chunked_cross_attention``) are those layers. With no RETRO layer this is the baseline decoder, and a
 RETRO model whose neighbours are all masked is the same model "with retrieval off": CCA then adds exactly zero.
 Positions are learned absolute embeddings (the paper uses relative ones, App. B.1.2: simpler here, and the
 sequence length is fixed). The outputs also carry the kNN-LM key of every token (Khandelwal et al., 2020: the
@@ -25,8 +25,8 @@ import tensorflow as tf
 import tf_keras
 
 from realm_tf import config as config_lib
-from realm_tf.layers import chunked_cross_attention
-from realm_tf.models import retro_encoder
+from realm_tf.retro import chunked_cross_attention
+from realm_tf.retro import retro_encoder
 
 
 def default_retro_layers(num_layers: int) -> tuple[int, ...]:

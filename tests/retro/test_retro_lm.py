@@ -8,8 +8,8 @@ import tensorflow as tf
 
 from realm_tf import cli
 from realm_tf import config
-from realm_tf.data import retro_sequences
-from realm_tf.tasks import retro_lm
+from realm_tf.retro import retro_lm
+from realm_tf.retro import retro_sequences
 
 TINY = "configs/tiny.yaml"
 
@@ -109,8 +109,8 @@ def _numpy_bits_per_byte(task, model, split, neighbours):
 
 
 def test_evaluate_lm_and_knn_datastore_match_numpy(trained, capsys, progress_totals, portable_runner):
-    from realm_tf.index import knn_datastore
-    from realm_tf.tasks import lm_evaluation
+    from realm_tf.retro import knn_datastore
+    from realm_tf.retro import lm_evaluation
 
     root, sets = trained
     fit = sets + [f"retro_trainer.model_dir={root}/fit", f"retro.knn_dir={root}/knn", "retro.knn_neighbours=8"]
@@ -174,8 +174,8 @@ def test_evaluate_lm_and_knn_datastore_match_numpy(trained, capsys, progress_tot
 
 
 def test_generate_retrieves_after_each_chunk_and_is_consistent_with_scoring(trained, capsys):
-    from realm_tf.tasks import lm_evaluation
-    from realm_tf.tasks import retro_generation
+    from realm_tf.retro import lm_evaluation
+    from realm_tf.retro import retro_generation
 
     root, sets = trained
     task = retro_lm.RetroLmTask(config.load_config(TINY, sets))
@@ -209,7 +209,7 @@ def test_generate_retrieves_after_each_chunk_and_is_consistent_with_scoring(trai
 
 def test_evaluate_lm_scores_a_documents_file_and_withholds_database_copies(trained, pretraining_workspace, tmp_path,
                                                                          capsys):
-    from realm_tf.tasks import lm_evaluation
+    from realm_tf.retro import lm_evaluation
 
     root, sets = trained
     fit = sets + [f"retro_trainer.model_dir={root}/fit"]

@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from realm_tf.data import retro_sequences
 from realm_tf.layers import bert_tokenizer
+from realm_tf.retro import retro_sequences
 
 
 def test_sequences_tile_the_stream_and_pad_the_last():
