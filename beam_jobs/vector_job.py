@@ -14,6 +14,7 @@ then, in the launching process, :func:`read_matrix` (every id once, no failure: 
 """
 from __future__ import annotations
 
+import abc
 import json
 import logging
 import time
@@ -61,7 +62,7 @@ def finite(vector: np.ndarray, what: str = "vector") -> Outcome:
     return Outcome(vector, None)
 
 
-class FallbackModelHandler(inference_base.ModelHandler[ItemT, Outcome, Any], Generic[ItemT]):
+class FallbackModelHandler(inference_base.ModelHandler[ItemT, Outcome, Any], Generic[ItemT], abc.ABC):
     """A Beam ModelHandler whose failures are data: :meth:`infer` runs the model on a batch; when it raises, each
     item is run alone, and an item that still raises becomes an :class:`Outcome` with the error
     (:meth:`failed`), next to its batch's other items' outcomes.
@@ -72,9 +73,9 @@ class FallbackModelHandler(inference_base.ModelHandler[ItemT, Outcome, Any], Gen
 
     namespace: str = "realm_tf"
 
+    @abc.abstractmethod
     def infer(self, model: Any, batch: Sequence[ItemT]) -> list[Outcome]:
         """One outcome per item of ``batch``, in order; may raise (the batch is then retried item by item)."""
-        raise NotImplementedError
 
     def failed(self, item: ItemT, error: str) -> Outcome:
         """The outcome of an item the model raised on."""
