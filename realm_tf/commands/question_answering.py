@@ -24,8 +24,9 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         print(answer_errors.format_table(metrics["outcomes"]))
     print(json.dumps({k: v for k, v in metrics.items() if k != "predictions"}, sort_keys=True))
     if args.metrics:
-        with open(args.metrics, "w", encoding="utf-8") as f:
-            json.dump(metrics, f, indent=2)
+        from realm_tf.core import evaluation
+
+        evaluation.write_metrics(metrics, args.metrics)
     return 0
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from realm_tf import config as config_lib
 from realm_tf.commands import command
 
 
@@ -53,10 +52,10 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
                                         eval_pattern=args.eval_input)
     print(realm_pretraining.format_result(result))
     if args.metrics:
-        import json
+        from realm_tf.core import evaluation
 
-        summary = {"step": result["step"], "train": result["train"], "eval": result.get("eval", {})}
-        config_lib.atomic_write_text(args.metrics, json.dumps(summary, indent=2, default=float) + "\n")
+        evaluation.write_metrics({"step": result["step"], "train": result["train"], "eval": result.get("eval", {})},
+                                 args.metrics)
     return command.training_exit_code(result)
 
 
