@@ -92,7 +92,7 @@ def _train_and_eval(task: base_task.Task, model: Any, loop: training_loop.Traini
     ``best_metric`` beats the best so far (``<model_dir>/best/best.json``, which a resumed run reads), publishes
     the model as ``<model_dir>/best`` (a checkpoint ``ckpt``, written atomically)."""
     every = task.trainer_config.eval_every_steps
-    inputs = task.eval_inputs() if every > 0 else None
+    inputs = task.eval_inputs() if every > 0 and loop.chief else None  # one writer of eval/ and best/: the chief
     if inputs is None:
         return []
     model_dir = task.trainer_config.model_dir
