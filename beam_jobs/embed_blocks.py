@@ -304,6 +304,16 @@ def resolve_export(export: str | None, export_dir: str | None, cfg: config_lib.E
     return os.path.join(export_dir, str(steps[-1]))
 
 
+def _scratch_directory(target: _Target, embeddings_dir: str | None) -> str:
+    """Where the job's shards go before the matrix is assembled (default: a new hidden directory beside the
+    versions); shards of an earlier run into the same directory are removed first."""
+    embeddings_dir = embeddings_dir or filesystems.FileSystems.join(
+        target.index_dir, f".embeddings-{index_publisher.version_name(target.version)}-{uuid.uuid4().hex[:8]}")
+    job_support.delete_matching([filesystems.FileSystems.join(embeddings_dir, f"{prefix}-*")
+                                 for prefix in (EMBEDDINGS_PREFIX, FAILURES_PREFIX)])
+    return embeddings_dir
+
+
 def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_dir: str | None = None,
                       blocks: str | None = None, beam_args: Sequence[str] = (), embeddings_dir: str | None = None,
                       keep_embeddings: bool = False, min_batch_size: int = 1, max_batch_size: int = 32,
@@ -311,9 +321,9 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
                       pause_before_commit: float = 0.0, intra_op_threads: int | None = None) -> dict[str, Any]:
     """The job's Python API: embeds every block of ``blocks`` (default: the current corpus version of
     ``data.blocks_dir``) with the retriever export ``export_path`` and publishes ``<index_dir>/<export step>/``
-    (``index_publisher.version_for_export``); returns the
-    summary (``index.json`` plus timings). The flags of ``python -m beam_jobs.embed_blocks`` name the same
-    arguments (see ``job_flags.add_embed_blocks_args``); ``beam_args`` are Beam pipeline options.
+    (``index_publisher.version_for_export``); returns the summary (``index.json`` plus timings). The flags of
+    ``python -m beam_jobs.embed_blocks`` name the same arguments (``job_flags.add_embed_blocks_args``);
+    ``beam_args`` are Beam pipeline options.
 
     Raises:
       IndexVersionExistsError: that version is already published.
@@ -322,15 +332,11 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
     started = time.time()
     target = _target(cfg, export_path, index_dir, blocks)
     export = target.export
-    embeddings_dir = embeddings_dir or filesystems.FileSystems.join(
-        target.index_dir, f".embeddings-{index_publisher.version_name(target.version)}-{uuid.uuid4().hex[:8]}")
-    job_support.delete_matching([filesystems.FileSystems.join(embeddings_dir, f"{prefix}-*")  # a rerun into it
-                                 for prefix in (EMBEDDINGS_PREFIX, FAILURES_PREFIX)])
+    embeddings_dir = _scratch_directory(target, embeddings_dir)
 
     options = job_support.pipeline_options_for(beam_args)
     use_the_cores(options, beam_args)
-    if intra_op_threads is None:
-        intra_op_threads = default_intra_op_threads(options)
+    intra_op_threads = default_intra_op_threads(options) if intra_op_threads is None else intra_op_threads
     logger.info("embed_blocks: export %s (step %d, dim %d) over %s%s -> %s", export_path, int(export["step"]),
                 export["embedding_dim"], target.blocks,
                 f" ({target.num_blocks:,} blocks)" if target.num_blocks is not None else "", target.index_dir)

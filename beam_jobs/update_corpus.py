@@ -332,12 +332,11 @@ class Outputs:
         return filesystems.FileSystems.join(self.scratch_dir, prefix)
 
 
-def build_pipeline(pipeline: beam.Pipeline, cfg: config_lib.ExperimentConfig, base: Base, add_paths: Sequence[str],
-                   deletes: Sequence[DeleteRequest], outputs: Outputs, input_format: str = "auto",
-                   num_shards: int = 0, batch_size: int = 64, min_batch_size: int = 1, max_batch_size: int = 32,
-                   progress_interval: float = 0.0) -> None:
-    """Adds the whole job to ``pipeline`` (see the module docstring for the steps)."""
-    manifest = base.blocks_manifest
+def _added_documents(pipeline: beam.Pipeline, cfg: config_lib.ExperimentConfig, manifest: Mapping[str, Any],
+                     add_paths: Sequence[str], input_format: str, batch_size: int,
+                     progress_interval: float) -> tuple[Any, Any, Any]:
+    """The added documents read, parsed, deduplicated (one per id) and packed into blocks the way the base corpus
+    was (its manifest's vocabulary casing and lengths); each stage's outputs, dead letters included."""
     read = pipeline | "ReadCorpus" >> preprocess_corpus.ReadCorpus(list(add_paths), input_format)
     parsed = read[preprocess_corpus.RECORDS] | "ParseDocuments" >> preprocess_corpus.ParseDocuments()
     documents = (parsed[preprocess_corpus.DOCUMENTS]
@@ -347,6 +346,41 @@ def build_pipeline(pipeline: beam.Pipeline, cfg: config_lib.ExperimentConfig, ba
         cfg.model.vocab_file, bool(manifest.get("lower_case", cfg.model.lower_case)),
         int(manifest.get("max_block_length", cfg.data.max_block_length)), int(manifest.get("max_title_length", 64)),
         batch_size, None, progress_interval)
+    return parsed, documents, packed
+
+
+def _embed_and_plan(new_blocks: Any, unparseable: Any, removed: Any, base: Base, outputs: Outputs,
+                    min_batch_size: int, max_batch_size: int, progress_interval: float) -> None:
+    """Embeds the new blocks that reuse no base row with the base index's export; writes their vectors, the
+    failures (with the base records that did not parse) and the plan (removed rows, reused rows) to scratch."""
+    embedded = (new_blocks[_EMBED]
+                | "ToEmbedRecords" >> beam.Map(document_packing.block_to_example)
+                | "EmbedNewBlocks" >> embed_blocks.EmbedBlocks(
+                    base.export_path, int(base.export["block_seq_length"]), min_batch_size, max_batch_size,
+                    progress_interval=progress_interval))
+    _ = (embedded["embeddings"]
+         | "SerializeEmbeddings" >> beam.Map(embedding_matrix.to_embedding_record)
+         | "WriteEmbeddings" >> beam.io.WriteToTFRecord(outputs.scratch(embed_blocks.EMBEDDINGS_PREFIX),
+                                                        file_name_suffix=".tfrecord"))
+    _ = ((embedded["failures"], unparseable | "BaseFailures" >> beam.Map(
+            lambda error: {"block_id": None, "error": f"base corpus record: {error}"}))
+         | "AllFailures" >> beam.Flatten()
+         | "SerializeFailures" >> beam.Map(lambda failure: json.dumps(failure, sort_keys=True))
+         | "WriteFailures" >> beam.io.WriteToText(outputs.scratch(embed_blocks.FAILURES_PREFIX),
+                                                  file_name_suffix=".jsonl", num_shards=1))
+    _ = ((removed | "RemovedRows" >> beam.Map(lambda block_id: json.dumps({"removed": block_id})),
+          new_blocks[_REUSED] | "ReusedRows" >> beam.Map(lambda pair: json.dumps({"reused": list(pair)})))
+         | "AllPlanRows" >> beam.Flatten()
+         | "WritePlan" >> beam.io.WriteToText(outputs.scratch(PLAN_PREFIX), file_name_suffix=".jsonl", num_shards=1))
+
+
+def build_pipeline(pipeline: beam.Pipeline, cfg: config_lib.ExperimentConfig, base: Base, add_paths: Sequence[str],
+                   deletes: Sequence[DeleteRequest], outputs: Outputs, input_format: str = "auto",
+                   num_shards: int = 0, batch_size: int = 64, min_batch_size: int = 1, max_batch_size: int = 32,
+                   progress_interval: float = 0.0) -> None:
+    """Adds the whole job to ``pipeline`` (see the module docstring for the steps)."""
+    parsed, documents, packed = _added_documents(pipeline, cfg, base.blocks_manifest, add_paths, input_format,
+                                                 batch_size, progress_interval)
     new_docs = packed[preprocess_corpus.DOCUMENTS]
     delete_requests = pipeline | "Deletes" >> beam.Create(list(deletes))
 
@@ -396,25 +430,8 @@ def build_pipeline(pipeline: beam.Pipeline, cfg: config_lib.ExperimentConfig, ba
                                                  file_name_suffix=".jsonl",
                                                  shard_name_template=preprocess_corpus.SHARD_TEMPLATE))
 
-    embedded = (new_blocks[_EMBED]
-                | "ToEmbedRecords" >> beam.Map(document_packing.block_to_example)
-                | "EmbedNewBlocks" >> embed_blocks.EmbedBlocks(
-                    base.export_path, int(base.export["block_seq_length"]), min_batch_size, max_batch_size,
-                    progress_interval=progress_interval))
-    _ = (embedded["embeddings"]
-         | "SerializeEmbeddings" >> beam.Map(embedding_matrix.to_embedding_record)
-         | "WriteEmbeddings" >> beam.io.WriteToTFRecord(outputs.scratch(embed_blocks.EMBEDDINGS_PREFIX),
-                                                        file_name_suffix=".tfrecord"))
-    _ = ((embedded["failures"], base_blocks[_UNPARSEABLE] | "BaseFailures" >> beam.Map(
-            lambda error: {"block_id": None, "error": f"base corpus record: {error}"}))
-         | "AllFailures" >> beam.Flatten()
-         | "SerializeFailures" >> beam.Map(lambda failure: json.dumps(failure, sort_keys=True))
-         | "WriteFailures" >> beam.io.WriteToText(outputs.scratch(embed_blocks.FAILURES_PREFIX),
-                                                  file_name_suffix=".jsonl", num_shards=1))
-    _ = ((removed | "RemovedRows" >> beam.Map(lambda block_id: json.dumps({"removed": block_id})),
-          new_blocks[_REUSED] | "ReusedRows" >> beam.Map(lambda pair: json.dumps({"reused": list(pair)})))
-         | "AllPlanRows" >> beam.Flatten()
-         | "WritePlan" >> beam.io.WriteToText(outputs.scratch(PLAN_PREFIX), file_name_suffix=".jsonl", num_shards=1))
+    _embed_and_plan(new_blocks, base_blocks[_UNPARSEABLE], removed, base, outputs, min_batch_size, max_batch_size,
+                    progress_interval)
 
 
 # ---- after the pipeline -------------------------------------------------------------------------------------

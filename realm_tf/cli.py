@@ -16,6 +16,7 @@ from realm_tf import errors
 from realm_tf import library_logs
 from realm_tf import process_settings
 from realm_tf.commands import command
+from realm_tf.commands import experiments
 from realm_tf.commands import language_models
 from realm_tf.commands import pipelines
 from realm_tf.commands import question_answering
@@ -57,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``realm-tf`` console script."""
     parser = build_parser()
+    try:  # evaluate --experiment NAME: the command that scores NAME
+        argv = experiments.resolve(sys.argv[1:] if argv is None else argv)
+    except errors.UserError as e:
+        print(f"realm-tf: error: {e}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):
         parser.print_help()

@@ -79,14 +79,40 @@ def test_verify_passes_a_clean_index_and_names_each_damaged_file(tmp_path, capsy
 def test_train_runs_the_named_experiments_own_command(capsys):
     """``realm-tf train --experiment NAME ARGS`` is the experiment's command with ARGS (here it stops at the
     config, before any training: the error names the command it reached)."""
-    from realm_tf.commands import training
+    from realm_tf.commands import experiments
 
     required = {"finetune": ["--train", "questions.jsonl"]}  # the command's own required arguments
-    for name, (section, command_name, _) in training.EXPERIMENTS.items():
+    for name, experiment in experiments.EXPERIMENTS.items():
         assert cli.main(["train", "--experiment", name, "--config", "configs/tiny.yaml", *required.get(name, []),
-                         "--set", f"{section}.nope=1"]) == 2
+                         "--set", f"{experiment.section}.nope=1"]) == 2
         err = capsys.readouterr().err
-        assert f"realm-tf {command_name}: error:" in err and f"unknown key '{section}.nope'" in err
+        assert f"realm-tf {experiment.train}: error:" in err and f"unknown key '{experiment.section}.nope'" in err
+
+
+def test_evaluate_runs_the_named_experiments_evaluation(capsys):
+    """``realm-tf evaluate --experiment NAME ARGS`` reaches the command that scores NAME, with ARGS."""
+    reached = {"pretrain": "pretrain", "retro": "evaluate-lm", "reader": "evaluate", "finetune": "evaluate"}
+    for name, command_name in reached.items():
+        assert cli.main(["evaluate", "--experiment", name, "--config", "configs/tiny.yaml", "--questions", "q.jsonl",
+                         "--set", "nope.key=1"] if command_name == "evaluate" else
+                        ["evaluate", f"--experiment={name}", "--config", "configs/tiny.yaml", "--set",
+                         "nope.key=1"]) == 2
+        err = capsys.readouterr().err
+        assert f"realm-tf {command_name}: error:" in err and "nope" in err, (name, err)
+    assert cli.main(["evaluate", "--experiment", "ict", "--config", "configs/tiny.yaml"]) == 2
+    assert "has no held-out evaluation of its own" in capsys.readouterr().err
+
+
+def test_resolve_rewrites_only_evaluate_of_an_experiment_with_its_own_command():
+    from realm_tf.commands import experiments
+
+    assert experiments.resolve(["evaluate", "--config", "c.yaml", "--experiment", "retro", "--split", "test"]) == [
+        "evaluate-lm", "--config", "c.yaml", "--split", "test"]
+    assert experiments.resolve(["evaluate", "--experiment=pretrain", "--config", "c.yaml"]) == [
+        "pretrain", "--eval-only", "--config", "c.yaml"]
+    for unchanged in (["evaluate", "--experiment", "reader", "--questions", "q"], ["evaluate", "--questions", "q"],
+                      ["evaluate", "--experiment", "nope"], ["pretrain", "--experiment", "retro"], []):
+        assert experiments.resolve(unchanged) == unchanged
 
 
 def test_train_refuses_an_unknown_experiment():

@@ -18,29 +18,34 @@ def test_no_import_cycles():
         f"{' -> '.join(path)}   (modules in the cycle: {', '.join(component)})" for component, path in found)
 
 
-# The parts of realm_tf, lowest first: a module may import only from its own part or from parts below it
-# (docs/architecture.md). beam_jobs sit beside the package and use it; the package reaches them only from
-# its entry points (the commands that run them) and from the index builder, which runs embed_blocks.
+# The parts of the code, lowest first: a module may import only from its own part or from parts below it
+# (docs/architecture.md). The Beam jobs (``beam_jobs/``, one part) sit beside the package and use it; the package
+# reaches them only from above: its entry points hand the index builder (``embed_blocks``) to what runs it.
 PARTS = ("errors", "resources", "library_logs", "process_settings", "config", "artifacts", "layers", "data", "networks",
-         "models", "index", "export", "core", "tasks", "retro", "serving", "demo", "commands", "cli")
-MAY_IMPORT_BEAM_JOBS = ("realm_tf.commands.pipelines", "realm_tf.index.index_refresher")
+         "models", "index", "export", "core", "release", "tasks", "retro", "serving", "beam_jobs", "demo", "commands",
+         "cli")
+
+
+def part(module: str) -> str | None:
+    """The part of ``module``: ``realm_tf.<part>...``, ``beam_jobs`` for a Beam job, None for the package roots."""
+    if module.startswith("beam_jobs.") or module == "beam_jobs":
+        return "beam_jobs"
+    return module.split(".")[1] if module.startswith("realm_tf.") else None
 
 
 def layer_violations(modules: Mapping[str, pathlib.Path], parts: Sequence[str] = PARTS) -> list[str]:
-    """``a -> b`` for every import from a part of realm_tf to a part above it (or to beam_jobs)."""
-    rank = {part: i for i, part in enumerate(parts)}
+    """``a -> b`` for every import from a part to a part above it."""
+    rank = {name: i for i, name in enumerate(parts)}
     found = []
     for module, path in modules.items():
-        if not module.startswith("realm_tf."):
+        here = part(module)
+        if here is None:
             continue
-        here = module.split(".")[1]
-        assert here in rank, f"{module}: realm_tf.{here} is not one of the parts {parts}"
+        assert here in rank, f"{module}: {here} is not one of the parts {parts}"
         internal, _ = import_graph.file_imports(path, modules, module)
         for target in sorted(internal):
-            if target.startswith("beam_jobs"):
-                if module not in MAY_IMPORT_BEAM_JOBS:
-                    found.append(f"{module} -> {target}")
-            elif target.count(".") and rank[target.split(".")[1]] > rank[here]:
+            there = part(target)
+            if there is not None and rank[there] > rank[here]:
                 found.append(f"{module} -> {target}")
     return found
 
@@ -56,6 +61,15 @@ def test_layer_violations_finds_an_arrow_up(tmp_path):
                       "realm_tf/tasks/b.py": "from realm_tf.data import a\n"})
     found = layer_violations(import_graph.find_modules(tmp_path, ("realm_tf",)))
     assert found == ["realm_tf.data.a -> realm_tf.tasks.b"]
+
+
+def test_layer_violations_finds_the_package_importing_a_beam_job(tmp_path):
+    _write(tmp_path, {"realm_tf/__init__.py": "", "realm_tf/index/__init__.py": "", "beam_jobs/__init__.py": "",
+                      "realm_tf/commands/__init__.py": "", "beam_jobs/job.py": "from realm_tf.index import a\n",
+                      "realm_tf/index/a.py": "def f():\n    from beam_jobs import job\n",
+                      "realm_tf/commands/c.py": "from beam_jobs import job\n"})
+    found = layer_violations(import_graph.find_modules(tmp_path, ("realm_tf", "beam_jobs")))
+    assert found == ["realm_tf.index.a -> beam_jobs.job"]
 
 
 def test_library_deps_are_the_imports():
@@ -174,3 +188,14 @@ def test_generate_build_refuses_two_modules_with_one_target_name(tmp_path):
         assert "pkg.x.util and pkg.y.util" in str(e)
     else:
         raise AssertionError("two modules named util were given one target")
+
+
+def test_the_readme_layout_table_names_every_package_and_the_import_order():
+    readme = (import_graph.REPO / "README.md").read_text(encoding="utf-8")
+    packages = sorted(p.name for p in (import_graph.REPO / "realm_tf").iterdir()
+                      if (p / "__init__.py").exists())
+    missing = [name for name in packages if f"| `realm_tf/{name}/` |" not in readme]
+    assert not missing, f"README's layout table has no row for realm_tf/{missing}"
+    stated = " ".join(readme.split("Imports run one way,", 1)[1].split(",\nand")[0].split())
+    order = [part.strip(" `") for part in stated.split("<")]
+    assert order == [p for p in PARTS if p in order] and set(packages) <= set(order) | {"commands"}, stated

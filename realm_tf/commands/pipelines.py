@@ -46,9 +46,11 @@ def _beam_job_args(adder: str) -> Callable[[argparse.ArgumentParser], None]:
 
 def _refresh_index(args: argparse.Namespace) -> int:
     """The index builder: embeds the corpus with each new retriever export and publishes an index version."""
+    from beam_jobs import embed_blocks  # pylint: disable=import-outside-toplevel
     from realm_tf.index import index_refresher  # pylint: disable=import-outside-toplevel
 
-    refresher = index_refresher.IndexRefresher(args.config, args.overrides, export_dir=args.watch or None,
+    refresher = index_refresher.IndexRefresher(args.config, embed_blocks.embed_and_publish, args.overrides,
+                                               export_dir=args.watch or None,
                                                index_dir=args.index_dir, beam_args=args.beam_args or None,
                                                pause_before_commit=args.pause_before_commit)
     if args.watch is None:

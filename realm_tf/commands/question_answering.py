@@ -6,6 +6,7 @@ import argparse
 
 from realm_tf import errors
 from realm_tf.commands import command
+from realm_tf.commands import experiments
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
@@ -14,8 +15,12 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
     from realm_tf.tasks import open_qa
 
-    metrics = open_qa.evaluate(command.load(args), args.questions, split=args.split, model_dir=args.model,
-                               index_dir=args.index, predictions_path=args.predictions, retriever=args.retriever,
+    cfg = command.load(args)
+    reader = args.experiment == "reader"  # the reader warm start reads each question's gold blocks
+    metrics = open_qa.evaluate(cfg, args.questions, split=args.split,
+                               model_dir=args.model or (cfg.reader.model_dir if reader else None),
+                               index_dir=args.index, predictions_path=args.predictions,
+                               retriever=args.retriever or ("gold" if reader else "dense"),
                                score_weights=args.score_weights, aggregations=args.aggregations)
     print(f"predictions: {metrics['predictions']}")
     if args.errors:
@@ -32,6 +37,9 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 def _args_evaluate(p: argparse.ArgumentParser) -> None:
     command.add_config_args(p)
+    p.add_argument("--experiment", choices=sorted(experiments.EXPERIMENTS), default="finetune",
+                   help="the experiment to score (default finetune); " + experiments.help_text("evaluate") +
+                        ". Every other argument is then that command's own")
     p.add_argument("--questions", required=True, metavar="FILE.jsonl",
                    help="questions with answers (and optional gold_passage_ids)")
     p.add_argument("--split", choices=("all", "dev", "tune", "train"), default="all",
@@ -47,7 +55,8 @@ def _args_evaluate(p: argparse.ArgumentParser) -> None:
                         "summed by answer text, for each N (choose "
                         "qa.answer_aggregation_spans on --split tune)")
     p.add_argument("--model", default=None,
-                   help="fine-tuning run directory (default: finetune.model_dir)")
+                   help="the run directory (default: finetune.model_dir; reader.model_dir with "
+                        "--experiment reader)")
     p.add_argument("--index", default=None, help="index root (default: index.index_dir)")
     p.add_argument("--predictions", default=None,
                    help="predictions JSONL (default: <model>/predictions-<split>.jsonl)")
@@ -57,10 +66,10 @@ def _args_evaluate(p: argparse.ArgumentParser) -> None:
                    help="print where the answers went wrong: each question in one outcome "
                         "(too long, too short, partial overlap, answer not read, right "
                         "block wrong span, wrong block), with its share")
-    p.add_argument("--retriever", choices=("dense", "bm25", "gold"), default="dense",
-                   help="dense: the model's retriever; bm25: BM25's top blocks read by the "
-                        "same reader (the baseline; needs bm25s); gold: the gold block "
-                        "holding the answer alone (reading comprehension)")
+    p.add_argument("--retriever", choices=("dense", "bm25", "gold"), default=None,
+                   help="dense (default): the model's retriever; bm25: BM25's top blocks read by the "
+                        "same reader (the baseline; needs bm25s); gold (default of --experiment reader): the gold "
+                        "block holding the answer alone (reading comprehension)")
 
 
 def _cmd_export_retriever(args: argparse.Namespace) -> int:

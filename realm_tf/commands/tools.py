@@ -37,13 +37,13 @@ def _args_import_bert(p: argparse.ArgumentParser) -> None:
 
 def _cmd_import_realm(args: argparse.Namespace) -> int:
     """Imports a released REALM / ORQA model (TF1 checkpoint or TF-Hub module) as a run; --blocks: its corpus too."""
-    from realm_tf.tasks import realm_release_import
+    from realm_tf.release import model_import
 
-    report = realm_release_import.import_realm(
+    report = model_import.import_realm(
         args.kind, args.src, args.out, command.load(args), embedder=args.embedder, blocks=args.blocks,
         titles=args.titles, block_emb=args.block_emb, vocab=args.vocab, num_attention_heads=args.num_attention_heads,
         ignore=args.ignore_variables)
-    print(realm_release_import.summarize(report))
+    print(model_import.summarize(report))
     print(f"wrote {args.out.rstrip('/')}/params.yaml (use it as --config)")
     return 0
 

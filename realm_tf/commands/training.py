@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from realm_tf.commands import command
+from realm_tf.commands import experiments
 
 
 def _cmd_init_retriever(args: argparse.Namespace) -> int:
@@ -46,10 +47,12 @@ def _args_train_ict(p: argparse.ArgumentParser) -> None:
 
 def _cmd_pretrain(args: argparse.Namespace) -> int:
     """REALM pre-training with asynchronous index refresh; resumes from model_dir's latest checkpoint."""
+    from beam_jobs import embed_blocks
     from realm_tf.tasks import realm_pretraining
 
     result = realm_pretraining.pretrain(command.load(args), pretraining_pattern=args.input, evaluate=not args.no_eval,
-                                        eval_pattern=args.eval_input)
+                                        eval_pattern=args.eval_input, index_builder=embed_blocks.embed_and_publish,
+                                        train=not args.eval_only)
     print(realm_pretraining.format_result(result))
     if args.metrics:
         from realm_tf.core import evaluation
@@ -69,6 +72,9 @@ def _args_pretrain(p: argparse.ArgumentParser) -> None:
                         "trained on data.masking_strategy=random_span")
     p.add_argument("--no-eval", dest="no_eval", action="store_true",
                    help="skip the held-out evaluation at the end")
+    p.add_argument("--eval-only", dest="eval_only", action="store_true",
+                   help="train nothing: score the held-out salient spans of the latest checkpoint of "
+                        "trainer.model_dir (= realm-tf evaluate --experiment pretrain)")
     p.add_argument("--metrics", default=None, metavar="FILE.json",
                    help="also write the final step, training logs and held-out scores "
                         "to this file")
@@ -127,27 +133,14 @@ def _args_train_retro(p: argparse.ArgumentParser) -> None:
     help="the same decoder without retrieval (no RETRO layers): the baseline")
 
 
-#: The named experiments: the config section that holds each one's training settings, the command that trains
-#: it (``realm-tf train --experiment NAME`` is that command) and what it trains.
-EXPERIMENTS: dict[str, tuple[str, str, str]] = {
-    "ict": ("ict", "train-ict", "the retriever's Inverse Cloze Task warm start (ORQA, Lee et al. 2019) and export"),
-    "pretrain": ("trainer", "pretrain", "REALM pre-training: salient spans, null document, asynchronous index refresh"),
-    "reader": ("reader", "train-reader", "the reader warm start on gold blocks, before Open-QA fine-tuning"),
-    "finetune": ("finetune", "finetune", "Open-QA fine-tuning of the retriever and the span reader (REALM §4)"),
-    "retro": ("retro_trainer", "train-retro", "RETRO's decoder (Borgeaud et al. 2021), or its baseline (--baseline)"),
-}
-
-
 def _train(args: argparse.Namespace) -> int:
     """``realm-tf train --experiment NAME ARGS``: the experiment's own command with ARGS."""
-    _, name, _ = EXPERIMENTS[args.experiment]
-    return args.entry_point([name, *args.experiment_args, *(["--verbose"] if args.verbose else [])])
+    return experiments.forward(args, [experiments.EXPERIMENTS[args.experiment].train], args.experiment_args)
 
 
 def _args_train(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--experiment", required=True, choices=sorted(EXPERIMENTS),
-                   help="; ".join(f"{name}: {what} (= realm-tf {command_name}, config section {section})"
-                                  for name, (section, command_name, what) in EXPERIMENTS.items()))
+    p.add_argument("--experiment", required=True, choices=sorted(experiments.EXPERIMENTS),
+                   help=experiments.help_text("train"))
     p.epilog = ("Every other argument is the experiment's own (realm-tf train-ict --help, ...): --config FILE.yaml, "
                 "--set KEY=VALUE, ...")
     command.keep_unknown_args(p, "experiment_args")

@@ -27,16 +27,19 @@ logger = logging.getLogger(__name__)
 
 
 def run_experiment(task: base_task.Task, strategy: tf.distribute.Strategy | None = None,
-                   hooks: Sequence[training_loop.Hook] = ()) -> dict[str, Any]:
+                   hooks: Sequence[training_loop.Hook] = (), train: bool = True) -> dict[str, Any]:
     """Trains ``task`` to its trainer section's ``steps`` (or ``max_minutes``), resuming from its ``model_dir``.
 
-    ``hooks`` are called after every step with ``(step, logs)``, after the task's own.
+    ``hooks`` are called after every step with ``(step, logs)``, after the task's own. With ``train=False`` the
+    latest checkpoint is restored and only the task's ``initialize`` and ``finish`` run (its held-out
+    evaluation); the run's ``params.yaml`` is left as training wrote it.
 
     Returns ``step`` (the global step reached), ``train`` (the last summary's logs, floats), ``model`` and
     whatever the task's :meth:`~realm_tf.core.base_task.Task.finish` adds.
     """
     trainer = task.trainer_config
-    config_lib.save_params(task.cfg, trainer.model_dir)
+    if train:
+        config_lib.save_params(task.cfg, trainer.model_dir)
     distribution.set_intra_op_threads(trainer.intra_op_threads)  # before the strategy's first op
     strategy = strategy or distribution.make_strategy(trainer.strategy)
     # The tokenizer's lookup tables: after the strategy (MultiWorkerMirroredStrategy must precede every op),
@@ -53,7 +56,7 @@ def run_experiment(task: base_task.Task, strategy: tf.distribute.Strategy | None
         task.initialize(model, loop)
         all_hooks = (*task.train_hooks(model, loop), *_train_and_eval(task, model, loop), *hooks)
         iterators: dict[tuple, Iterator] = {}
-        for phase in task.phases(loop.step):
+        for phase in task.phases(loop.step) if train else ():
             if loop.step >= (phase.until_step if phase.until_step is not None else trainer.steps):
                 continue  # nothing left of this phase (e.g. the whole run frozen): no input pipeline, no trace
             if phase.name != "train":

@@ -98,6 +98,28 @@ class TrainingLoop:
         step = getattr(self, "_train_step", None)
         return step.experimental_get_tracing_count() if step is not None else 0
 
+    def _stop_reason(self, stop: _StopOnSigterm, run_start: float) -> str | None:
+        """Why the run stops before its next step (``SIGTERM``, ``max_minutes``), or None."""
+        if stop.requested:
+            logger.info("\nstopping at step %d: SIGTERM", self.step)
+            return "SIGTERM"
+        if self.cfg.max_minutes > 0 and time.time() - run_start > 60.0 * self.cfg.max_minutes:
+            logger.info("\nstopping at step %d: trainer.max_minutes=%g reached", self.step, self.cfg.max_minutes)
+            return "max_minutes"
+        return None
+
+    def _window_logs(self, sums: dict[str, float], steps: int, input_wait: float, seconds: float) -> dict[str, float]:
+        """The scalars of one summary: means over the ``steps`` since the last summary (not the last, noisy step
+        alone) and the throughput over its ``seconds``, of which ``input_wait`` went waiting for input."""
+        elapsed = max(seconds, 1e-9)
+        logs = {key: value / steps for key, value in sums.items()}
+        logs["examples_per_second"] = steps * self.global_batch_size / elapsed
+        logs["steps_per_second"] = steps / elapsed
+        logs["input_wait_fraction"] = min(input_wait / elapsed, 1.0)
+        if "tokens" in sums:  # a task's per-replica token count (a mean over replicas) -> throughput
+            logs["tokens_per_second"] = sums["tokens"] * self.strategy.num_replicas_in_sync / elapsed
+        return logs
+
     def run(self, dataset: tf.data.Dataset | Iterable, step_fn: StepFn, hooks: Iterable[Hook] = (),
             distribute_dataset: bool = True, until_step: int | None = None) -> dict[str, float]:
         """Trains until ``trainer.steps`` (or ``until_step``, if smaller); returns the last step's logs (floats).
@@ -127,13 +149,8 @@ class TrainingLoop:
         stop = _StopOnSigterm()
         self.stopped_by = None
         while self.step < total:
-            if stop.requested:
-                logger.info("\nstopping at step %d: SIGTERM", self.step)
-                self.stopped_by = "SIGTERM"
-                break
-            if self.cfg.max_minutes > 0 and time.time() - run_start > 60.0 * self.cfg.max_minutes:
-                logger.info("\nstopping at step %d: trainer.max_minutes=%g reached", self.step, self.cfg.max_minutes)
-                self.stopped_by = "max_minutes"
+            self.stopped_by = self._stop_reason(stop, run_start)
+            if self.stopped_by:
                 break
             waited = time.perf_counter()
             try:
@@ -151,15 +168,7 @@ class TrainingLoop:
                 window_sums[key] = window_sums.get(key, 0.0) + value
             bar.update(1)
             if step % self.cfg.summary_every_steps == 0 or step == self.cfg.steps:
-                elapsed = max(time.time() - window_start, 1e-9)
-                # Scalars are means over the steps since the last summary, not the last (noisy) step alone.
-                last = {key: value / window_steps for key, value in window_sums.items()}
-                last["examples_per_second"] = window_steps * self.global_batch_size / elapsed
-                last["steps_per_second"] = window_steps / elapsed
-                last["input_wait_fraction"] = min(window_wait / elapsed, 1.0)
-                if "tokens" in window_sums:  # a task's per-replica token count (a mean over replicas) -> throughput
-                    last["tokens_per_second"] = (window_sums["tokens"] * self.strategy.num_replicas_in_sync
-                                                 / elapsed)
+                last = self._window_logs(window_sums, window_steps, window_wait, time.time() - window_start)
                 self._write_summaries(step, last)
                 bar.set_postfix({k: f"{v:.4g}" for k, v in last.items() if k in self.progress_keys})
                 window_start, window_steps, window_wait, window_sums = time.time(), 0, 0.0, {}
@@ -168,11 +177,15 @@ class TrainingLoop:
             self.manager.save(checkpoint_number=self.global_step)  # no-op between checkpoint intervals
         bar.close()
         stop.restore()
+        self._save_last_step()
+        return last
+
+    def _save_last_step(self) -> None:
+        """A checkpoint of the step the run stopped at (between checkpoint intervals too), summaries flushed."""
         latest = self.manager.latest_checkpoint
         if not latest or not latest.endswith(f"-{self.step}"):
             self.manager.save(checkpoint_number=self.global_step, check_interval=False)
         self.writer.flush()
-        return last
 
     def _write_summaries(self, step: int, logs: Mapping[str, float]) -> None:
         with self.writer.as_default(step=step):

@@ -285,74 +285,14 @@ class RuleBasedSpanAnnotator(salient_span_annotator.SalientSpanAnnotator):
     def _entities(self, text: str, tokens: list[tuple[int, int, str]], in_date: list[bool],
                   sentence_initial: list[bool]) -> list[salient_span.SalientSpan]:
         capitalised = [_is_capitalised(tok[2]) and not in_date[i] for i, tok in enumerate(tokens)]
-        # Document evidence: forms capitalised mid-sentence, forms seen lower-case.
-        capitalised_inside: set[str] = set()
-        lower_seen: set[str] = set()
-        for i, (_, _, word) in enumerate(tokens):
-            if capitalised[i] and not sentence_initial[i]:
-                capitalised_inside.add(word.lower())
-            elif word[:1].islower():
-                lower_seen.add(word)
-        name_start = [False] * len(tokens)
-        for i, (_, _, word) in enumerate(tokens):
-            if not capitalised[i] or word == "I":
-                continue
-            if word in _HONORIFICS:
-                name_start[i] = i + 1 < len(tokens) and capitalised[i + 1]
-                continue
-            if _is_function_word(word):
-                # "The Beatles" mid-sentence; a sentence-initial "The" is never part of a name.
-                name_start[i] = (not sentence_initial[i] and i + 1 < len(tokens) and capitalised[i + 1]
-                                 and not _is_function_word(tokens[i + 1][2]))
-                continue
-            lower = word.lower()
-            if not sentence_initial[i]:
-                name_start[i] = True
-            elif lower in capitalised_inside:
-                name_start[i] = True
-            elif lower in lower_seen:
-                name_start[i] = False
-            else:
-                # "Paracelsus (1493–1541) developed ...": a parenthesis after the subject of a
-                # Wikipedia lead sentence.
-                name_start[i] = (_followed_by_name(tokens, capitalised, i + 1)
-                                 or _looks_like_name(word)
-                                 or (i + 1 < len(tokens) and tokens[i + 1][2] == "("))
-
+        name_start = _name_starts(tokens, capitalised, sentence_initial)
         spans = []
         i = 0
-        n = len(tokens)
-        while i < n:
+        while i < len(tokens):
             if not name_start[i]:
                 i += 1
                 continue
-            j = i + 1  # Exclusive end of the run.
-            while j < n and not sentence_initial[j]:
-                if tokens[j][0] - tokens[j - 1][1] > 1 and "\n" in text[tokens[j - 1][1]:tokens[j][0]]:
-                    break
-                if capitalised[j]:
-                    j += 1
-                    continue
-                if tokens[j][2] == "I":
-                    j += 1  # "World War I".
-                    continue
-                if (_SHORT_NUMBER.fullmatch(tokens[j][2]) and not in_date[j]
-                        and (j + 1 == n or not (capitalised[j + 1] or tokens[j + 1][2][0].isdigit()))):
-                    j += 1  # "Apollo 11", "San Francisco 49ers"; not "Warriors 4 Cavaliers 1".
-                    continue
-                if (tokens[j][2] == "-" and j + 1 < n and capitalised[j + 1] and not in_date[j + 1]
-                        and not _is_function_word(tokens[j + 1][2])):
-                    j += 2  # Whitespace-tokenised hyphenated names: "Daniel Day - Lewis".
-                    continue
-                k = j
-                while (k < n and k - j < 3 and tokens[k][2].lower() in _CONNECTOR_CONTINUATIONS
-                       and (k > j or tokens[k][2].lower() in _CONNECTORS)):
-                    k += 1
-                if (k > j and k < n and capitalised[k] and not _is_function_word(tokens[k][2])
-                        and _joins(tokens, i, j)):
-                    j = k + 1
-                    continue
-                break
+            j = _name_end(text, tokens, i, capitalised, in_date, sentence_initial)
             run = _trim_run(tokens, i, j)
             if run is not None:
                 a, b = run
@@ -483,3 +423,77 @@ def _add_without_overlap(spans: list[salient_span.SalientSpan],
             kept.append(span)
     kept.sort(key=lambda s: (s.start, s.end))
     return kept
+
+
+def _name_starts(tokens: list[tuple[int, int, str]], capitalised: list[bool],
+                 sentence_initial: list[bool]) -> list[bool]:
+    """Which tokens start a name: capitalised ones, weighed against the document's own evidence (forms capitalised
+    mid-sentence, forms seen lower-case) when they open a sentence."""
+    capitalised_inside: set[str] = set()
+    lower_seen: set[str] = set()
+    for i, (_, _, word) in enumerate(tokens):
+        if capitalised[i] and not sentence_initial[i]:
+            capitalised_inside.add(word.lower())
+        elif word[:1].islower():
+            lower_seen.add(word)
+    name_start = [False] * len(tokens)
+    for i, (_, _, word) in enumerate(tokens):
+        if not capitalised[i] or word == "I":
+            continue
+        if word in _HONORIFICS:
+            name_start[i] = i + 1 < len(tokens) and capitalised[i + 1]
+            continue
+        if _is_function_word(word):
+            # "The Beatles" mid-sentence; a sentence-initial "The" is never part of a name.
+            name_start[i] = (not sentence_initial[i] and i + 1 < len(tokens) and capitalised[i + 1]
+                             and not _is_function_word(tokens[i + 1][2]))
+            continue
+        lower = word.lower()
+        if not sentence_initial[i]:
+            name_start[i] = True
+        elif lower in capitalised_inside:
+            name_start[i] = True
+        elif lower in lower_seen:
+            name_start[i] = False
+        else:
+            # "Paracelsus (1493–1541) developed ...": a parenthesis after the subject of a
+            # Wikipedia lead sentence.
+            name_start[i] = (_followed_by_name(tokens, capitalised, i + 1)
+                             or _looks_like_name(word)
+                             or (i + 1 < len(tokens) and tokens[i + 1][2] == "("))
+    return name_start
+
+
+def _name_end(text: str, tokens: list[tuple[int, int, str]], i: int, capitalised: list[bool],
+              in_date: list[bool], sentence_initial: list[bool]) -> int:
+    """The exclusive end of the name that starts at token ``i``: it runs over capitalised tokens, "I", short
+    numbers, hyphens and connectors ("of", "the") between capitalised words, up to a sentence or a line."""
+    n = len(tokens)
+    j = i + 1
+    while j < n and not sentence_initial[j]:
+        if tokens[j][0] - tokens[j - 1][1] > 1 and "\n" in text[tokens[j - 1][1]:tokens[j][0]]:
+            break
+        if capitalised[j]:
+            j += 1
+            continue
+        if tokens[j][2] == "I":
+            j += 1  # "World War I".
+            continue
+        if (_SHORT_NUMBER.fullmatch(tokens[j][2]) and not in_date[j]
+                and (j + 1 == n or not (capitalised[j + 1] or tokens[j + 1][2][0].isdigit()))):
+            j += 1  # "Apollo 11", "San Francisco 49ers"; not "Warriors 4 Cavaliers 1".
+            continue
+        if (tokens[j][2] == "-" and j + 1 < n and capitalised[j + 1] and not in_date[j + 1]
+                and not _is_function_word(tokens[j + 1][2])):
+            j += 2  # Whitespace-tokenised hyphenated names: "Daniel Day - Lewis".
+            continue
+        k = j
+        while (k < n and k - j < 3 and tokens[k][2].lower() in _CONNECTOR_CONTINUATIONS
+               and (k > j or tokens[k][2].lower() in _CONNECTORS)):
+            k += 1
+        if (k > j and k < n and capitalised[k] and not _is_function_word(tokens[k][2])
+                and _joins(tokens, i, j)):
+            j = k + 1
+            continue
+        break
+    return j

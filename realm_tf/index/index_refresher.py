@@ -5,8 +5,10 @@
      builder job, which uses the parameters sent by the trainer to embed and index all documents."
 
 :class:`IndexRefresher` watches ``refresh.export_dir``. Whenever a complete export is newer than the newest
-published index version, it runs ``beam_jobs/embed_blocks`` on it (the DirectRunner locally, or any Beam
-runner through ``refresh.beam_options``), which publishes ``index_dir/<export step>/`` atomically. When it
+published index version, it runs the index builder it was given on it (``beam_jobs/embed_blocks``: the DirectRunner
+locally, or any Beam runner through ``refresh.beam_options``), which publishes ``index_dir/<export step>/``
+atomically. The builder is passed in by the entry point that composes the two (``realm-tf refresh-index``,
+``realm-tf pretrain``), so the index package does not depend on the Beam jobs that sit above it. When it
 falls behind it skips to the newest export. A failed run is logged and counted and that export is not
 retried; the previous index version stays in service. It runs as ``realm-tf refresh-index --watch``, as a
 child process of the trainer, or as a thread inside it (``refresh.mode``).
@@ -17,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from typing import Sequence
+from typing import Any, Protocol, Sequence
 
 from realm_tf import artifacts
 from realm_tf import config as config_lib
@@ -26,11 +28,20 @@ from realm_tf.index import index_publisher
 logger = logging.getLogger(__name__)
 
 
+class IndexBuilder(Protocol):
+    """Embeds every block with the retriever export ``export_path`` and publishes ``<index_dir>/<export step>/``
+    (``beam_jobs.embed_blocks.embed_and_publish``); raises ``IndexVersionExistsError`` when that version exists."""
+
+    def __call__(self, cfg: config_lib.ExperimentConfig, export_path: str, index_dir: str | None = None, *,
+                 beam_args: Sequence[str] = (), pause_before_commit: float = 0.0) -> Any: ...
+
+
 class IndexRefresher:
-    """Runs embed_blocks on each new retriever export.
+    """Runs the index builder on each new retriever export.
 
     Args:
       config_path: the experiment config file (the trainer passes its ``params.yaml``).
+      build_index: the index builder (``beam_jobs.embed_blocks.embed_and_publish``).
       overrides: dotted overrides applied on top of it.
       export_dir: exports to watch (default ``refresh.export_dir``).
       index_dir: where versions are published (default ``index.index_dir``).
@@ -38,10 +49,11 @@ class IndexRefresher:
       pause_before_commit: passed to embed_blocks (fault-injection tests only).
     """
 
-    def __init__(self, config_path: str, overrides: Sequence[str] = (), export_dir: str | None = None,
-                 index_dir: str | None = None, beam_args: Sequence[str] | None = None,
+    def __init__(self, config_path: str, build_index: IndexBuilder, overrides: Sequence[str] = (),
+                 export_dir: str | None = None, index_dir: str | None = None, beam_args: Sequence[str] | None = None,
                  pause_before_commit: float = 0.0) -> None:
         self.config_path = config_path
+        self.build_index = build_index
         self.overrides = list(overrides)
         self.cfg = cfg = config_lib.load_config(config_path, overrides)
         self.export_dir = export_dir or cfg.refresh.export_dir
@@ -70,14 +82,12 @@ class IndexRefresher:
         step = self.pending_export()
         if step is None:
             return None
-        from beam_jobs import embed_blocks  # pylint: disable=import-outside-toplevel  (Beam only when needed)
-
         export_path = os.path.join(self.export_dir, str(step))
         start = time.time()
         logger.info("refresh-index: building index version %d from %s", step, export_path)
         try:
-            embed_blocks.embed_and_publish(self.cfg, export_path, self.index_dir, beam_args=self.beam_args,
-                                           pause_before_commit=self.pause_before_commit)
+            self.build_index(self.cfg, export_path, self.index_dir, beam_args=self.beam_args,
+                             pause_before_commit=self.pause_before_commit)
         except index_publisher.IndexVersionExistsError:
             return None  # another builder published it meanwhile
         except Exception as e:  # pylint: disable=broad-except  # keep watching; the old index stays in service

@@ -29,11 +29,20 @@ class RefreshSupervisor:
 
     ``process``: ``realm-tf refresh-index --watch`` as a child process (log in ``<model_dir>/refresh-index.log``);
     ``thread``: an :class:`IndexRefresher` on a thread of the trainer; ``external``: nothing (your own job).
+
+    Args:
+      cfg: the trainer's config.
+      params_path: its ``params.yaml``, which the index builder reads.
+      build_index: the index builder to run in this process (the first version, and ``thread`` mode). Without
+        one, the first version is built by ``realm-tf refresh-index`` in a child process, and ``thread`` mode is
+        refused.
     """
 
-    def __init__(self, cfg: config_lib.ExperimentConfig, params_path: str):
+    def __init__(self, cfg: config_lib.ExperimentConfig, params_path: str,
+                 build_index: index_refresher.IndexBuilder | None = None):
         self.cfg = cfg
         self.params_path = params_path
+        self.build_index = build_index
         self.refresher: index_refresher.IndexRefresher | None = None
         self.process: subprocess.Popen | None = None
 
@@ -45,22 +54,37 @@ class RefreshSupervisor:
         logger.info("no index in %s: exporting the retriever at step %d and embedding the corpus for the first "
                     "index version", self.cfg.index.index_dir, step)
         export()
-        refresher = index_refresher.IndexRefresher(self.params_path)
-        if refresher.refresh_once() is None:
-            raise errors.UserError(f"{self.cfg.index.index_dir}: could not build the first index: "
-                                   f"{refresher.failed or 'no export'}")
+        if self.build_index is None:
+            done = subprocess.run([*self._refresh_index_command(), "--config", self.params_path], check=False,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            failure = f"realm-tf refresh-index exited with {done.returncode}: {done.stdout[-2000:]}"
+            built = done.returncode == 0 and index_publisher.complete_versions(self.cfg.index.index_dir)
+        else:
+            refresher = index_refresher.IndexRefresher(self.params_path, self.build_index)
+            built = refresher.refresh_once() is not None
+            failure = str(refresher.failed or "no export")
+        if not built:
+            raise errors.UserError(f"{self.cfg.index.index_dir}: could not build the first index: {failure}")
+
+    @staticmethod
+    def _refresh_index_command() -> list[str]:
+        return [sys.executable, "-m", "realm_tf.cli", "refresh-index"]
 
     def start(self) -> None:
         mode = self.cfg.refresh.mode
         if self.cfg.refresh.export_every_steps <= 0 or mode == "external":
             return
         if mode == "thread":
-            self.refresher = index_refresher.IndexRefresher(self.params_path)
+            if self.build_index is None:
+                raise config_lib.ConfigError("refresh.mode=thread runs the index builder inside the trainer, which "
+                                             "was given none: use refresh.mode=process, or pass the builder "
+                                             "(realm-tf pretrain passes beam_jobs.embed_blocks)")
+            self.refresher = index_refresher.IndexRefresher(self.params_path, self.build_index)
             self.refresher.start_thread()
         else:
             log = open(os.path.join(self.cfg.trainer.model_dir, "refresh-index.log"), "ab")  # pylint: disable=consider-using-with
             self.process = subprocess.Popen(  # pylint: disable=consider-using-with
-                [sys.executable, "-m", "realm_tf.cli", "refresh-index", "--config", self.params_path, "--watch"],
+                [*self._refresh_index_command(), "--config", self.params_path, "--watch"],
                 stdout=log, stderr=subprocess.STDOUT)
             log.close()
             logger.info("index builder running as process %d (log: %s/refresh-index.log)", self.process.pid,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -78,6 +78,22 @@ class SearchTuner:
         self.k = int(k)
         self.seed = int(seed)
 
+    def _fewest_leaves(self, recall: Callable[[int, int], float], grid: Sequence[int], depths: Sequence[int]) -> None:
+        """For each re-ordering depth, the fewest leaves of ``grid`` whose recall reaches the target, found by
+        bisection (recall grows with the leaves searched); ``recall(leaves, depth)`` measures and remembers."""
+        reaches_target = False  # recall grows with the re-ordering depth: once every leaf reaches it, all deeper do
+        for reorder in depths:
+            if not reaches_target and recall(grid[-1], reorder) < self.target_recall:
+                continue  # this depth cannot reach the target even searching every leaf
+            reaches_target = True
+            low, high = 0, len(grid) - 1
+            while low < high:
+                middle = (low + high) // 2
+                if recall(grid[middle], reorder) >= self.target_recall:
+                    high = middle
+                else:
+                    low = middle + 1
+
     def tune(self, searcher: Any, brute_force: Any, embeddings: np.ndarray, num_leaves: int) -> dict[str, Any]:
         """Measures ``searcher`` (tree + AH + re-ordering) and ``brute_force`` (ScaNN's exact scorer), both
         ``scann_ops_pybind`` searchers over ``embeddings`` ``[num_blocks, dim]``; returns the choice:
@@ -100,19 +116,8 @@ class SearchTuner:
                 recalls[(leaves, reorder)] = recall_at_k(np.asarray(rows), exact)
             return recalls[(leaves, reorder)]
 
-        grid = _leaf_grid(num_leaves)
-        reaches_target = False  # recall grows with the re-ordering depth: once every leaf reaches it, all deeper do
-        for reorder in sorted({min(num_blocks, max(k, m * k)) for m in REORDER_MULTIPLES}):
-            if not reaches_target and recall(grid[-1], reorder) < self.target_recall:
-                continue  # this depth cannot reach the target even searching every leaf
-            reaches_target = True
-            low, high = 0, len(grid) - 1  # the fewest leaves reaching the target: recall grows with leaves
-            while low < high:
-                middle = (low + high) // 2
-                if recall(grid[middle], reorder) >= self.target_recall:
-                    high = middle
-                else:
-                    low = middle + 1
+        self._fewest_leaves(recall, _leaf_grid(num_leaves),
+                            sorted({min(num_blocks, max(k, m * k)) for m in REORDER_MULTIPLES}))
         # Only the settings that reached the target are timed (more leaves can be faster with a shallower
         # re-ordering, so each of them is a candidate); the fastest wins.
         measured: dict[tuple[int, int], tuple[float, float]] = {}

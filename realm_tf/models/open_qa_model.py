@@ -82,6 +82,28 @@ class OpenQaModel(tf_keras.Model):
         scores, block_ids = self.corpus.search(query, k)  # [batch, k] each
         return query, scores, block_ids
 
+    def _answer_shaped(self, read: dict[str, tf.Tensor], word_ids: tf.Tensor) -> tf.Tensor:
+        """[batch, k, num_spans] bool: spans that could be an answer. A span may not cross the [SEP] between title
+        and body, and an answer is whole words: a span may not start on a "##" piece nor stop before one (the
+        training targets never do, so without this a prediction can cut a word, "Kirk Kerk" for "Kirk Kerkorian").
+
+        Args:
+          read: the span reader's outputs (``span_starts``/``span_ends``: [1, 1, num_spans]).
+          word_ids: [batch, k, len] the reader's input wordpieces.
+        """
+        is_sep = tf.cast(tf.equal(word_ids, self.tokenizer.sep_id), tf.int32)  # [batch, k, len]
+        seps_before = tf.cumsum(is_sep, axis=-1)  # [batch, k, len]: [SEP]s at or before each position
+        length = tf.shape(is_sep)[-1]
+        starts = tf.minimum(read["span_starts"][0, 0], length - 1)  # [num_spans]
+        ends = tf.minimum(read["span_ends"][0, 0], length - 1)  # [num_spans]
+        # [SEP]s within [start, end]: inclusive count at the end minus the count strictly before the start.
+        seps_inside = (tf.gather(seps_before, ends, axis=-1) - tf.gather(seps_before, starts, axis=-1)
+                       + tf.gather(is_sep, starts, axis=-1))  # [batch, k, num_spans]
+        piece = tf.gather(self._continuation, word_ids)  # [batch, k, len]
+        next_piece = tf.concat([piece[..., 1:], tf.zeros_like(piece[..., :1])], axis=-1)  # [batch, k, len]
+        whole_words = ~tf.gather(piece, starts, axis=-1) & ~tf.gather(next_piece, ends, axis=-1)  # [b, k, spans]
+        return tf.equal(seps_inside, 0) & whole_words
+
     def call(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> dict[str, tf.Tensor]:
         question = {k: inputs["question_" + k] for k in bert_encoder.INPUT_KEYS}  # each [batch, q_len]
         given = inputs.get("block_ids")
@@ -116,21 +138,7 @@ class OpenQaModel(tf_keras.Model):
             reader_inputs = length_buckets.pad_to_multiple(reader_inputs, self.reader_seq_length)
         reader_inputs = {key: tf.reshape(v, [batch, k, -1]) for key, v in reader_inputs.items()}  # [b, k, len]
         read = self.reader(reader_inputs, training=training)
-        # A span may not cross the [SEP] between title and body.
-        is_sep = tf.cast(tf.equal(reader_inputs["input_word_ids"], self.tokenizer.sep_id), tf.int32)  # [b, k, len]
-        seps_before = tf.cumsum(is_sep, axis=-1)  # [batch, k, len]: [SEP]s at or before each position
-        length = tf.shape(is_sep)[-1]
-        starts = tf.minimum(read["span_starts"][0, 0], length - 1)  # [num_spans]
-        ends = tf.minimum(read["span_ends"][0, 0], length - 1)  # [num_spans]
-        # [SEP]s within [start, end]: inclusive count at the end minus the count strictly before the start.
-        seps_inside = (tf.gather(seps_before, ends, axis=-1) - tf.gather(seps_before, starts, axis=-1)
-                       + tf.gather(is_sep, starts, axis=-1))  # [batch, k, num_spans]
-        # An answer is whole words: a span may not start on a "##" piece nor stop before one (the training
-        # targets never do, so without this a prediction can cut a word, "Kirk Kerk" for "Kirk Kerkorian").
-        piece = tf.gather(self._continuation, reader_inputs["input_word_ids"])  # [batch, k, len]
-        next_piece = tf.concat([piece[..., 1:], tf.zeros_like(piece[..., :1])], axis=-1)  # [batch, k, len]
-        whole_words = ~tf.gather(piece, starts, axis=-1) & ~tf.gather(next_piece, ends, axis=-1)  # [b, k, spans]
-        mask = read["span_mask"] & tf.equal(seps_inside, 0) & whole_words  # [batch, k, num_spans]
+        mask = read["span_mask"] & self._answer_shaped(read, reader_inputs["input_word_ids"])  # [b, k, spans]
         logits = tf.where(mask, read["span_logits"], span_reader.MASKED_SPAN_LOGIT)  # [batch, k, num_spans]
         return {
             "block_ids": block_ids,  # [batch, k]

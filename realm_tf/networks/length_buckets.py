@@ -107,7 +107,20 @@ def encode(encoder: tf_keras.layers.Layer, inputs: dict[str, tf.Tensor], num_buc
     rows = tf.shape(lengths)[0]
     order = tf.argsort(lengths, stable=True)  # [rows]: shortest first
     size = (rows + num_buckets - 1) // num_buckets
-    hidden = encoder_config["hidden_size"]
+    sequences, pooled = _encode_groups(forward, flat, lengths, order, size, num_buckets,
+                                       encoder_config["hidden_size"])
+    restore = tf.math.invert_permutation(order)  # [rows]: from length order back to the input's
+    return {"sequence_output": tf.gather(tf.concat(sequences, axis=0), restore),  # [rows, seq_len, hidden]
+            "pooled_output": tf.gather(tf.concat(pooled, axis=0), restore)}  # [rows, hidden]
+
+
+def _encode_groups(forward: Callable[[dict[str, tf.Tensor], tf.Tensor], dict[str, tf.Tensor]],
+                   flat: dict[str, tf.Tensor], lengths: tf.Tensor, order: tf.Tensor, size: tf.Tensor,
+                   num_buckets: int, hidden: int) -> tuple[list[tf.Tensor], list[tf.Tensor]]:
+    """Each group of ``size`` rows of ``order`` (shortest first) read by ``forward`` cut to its longest row; the
+    sequence outputs ``[group_rows, seq_len, hidden]`` padded back to ``seq_len`` and the pooled outputs
+    ``[group_rows, hidden]``, in length order (an empty group past the end reads nothing)."""
+    seq_len = tf.shape(flat["input_word_ids"])[1]
     sequences, pooled = [], []
     for group in range(num_buckets):
         members = order[group * size:(group + 1) * size]  # [group_rows] (empty past the end)
@@ -126,9 +139,7 @@ def encode(encoder: tf_keras.layers.Layer, inputs: dict[str, tf.Tensor], num_buc
         sequence, pool = tf.cond(tf.size(members) > 0, read, nothing)
         sequences.append(sequence)
         pooled.append(pool)
-    restore = tf.math.invert_permutation(order)  # [rows]: from length order back to the input's
-    return {"sequence_output": tf.gather(tf.concat(sequences, axis=0), restore),  # [rows, seq_len, hidden]
-            "pooled_output": tf.gather(tf.concat(pooled, axis=0), restore)}  # [rows, hidden]
+    return sequences, pooled
 
 
 def rounded_length(length: tf.Tensor, limit: int | tf.Tensor) -> tf.Tensor:

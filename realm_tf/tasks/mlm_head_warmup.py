@@ -96,6 +96,21 @@ def collect(model: knowledge_augmented_encoder.KnowledgeAugmentedEncoder, blocks
                       np.asarray(kinds, np.int32))
 
 
+def _probe(head: tf_keras.layers.Layer, hidden_size: int) -> tuple[tf_keras.layers.Layer, list[tf.Variable]]:
+    """A copy of the MLM ``head`` outside any distribution strategy, sharing its tied embedding as a constant, and
+    the head's own variables (all but the embedding) in the copy's order."""
+    table = head.embedding_table
+    head_vars = [v for v in head.weights if v is not table]
+    probe = type(head)(embedding_table=tf.convert_to_tensor(table), activation="gelu", name="probe")
+    probe(tf.zeros([1, 1, hidden_size]), masked_positions=tf.zeros([1, 1], tf.int32))
+    if [v.shape for v in probe.weights] != [v.shape for v in head_vars]:
+        raise ValueError(f"MLM head warm-up: the probe's weights {[v.name for v in probe.weights]} do not match "
+                         f"the head's {[v.name for v in head_vars]}")
+    for mine, theirs in zip(probe.weights, head_vars):
+        mine.assign(theirs)
+    return probe, head_vars
+
+
 def warm_up_mlm_head(model: knowledge_augmented_encoder.KnowledgeAugmentedEncoder,
                      blocks: block_store_lib.BlockStore, tokenizer: bert_tokenizer.BertTokenizer, num_blocks: int,
                      epochs: int = 8, learning_rate: float = 1e-3, heldout_fraction: float = 0.1,
@@ -108,17 +123,7 @@ def warm_up_mlm_head(model: knowledge_augmented_encoder.KnowledgeAugmentedEncode
     """
     start = time.time()
     data = collect(model, blocks, tokenizer, num_blocks, seed=seed)
-    head = model.masked_lm
-    table = head.embedding_table
-    head_vars = [v for v in head.weights if v is not table]
-    probe = type(head)(embedding_table=tf.convert_to_tensor(table), activation="gelu", name="probe")
-    probe(tf.zeros([1, 1, data.hidden.shape[1]]), masked_positions=tf.zeros([1, 1], tf.int32))
-    if [v.shape for v in probe.weights] != [v.shape for v in head_vars]:
-        raise ValueError(f"MLM head warm-up: the probe's weights {[v.name for v in probe.weights]} do not match "
-                         f"the head's {[v.name for v in head_vars]}")
-    for mine, theirs in zip(probe.weights, head_vars):
-        mine.assign(theirs)
-
+    probe, head_vars = _probe(model.masked_lm, data.hidden.shape[1])
     n = len(data.targets)
     order = np.random.default_rng(seed + 1).permutation(n)
     cut = max(1, int(heldout_fraction * n))

@@ -26,6 +26,7 @@ import tensorflow as tf
 import tf_keras
 
 from realm_tf import config as config_lib
+from realm_tf import errors
 from realm_tf.core import base_task
 from realm_tf.core import evaluation
 from realm_tf.core import experiment
@@ -36,6 +37,7 @@ from realm_tf.data import corpus_versions
 from realm_tf.data import example_schemas
 from realm_tf.export import retriever_export
 from realm_tf.index import index_publisher
+from realm_tf.index import index_refresher
 from realm_tf.index import refresh_supervisor
 from realm_tf.models import knowledge_augmented_encoder
 from realm_tf.models import knowledge_retriever
@@ -65,14 +67,20 @@ class RealmPretrainingTask(base_task.Task):
       eval_pattern: the shards whose held-out salient spans are scored (default: ``pretraining_pattern``). The
         held-out examples are chosen by their source block, so salient-span shards made from the same blocks
         score a run trained on another masking (``data.masking_strategy``) on blocks it never trained on.
+      index_builder: builds index versions in this process (``beam_jobs.embed_blocks.embed_and_publish``): the
+        first one when ``index.index_dir`` has none, and the refreshes in ``refresh.mode=thread``. Without it the
+        first version is built by ``realm-tf refresh-index`` in a child process (see
+        :class:`~realm_tf.index.refresh_supervisor.RefreshSupervisor`).
     """
 
     trainer_section = "trainer"
     best_metric = ("mlm_accuracy", "max")  # train-and-eval (trainer.eval_every_steps): the held-out MLM accuracy
 
     def __init__(self, cfg: config_lib.ExperimentConfig, pretraining_pattern: str | None = None,
-                 evaluate: bool = True, eval_pattern: str | None = None):
+                 evaluate: bool = True, eval_pattern: str | None = None,
+                 index_builder: index_refresher.IndexBuilder | None = None):
         super().__init__(cfg)
+        self.index_builder = index_builder
         trainer = cfg.trainer
         if trainer.strategy == "multi_worker" and trainer.max_minutes > 0:
             raise config_lib.ConfigError("trainer.max_minutes needs a single-worker strategy: each worker would stop "
@@ -186,7 +194,7 @@ class RealmPretrainingTask(base_task.Task):
                 for key, value in warmup.items():
                     tf.summary.scalar("mlm_head_warmup/" + key, value)
         params_path = os.path.join(cfg.trainer.model_dir, "params.yaml")
-        self.supervisor = refresh_supervisor.RefreshSupervisor(cfg, params_path)
+        self.supervisor = refresh_supervisor.RefreshSupervisor(cfg, params_path, self.index_builder)
         if self.chief:
             self.supervisor.bootstrap(
                 loop.step, lambda: retriever_export.export_retriever(model.retriever, cfg, loop.step, self.tokenizer))
@@ -377,13 +385,20 @@ def salient_heldout_predicate(fraction: float) -> Callable[[Mapping[str, tf.Tens
 
 
 def pretrain(cfg: config_lib.ExperimentConfig, pretraining_pattern: str | None = None,
-             evaluate: bool = True, eval_pattern: str | None = None) -> dict[str, Any]:
+             evaluate: bool = True, eval_pattern: str | None = None,
+             index_builder: index_refresher.IndexBuilder | None = None, train: bool = True) -> dict[str, Any]:
     """``realm-tf pretrain``: trains for ``trainer.steps`` (resuming from ``trainer.model_dir``).
+
+    With ``train=False`` (``--eval-only``) it scores the held-out salient spans of the latest checkpoint of
+    ``trainer.model_dir`` and trains nothing; there must be one.
 
     Returns the last training logs, the held-out evaluation (``eval/...``), the global step, and the index
     versions the input pipeline used.
     """
-    return experiment.run_experiment(RealmPretrainingTask(cfg, pretraining_pattern, evaluate, eval_pattern))
+    if not train and not tf.train.latest_checkpoint(os.path.join(cfg.trainer.model_dir, "checkpoints")):
+        raise errors.UserError(f"{cfg.trainer.model_dir}: no checkpoint to evaluate (trainer.model_dir names the run)")
+    return experiment.run_experiment(RealmPretrainingTask(cfg, pretraining_pattern, evaluate or not train,
+                                                          eval_pattern, index_builder), train=train)
 
 
 def format_result(result: Mapping[str, Any]) -> str:

@@ -194,15 +194,7 @@ class RetrievalAugmentedInput:
         trivial = 0 if keep_source is None else sum(
             int(np.sum(blocks.uids[row[row >= 0]] == uid))
             for row, uid, keep in zip(candidates, source_uids, keep_source) if keep)
-        titles, bodies, reader_docs = [], [], []
-        sep = np.asarray([self.tokenizer.sep_id], np.int32)
-        empty = np.zeros([0], np.int32)
-        for block_id in candidates.reshape(-1).tolist():
-            if block_id == candidate_selection.NULL_BLOCK:
-                titles.append(empty), bodies.append(empty), reader_docs.append(empty)
-                continue
-            title, body = blocks.title_ids(block_id), blocks.body_ids(block_id)
-            titles.append(title), bodies.append(body), reader_docs.append(np.concatenate([title, sep, body]))
+        titles, bodies, reader_docs = self._candidate_texts(blocks, candidates)
         batch = len(source_uids)
         with self._lock:
             self.stats.batches += 1
@@ -223,6 +215,21 @@ class RetrievalAugmentedInput:
             "index_export_step": np.full([batch], index_publisher.export_step(metadata), np.int64),
             "index_exported_at": np.full([batch], exported_at, np.float64),
         }
+
+    def _candidate_texts(self, blocks: block_store_lib.BlockStore, candidates: np.ndarray
+                         ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+        """The title, body and ``title [SEP] body`` wordpieces of each candidate of ``candidates`` ([batch, k]),
+        flattened to batch * k; the null document has none."""
+        titles, bodies, reader_docs = [], [], []
+        sep = np.asarray([self.tokenizer.sep_id], np.int32)
+        empty = np.zeros([0], np.int32)
+        for block_id in candidates.reshape(-1).tolist():
+            if block_id == candidate_selection.NULL_BLOCK:
+                titles.append(empty), bodies.append(empty), reader_docs.append(empty)
+                continue
+            title, body = blocks.title_ids(block_id), blocks.body_ids(block_id)
+            titles.append(title), bodies.append(body), reader_docs.append(np.concatenate([title, sep, body]))
+        return titles, bodies, reader_docs
 
     def pack(self, raw: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         """Packs one retrieved batch into model inputs (see the module docstring for the shapes)."""

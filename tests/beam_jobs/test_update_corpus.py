@@ -173,7 +173,7 @@ def test_two_updates_compose_and_the_loader_and_the_next_refresh_pick_them_up(wo
     # takes the version after the updates' (version 1 = step 1 is an update of step 0's export).
     retriever_export.export_retriever(knowledge_retriever.build_knowledge_retriever(cfg.model), cfg, 1)
     params = config.save_params(cfg, str(root))
-    refresher = index_refresher.IndexRefresher(params)
+    refresher = index_refresher.IndexRefresher(params, embed_blocks.embed_and_publish)
     assert refresher.pending_export() == 1
     assert refresher.refresh_once() == 1  # the export step it built
     meta = index_publisher.read_index_json(index_publisher.version_dir(f"{root}/index", 3))

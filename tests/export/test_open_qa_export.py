@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from beam_jobs import embed_blocks
 from realm_tf import artifacts
 from realm_tf import config
 from realm_tf import errors
@@ -38,7 +39,7 @@ def exported(tmp_path_factory, pretraining_workspace):
                                     "index.kind=scann", f"qa.retriever_checkpoint={root}/ict"])
     params = config.save_params(cfg, str(root))
     retriever_export.export_retriever(retriever, cfg, 0)
-    assert index_refresher.IndexRefresher(params).refresh_once() == 0
+    assert index_refresher.IndexRefresher(params, embed_blocks.embed_and_publish).refresh_once() == 0
     task, model, info = open_qa.load_for_serving(cfg, in_graph_scann=False)  # the Keras model, exact search
     assert info["searcher"] == "exact matmul" and not info["checkpoint"]
     # A fine-tuning checkpoint, so that the export (built anew) has the same weights as this Keras model.

@@ -1,16 +1,19 @@
 """IndexRefresher: indexes each new export (skipping to the newest when behind); a failing export is recorded,
 not retried, and the index in service is kept."""
+import dataclasses
 import gzip
 import itertools
 import os
 
 import pytest
 
+from beam_jobs import embed_blocks
 from realm_tf import cli
 from realm_tf import config
 from realm_tf.export import retriever_export
 from realm_tf.index import index_publisher
 from realm_tf.index import index_refresher
+from realm_tf.index import refresh_supervisor
 from realm_tf.models import knowledge_retriever
 
 TINY = "configs/tiny.yaml"
@@ -32,7 +35,7 @@ def setup(tmp_path):
 
 def test_indexes_new_exports_and_skips_to_the_newest(setup):
     cfg, params, model = setup
-    refresher = index_refresher.IndexRefresher(params)
+    refresher = index_refresher.IndexRefresher(params, embed_blocks.embed_and_publish)
     assert refresher.pending_export() is None and refresher.refresh_once() is None  # nothing exported yet
     retriever_export.export_retriever(model, cfg, 3)
     assert refresher.refresh_once() == 3
@@ -48,7 +51,7 @@ def test_indexes_new_exports_and_skips_to_the_newest(setup):
 
 def test_a_failing_export_is_recorded_not_retried(setup):
     cfg, params, model = setup
-    refresher = index_refresher.IndexRefresher(params)
+    refresher = index_refresher.IndexRefresher(params, embed_blocks.embed_and_publish)
     retriever_export.export_retriever(model, cfg, 2)
     assert refresher.refresh_once() == 2
     broken = retriever_export.export_retriever(model, cfg, 4)
@@ -63,13 +66,34 @@ def test_exports_backing_index_versions_are_not_pruned(setup):
     cfg, params, model = setup
     cfg = config.load_config(params, ["refresh.keep_exports=1"])
     retriever_export.export_retriever(model, cfg, 1)
-    index_refresher.IndexRefresher(params).refresh_once()
+    index_refresher.IndexRefresher(params, embed_blocks.embed_and_publish).refresh_once()
     for step in (2, 3):
         retriever_export.export_retriever(model, cfg, step)
     # Export 1 backs index version 1, which the trainer may still search; 2 and 3 are newer than every
     # published version, so an index builder may be embedding them: all kept.
     assert retriever_export.list_exports(cfg.refresh.export_dir) == [1, 2, 3]
-    assert index_refresher.IndexRefresher(params).refresh_once() == 3  # the builder skips to the newest
+    refresher = index_refresher.IndexRefresher(params, embed_blocks.embed_and_publish)
+    assert refresher.refresh_once() == 3  # the builder skips to the newest
     retriever_export.export_retriever(model, cfg, 4)
     # 2 is older than the newest published version: no builder will use it; 1 and 3 back index versions.
     assert retriever_export.list_exports(cfg.refresh.export_dir) == [1, 3, 4]
+
+
+def test_the_supervisor_without_a_builder_builds_the_first_index_in_a_child_process(setup):
+    cfg, params, model = setup
+    supervisor = refresh_supervisor.RefreshSupervisor(cfg, params)  # no builder: `realm-tf refresh-index` runs it
+    supervisor.bootstrap(0, lambda: retriever_export.export_retriever(model, cfg, 0))
+    assert index_publisher.complete_versions(cfg.index.index_dir) == [0]
+    supervisor.bootstrap(0, lambda: pytest.fail("an index exists: nothing is exported"))
+
+
+def test_the_supervisor_refuses_thread_mode_without_a_builder(setup):
+    cfg, params, _ = setup
+    threaded = dataclasses.replace(cfg, refresh=dataclasses.replace(cfg.refresh, mode="thread",
+                                                                    export_every_steps=1))
+    with pytest.raises(config.ConfigError, match="refresh.mode=thread"):
+        refresh_supervisor.RefreshSupervisor(threaded, params).start()
+    supervisor = refresh_supervisor.RefreshSupervisor(threaded, params, embed_blocks.embed_and_publish)
+    supervisor.start()
+    assert supervisor.refresher is not None and supervisor.refresher.build_index is embed_blocks.embed_and_publish
+    supervisor.stop()

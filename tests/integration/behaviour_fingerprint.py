@@ -64,6 +64,7 @@ def fingerprint(work: str, data: str | None = None) -> dict[str, Any]:
     ``data``: a directory whose ``blocks/`` and ``pretraining/`` are already ``preprocess`` and
     ``generate-pretraining-data`` of the same 80 passages on the tiny config (the tests' shared workspace); they
     are then hashed instead of being made a second time."""
+    from beam_jobs import embed_blocks  # pylint: disable=import-outside-toplevel
     from realm_tf import cli  # pylint: disable=import-outside-toplevel
     from realm_tf import config  # pylint: disable=import-outside-toplevel
     from realm_tf.tasks import open_qa  # pylint: disable=import-outside-toplevel
@@ -96,7 +97,8 @@ def fingerprint(work: str, data: str | None = None) -> dict[str, Any]:
                            "pretraining_sha256": _sha256_of(f"{data}/pretraining/pretraining-*")}
 
     tf_keras.utils.set_random_seed(0)
-    result = realm_pretraining.pretrain(cfg)  # exports the initial retriever, embeds every block, trains
+    # exports the initial retriever, embeds every block, trains
+    result = realm_pretraining.pretrain(cfg, index_builder=embed_blocks.embed_and_publish)
     embeddings = np.load(sorted(glob.glob(f"{work}/index/*/embeddings.npy"))[0])
     out["embeddings"] = {"shape": list(embeddings.shape), "abs_sum": float(np.abs(embeddings).sum()),
                          "first_row": [round(float(x), 5) for x in embeddings[0, :6]]}

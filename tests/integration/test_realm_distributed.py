@@ -21,6 +21,7 @@ import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 import tf_keras
+from beam_jobs import embed_blocks
 from realm_tf import config
 from realm_tf.data import block_store
 from realm_tf.index import index_loader
@@ -34,7 +35,7 @@ cfg = config.load_config("configs/tiny.yaml", sets + ["trainer.strategy=mirrored
                                                       "data.batch_size=4", "refresh.export_every_steps=0"])
 # 1. `realm-tf pretrain` itself under MirroredStrategy (2 replicas): bootstraps the index, trains, evaluates
 #    (exports during distributed training: test_multi_worker_mirrored_two_processes).
-result = realm_pretraining.pretrain(cfg)
+result = realm_pretraining.pretrain(cfg, index_builder=embed_blocks.embed_and_publish)
 mirrored = distribution.make_strategy("mirrored")
 assert mirrored.num_replicas_in_sync == 2, mirrored.num_replicas_in_sync
 

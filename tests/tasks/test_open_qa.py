@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from beam_jobs import embed_blocks
 from realm_tf import cli
 from realm_tf import config
 from realm_tf.core import precision
@@ -43,7 +44,7 @@ def qa(tmp_path_factory, pretraining_workspace):
     cfg = config.load_config(TINY, overrides + [f"qa.retriever_checkpoint={root}/ict"])
     params = config.save_params(cfg, str(root))
     retriever_export.export_retriever(retriever, cfg, 0)
-    assert index_refresher.IndexRefresher(params).refresh_once() == 0
+    assert index_refresher.IndexRefresher(params, embed_blocks.embed_and_publish).refresh_once() == 0
     task = open_qa.OpenQaTask(cfg)
     corpus, blocks, _ = open_qa.load_corpus(cfg, task.tokenizer)
     model = task.build_model(corpus)

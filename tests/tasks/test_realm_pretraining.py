@@ -1,4 +1,5 @@
 """REALM pre-training task: the retrieval input pipeline, the loss against numpy, one training step."""
+import dataclasses
 import os
 
 import numpy as np
@@ -6,7 +7,9 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from beam_jobs import embed_blocks
 from realm_tf import config
+from realm_tf import errors
 from realm_tf.core import base_task
 from realm_tf.core import precision
 from realm_tf.data import block_store
@@ -319,7 +322,8 @@ def test_staged_pretraining_warms_the_head_freezes_then_trains_the_retriever(tmp
     with tf.io.TFRecordWriter(str(tmp_path / "eval" / "pretraining-00000-of-00001.tfrecord")) as writer:
         for record in kept:
             writer.write(record)
-    result = realm_pretraining.pretrain(cfg, eval_pattern=str(tmp_path / "eval" / "pretraining-*"))
+    result = realm_pretraining.pretrain(cfg, eval_pattern=str(tmp_path / "eval" / "pretraining-*"),
+                                        index_builder=embed_blocks.embed_and_publish)
     assert result["step"] == 4
     assert result["eval"]["num_examples"] == len(kept)
     assert result["trivial_retrievals_kept"] >= 0 and result["index_versions"]
@@ -343,6 +347,17 @@ def test_staged_pretraining_warms_the_head_freezes_then_trains_the_retriever(tmp
     scalars = read_scalars(f"{cfg.trainer.model_dir}/train")
     assert scalars["mlm_head_warmup/positions"][0][1] > 0
     assert len(scalars["query_similarity"]) == 4
+
+    # --eval-only (``evaluate --experiment pretrain``): the latest checkpoint scored again; nothing trained or saved.
+    params = (tmp_path / "model" / "params.yaml").read_text()
+    checkpoints = sorted(os.listdir(f"{cfg.trainer.model_dir}/checkpoints"))
+    again = realm_pretraining.pretrain(cfg, eval_pattern=str(tmp_path / "eval" / "pretraining-*"), train=False)
+    assert again["step"] == 4 and sorted(os.listdir(f"{cfg.trainer.model_dir}/checkpoints")) == checkpoints
+    assert again["eval"] == pytest.approx(result["eval"], rel=1e-5)
+    assert (tmp_path / "model" / "params.yaml").read_text() == params
+    elsewhere = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, model_dir=str(tmp_path / "none")))
+    with pytest.raises(errors.UserError, match="no checkpoint to evaluate"):
+        realm_pretraining.pretrain(elsewhere, train=False)
 
 
 def test_span_in_candidates_against_the_blocks_themselves(setup):

@@ -24,7 +24,7 @@ import os
 import tempfile
 import time
 import uuid
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -36,7 +36,7 @@ from realm_tf.data import example_schemas
 from realm_tf.index import index_kinds
 from realm_tf.index import index_publisher
 from realm_tf.layers import bert_tokenizer
-from realm_tf.networks import realm_checkpoint_import
+from realm_tf.release import checkpoint_import
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +51,38 @@ ROWS_PER_READ = 65_536
 
 class CorpusImportError(errors.UserError, ValueError):
     """The released files do not fit together (counts, widths) or cannot be read; the message names them."""
+
+
+def _vocabulary(tokenizer: bert_tokenizer.BertTokenizer) -> dict[str, Any]:
+    """The manifest's record of the vocabulary the blocks were tokenized with."""
+    config = tokenizer.get_config()
+    return {"vocab_file": config["vocab_file"], "vocab_hash": tokenizer.vocab_hash, "lower_case": config["lower_case"]}
+
+
+def _name_shards(directory: str, shards: Sequence[str]) -> list[str]:
+    """Renames the hidden shards written in ``directory`` to their final ``blocks-i-of-n.tfrecord`` names."""
+    names = [f"{BLOCKS_PREFIX}-{i:05d}-of-{len(shards):05d}.tfrecord" for i in range(len(shards))]
+    for shard, name in zip(shards, names):
+        tf.io.gfile.rename(shard, os.path.join(directory, name))
+    return names
+
+
+def _earlier_import(final: str, blocks_path: str, titles_path: str | None, vocab_hash: str) -> dict[str, Any] | None:
+    """The manifest of ``final`` when an earlier run imported the same files with the same vocabulary; None when
+    ``final`` holds no complete blocks.
+
+    Raises:
+      CorpusImportError: ``final`` holds other blocks.
+    """
+    if not artifacts.is_complete(final, artifacts.JOB_MANIFEST):
+        return None
+    manifest = artifacts.read_marker(final, artifacts.JOB_MANIFEST, "blocks directory")
+    same = (manifest.get("source_blocks"), manifest.get("source_titles"), manifest.get("vocab_hash"))
+    if same == (blocks_path, titles_path, vocab_hash):
+        logger.info("%s: already holds the blocks of %s; kept", final, blocks_path)
+        return manifest
+    raise CorpusImportError(f"{final}: already holds other blocks (of {manifest.get('source_blocks')}); choose "
+                            "another directory or delete it")
 
 
 def import_blocks(blocks_path: str, blocks_dir: str, tokenizer: bert_tokenizer.BertTokenizer,
@@ -73,14 +105,9 @@ def import_blocks(blocks_path: str, blocks_dir: str, tokenizer: bert_tokenizer.B
     start = time.time()
     tokenize = tf.function(lambda text: tokenizer(text), reduce_retracing=True)
     final = blocks_dir.rstrip("/")
-    if artifacts.is_complete(final, artifacts.JOB_MANIFEST):
-        manifest = artifacts.read_marker(final, artifacts.JOB_MANIFEST, "blocks directory")
-        same = (manifest.get("source_blocks"), manifest.get("source_titles"), manifest.get("vocab_hash"))
-        if same == (blocks_path, titles_path, tokenizer.vocab_hash):  # an earlier run of the same import
-            logger.info("%s: already holds the blocks of %s; kept", final, blocks_path)
-            return manifest
-        raise CorpusImportError(f"{final}: already holds other blocks (of {manifest.get('source_blocks')}); choose "
-                                "another directory or delete it")
+    earlier = _earlier_import(final, blocks_path, titles_path, tokenizer.vocab_hash)
+    if earlier is not None:
+        return earlier
     count, over_length, shards = 0, 0, []
     doc_id, block_index = "", 0
     with artifacts.staged(final, artifacts.JOB_MANIFEST) as staging:
@@ -99,15 +126,10 @@ def import_blocks(blocks_path: str, blocks_dir: str, tokenizer: bert_tokenizer.B
                 doc_id = this_doc
                 over_length += len(t_ids) + len(b_ids) + 3 > max_block_length
                 writer.write(example_schemas.to_example({
-                    example_schemas.BLOCK_ID: count,
-                    example_schemas.UID: example_schemas.block_uid(title, text),
-                    example_schemas.DOC_ID: doc_id,
-                    example_schemas.BLOCK_INDEX: block_index,
-                    example_schemas.TITLE: title,
-                    example_schemas.TEXT: text,
-                    example_schemas.TITLE_IDS: t_ids,
-                    example_schemas.BODY_IDS: b_ids,
-                }))
+                    example_schemas.BLOCK_ID: count, example_schemas.UID: example_schemas.block_uid(title, text),
+                    example_schemas.DOC_ID: doc_id, example_schemas.BLOCK_INDEX: block_index,
+                    example_schemas.TITLE: title, example_schemas.TEXT: text, example_schemas.TITLE_IDS: t_ids,
+                    example_schemas.BODY_IDS: b_ids}))
                 count += 1
             if count // LOG_EVERY_BLOCKS != (count - len(texts)) // LOG_EVERY_BLOCKS:
                 logger.info("import_blocks: %d blocks (%.0f/s)", count, count / max(time.time() - start, 1e-9))
@@ -115,14 +137,11 @@ def import_blocks(blocks_path: str, blocks_dir: str, tokenizer: bert_tokenizer.B
             writer.close()
         if not count:
             raise CorpusImportError(f"{blocks_path}: no records")
-        names = [f"{BLOCKS_PREFIX}-{i:05d}-of-{len(shards):05d}.tfrecord" for i in range(len(shards))]
-        for shard, name in zip(shards, names):
-            tf.io.gfile.rename(shard, os.path.join(staging.path, name))
+        names = _name_shards(staging.path, shards)
         staging.metadata = {
             "job": "import_realm_corpus", "source_blocks": blocks_path, "source_titles": titles_path,
             "blocks": count, "block_shards": names, "over_length_blocks": int(over_length),
-            "max_block_length": max_block_length, "vocab_file": tokenizer.get_config()["vocab_file"],
-            "vocab_hash": tokenizer.vocab_hash, "lower_case": tokenizer.get_config()["lower_case"],
+            **_vocabulary(tokenizer), "max_block_length": max_block_length,
             "schema": sorted(example_schemas.block_feature_spec()), "seconds": round(time.time() - start, 1),
             "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     return artifacts.read_marker(final, artifacts.JOB_MANIFEST, "blocks directory")  # with its files' checksums
@@ -131,7 +150,7 @@ def import_blocks(blocks_path: str, blocks_dir: str, tokenizer: bert_tokenizer.B
 def block_emb_shape(block_emb_path: str) -> tuple[str, tuple[int, int]]:
     """``(checkpoint prefix, (num_blocks, dim))`` of ``block_emb`` (read from the index, no data): check it before
     importing the blocks, which takes far longer."""
-    prefix = realm_checkpoint_import.checkpoint_prefix(block_emb_path)
+    prefix = checkpoint_import.checkpoint_prefix(block_emb_path)
     shapes = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
     if BLOCK_EMB not in shapes or len(shapes[BLOCK_EMB]) != 2:
         raise CorpusImportError(f"{prefix}: no [num_blocks, dim] variable '{BLOCK_EMB}' (has: {sorted(shapes)[:10]})")

