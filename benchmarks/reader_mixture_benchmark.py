@@ -107,7 +107,7 @@ def main() -> int:
         # The demo's stage 6 (realm_tf/demo.py), with a step cap in place of its minutes.
         stage(f"reader_t{t:g}{tag}", lambda t=t, reader=reader: stages.cli([
             "train-reader", "--config", params, "--set", f"reader.model_dir={reader}",
-            "--set", f"qa.reader_checkpoint={cfg.trainer.model_dir}", "--set", "data.batch_size=8",
+            "--set", f"qa.reader_checkpoint={cfg.pretrain.model_dir}", "--set", "data.batch_size=8",
             "--set", f"reader.steps={args.steps}", "--set", "reader.max_minutes=100000",
             "--set", f"qa.reader_source_temperature={t}", *(x for item in args.sets for x in ("--set", item)),
             *(["--set", f"data.blocks_dir={args.blocks}"] if args.all_nq else []),

@@ -18,7 +18,7 @@ Each row then gets the same reader warm start (``train-reader``), the same Open-
 evaluation on the dev split: EM, F1, accuracy@5, the error table, and the reader's EM on the gold blocks.
 
 **Pre-training runs as long as it improves**, not for a step count chosen in advance: it trains in chunks of
-``--chunk`` steps at a constant learning rate after the warm-up (``trainer.learning_rate_decay: constant``), and
+``--chunk`` steps at a constant learning rate after the warm-up (``pretrain.learning_rate_decay: constant``), and
 after each chunk scores ``--eval-examples`` held-out salient spans (held out by source block; a random-masking
 run is scored on the salient spans of the same held-out blocks, ``pretrain --eval-input``). It stops when neither
 the held-out MLM accuracy nor the retrieval utility has beaten its best by ``--min-delta`` for ``--patience``
@@ -96,9 +96,10 @@ def pretrain_until_plateau(name: str, out: str, sets: list[str], data: str, eval
         step = (curve[-1]["step"] if curve else 0) + args.chunk
         started = time.time()
         metrics = f"{run}/metrics-{step}.json"
-        stages.cli(["pretrain", *sets, "--set", f"trainer.model_dir={run}/model",
+        stages.cli(["pretrain", *sets, "--set", f"pretrain.model_dir={run}/model",
                     "--set", f"index.index_dir={run}/index", "--set", f"refresh.export_dir={run}/export",
-                    "--set", f"trainer.steps={step}", "--input", data, "--eval-input", eval_data, "--metrics", metrics])
+                    "--set", f"pretrain.steps={step}", "--input", data, "--eval-input", eval_data,
+                    "--metrics", metrics])
         with open(metrics, encoding="utf-8") as f:
             scores = json.load(f)["eval"]
         curve.append({"step": step, "minutes": (time.time() - started) / 60,
@@ -160,8 +161,8 @@ def main() -> int:
     if unknown:
         raise SystemExit(f"realm_ablation: unknown rows {unknown}: one of {', '.join(ROWS)}")
     common = [f"data.blocks_dir={out}/blocks", f"model.retriever_checkpoint={out}/retriever_init",
-              f"trainer.eval_examples={args.eval_examples}", "trainer.learning_rate_decay=constant",
-              "trainer.checkpoint_every_steps=50", "refresh.mode=thread", *args.overrides]
+              f"pretrain.eval_examples={args.eval_examples}", "pretrain.learning_rate_decay=constant",
+              "pretrain.checkpoint_every_steps=50", "refresh.mode=thread", *args.overrides]
     sets = ["--config", args.config, *sum((["--set", o] for o in common), [])]
     stage = stages.Stages(out)
 

@@ -7,7 +7,7 @@ the index versions used, and the held-out evaluation: masked-LM accuracy of the 
 model reading only the null document. Resumable: rerunning continues from the last checkpoint.
 
     nohup python benchmarks/realm_pretraining_benchmark.py --out runs/bench/realm \\
-        --set data.batch_size=4 --set trainer.max_minutes=90 > runs/bench/realm.log 2>&1 &
+        --set data.batch_size=4 --set pretrain.max_minutes=90 > runs/bench/realm.log 2>&1 &
 
 Needs the bundled corpus preprocessed with the MiniLM vocabulary (``--blocks``; ``realm-tf preprocess``) and
 makes the salient-span pre-training examples itself when ``<out>/pretraining`` has none.
@@ -62,14 +62,14 @@ def main() -> int:
     out = args.out
     overrides = [f"data.blocks_dir={args.blocks}", f"data.pretraining_dir={out}/pretraining",
                  f"index.index_dir={out}/index", f"refresh.export_dir={out}/export",
-                 f"trainer.model_dir={out}/model", *args.overrides]
+                 f"pretrain.model_dir={out}/model", *args.overrides]
     cfg = config_lib.load_config(args.config, overrides)
     if not glob.glob(f"{out}/pretraining/pretraining-*.tfrecord*"):
         subprocess.run([sys.executable, "-m", "realm_tf.cli", "generate-pretraining-data", "--config", args.config,
                         *sum((["--set", o] for o in overrides), [])], check=True)
     print(f"config: batch {cfg.data.batch_size}, k {cfg.model.num_candidates}, lengths query/block/reader "
           f"{cfg.model.query_seq_length}/{cfg.model.block_seq_length}/{cfg.model.reader_seq_length}, lr "
-          f"{cfg.trainer.learning_rate}, steps {cfg.trainer.steps}, max_minutes {cfg.trainer.max_minutes}, export "
+          f"{cfg.pretrain.learning_rate}, steps {cfg.pretrain.steps}, max_minutes {cfg.pretrain.max_minutes}, export "
           f"every {cfg.refresh.export_every_steps} steps, refresh mode {cfg.refresh.mode}, os.cpu_count "
           f"{os.cpu_count()}", flush=True)
     start = time.time()
@@ -77,10 +77,10 @@ def main() -> int:
     wall = time.time() - start
     print(realm_pretraining.format_result(result))
 
-    scalars = read_scalars(os.path.join(cfg.trainer.model_dir, "train"))
+    scalars = read_scalars(os.path.join(cfg.pretrain.model_dir, "train"))
     w = args.window
     print(f"\n== REALM pre-training benchmark ({wall / 60:.1f} min wall in this run, final step {result['step']}) ==")
-    frozen = cfg.trainer.freeze_retriever_steps
+    frozen = cfg.pretrain.freeze_retriever_steps
     middle = f"{'up to step ' + str(frozen):>16}" if frozen else ""
     print(f"{'scalar':<26}{'first ' + str(w) + ' points':>16}{middle}{'last ' + str(w) + ' points':>16}   (steps)")
     for tag in CURVES:
@@ -131,8 +131,8 @@ def main() -> int:
                 "realm-pretraining-heldout-mlm", area="REALM pre-training", order=10,
                 verdict="holds" if helps else "negative", figure=f"step {result['step']}, {figure}",
                 claim=f"With retrieval temperature {cfg.model.retrieval_temperature:g} and trivial retrievals kept "
-                      f"(rate {cfg.trainer.trivial_retrieval_rate_while_frozen:g}) while the retriever is frozen "
-                      f"({cfg.trainer.freeze_retriever_steps} steps), retrieval "
+                      f"(rate {cfg.pretrain.trivial_retrieval_rate_while_frozen:g}) while the retriever is frozen "
+                      f"({cfg.pretrain.freeze_retriever_steps} steps), retrieval "
                       f"{'helps' if helps else 'does not help'} held-out salient-span MLM (one run, one seed).")
     versions = sorted(result["index_versions"])
     delay = [v for _, v in scalars.get("off_policy_delay_steps", [])][-w:]

@@ -133,7 +133,7 @@ def run_setting(args: argparse.Namespace, name: str, path: str) -> dict:
     batches = load_batches(path)
     task = realm_pretraining.RealmPretrainingTask(cfg, evaluate=False)
     model = task.build_model()
-    optimizer = optimizer_lib.build_optimizer(cfg.trainer, model)
+    optimizer = optimizer_lib.build_optimizer(cfg.pretrain, model)
     optimizer_lib.create_slots(optimizer, task.trainable_variables(model))
     signature = [({k: tf.TensorSpec([None] * v.ndim, tf.as_dtype(v.dtype)) for k, v in batches[0][0].items()},
                   {k: tf.TensorSpec([None] * v.ndim, tf.as_dtype(v.dtype)) for k, v in batches[0][1].items()})]

@@ -7,7 +7,7 @@ timeline, the peak and when it came, and the child's CPU and page-fault totals (
 put on a phase of the stage (start-up, tracing, the first step).
 
     .venv/bin/python benchmarks/stage_memory.py --cwd /tmp/ws19 -- pretrain --config runs/demo/params.yaml \\
-        --set trainer.model_dir=/tmp/memtest/s
+        --set pretrain.model_dir=/tmp/memtest/s
 
 Linux only (``/proc``).
 """

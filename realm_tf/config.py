@@ -8,13 +8,14 @@ loaded back from there with :func:`load_config`.
 
 Typical use::
 
-    cfg = config.load_config("configs/minilm.yaml", ["trainer.steps=100"])
-    config.save_params(cfg, cfg.trainer.model_dir)
+    cfg = config.load_config("configs/minilm.yaml", ["pretrain.steps=100"])
+    config.save_params(cfg, cfg.pretrain.model_dir)
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import os
 import tempfile
 import types
@@ -24,6 +25,8 @@ from typing import Any, Literal, Mapping, Sequence
 import yaml
 
 from realm_tf import errors
+
+logger = logging.getLogger(__name__)
 
 
 class ConfigError(errors.UserError, ValueError):
@@ -243,7 +246,8 @@ class TrainerConfig:
     machine with as few cores as groups there are no hand-offs between threads inside each op (``tasks/
     distribution.set_intra_op_threads``).
     ``max_minutes`` > 0 stops a run (with a checkpoint) once it has trained that long, before ``steps`` if
-    need be; ``eval_examples`` caps the held-out evaluation at the end of ``realm-tf pretrain``.
+    need be; ``eval_examples`` caps a held-out evaluation (the end of ``realm-tf pretrain``, each of a
+    train-and-eval run).
     ``eval_every_steps`` > 0: train and evaluate: every that many steps the task's held-out evaluation runs
     (TensorBoard ``eval``), and the model of the best score so far is kept in ``<model_dir>/best``
     (``core/experiment``); 0: no evaluation during training.
@@ -252,16 +256,6 @@ class TrainerConfig:
     ``learning_rate_scales``: ``"REGEX=SCALE"`` items; variables whose name matches REGEX (first match wins)
     train at ``learning_rate × SCALE``, e.g. ``["masked_lm=10", "knowledge_retriever=0.1"]`` for a new MLM head
     and a retriever kept near its warm start (``core/optimizer.ScaledAdamWeightDecay``).
-
-    REALM pre-training only (``realm-tf pretrain``):
-    ``mlm_head_warmup_blocks`` > 0: before step 1 of a new run, fit the reader's masked-LM head on that many
-    corpus blocks with the reader BERT frozen (``tasks/mlm_head_warmup``; for imports without an MLM head).
-    ``freeze_retriever_steps``: the retriever gets no updates before this step, so it is not trained on the
-    judgement of a reader that cannot read yet; no exports (the index stays exact) until then.
-    ``trivial_retrieval_rate_while_frozen``: while the retriever is frozen, this fraction of the queries keep
-    their own source block among the candidates (where the index ranks it). REALM excludes these trivial
-    retrievals so that the *retriever* does not learn exact string matching (§3.4); a frozen retriever learns
-    nothing, and the reader gets examples where a candidate certainly holds the span, to learn to copy from.
     """
 
     model_dir: str = "/tmp/realm_tf/model"
@@ -281,10 +275,26 @@ class TrainerConfig:
     max_minutes: float = 0.0
     intra_op_threads: int = 0
     learning_rate_scales: tuple[str, ...] = ()
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainConfig(TrainerConfig):
+    """REALM pre-training (``realm-tf pretrain``): a training job's settings (:class:`TrainerConfig`) and these.
+
+    ``mlm_head_warmup_blocks`` > 0: before step 1 of a new run, fit the reader's masked-LM head on that many
+    corpus blocks with the reader BERT frozen (``tasks/mlm_head_warmup``; for imports without an MLM head).
+    ``freeze_retriever_steps``: the retriever gets no updates before this step, so it is not trained on the
+    judgement of a reader that cannot read yet; no exports (the index stays exact) until then.
+    ``trivial_retrieval_rate_while_frozen``: while the retriever is frozen, this fraction of the queries keep
+    their own source block among the candidates (where the index ranks it). REALM excludes these trivial
+    retrievals so that the *retriever* does not learn exact string matching (§3.4); a frozen retriever learns
+    nothing, and the reader gets examples where a candidate certainly holds the span, to learn to copy from.
+    """
+
     mlm_head_warmup_blocks: int = 0
     freeze_retriever_steps: int = 0
     trivial_retrieval_rate_while_frozen: float = 0.0
-    seed: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,6 +321,10 @@ class QaConfig:
         and tune splits are held out).
       reader_negatives: blocks without an answer read next to the gold block in ``train-reader``, so that the
         reader learns to rank blocks as well as spans (BM25's best-ranked blocks that hold no answer).
+      reader_eval_questions: a {question, answers, gold_passage_ids} file whose tune split scores the reader
+        warm start during training (``reader.eval_every_steps``): each question read on its gold block alone,
+        up to ``reader.eval_examples`` of them; the best reader so far is kept in ``<reader.model_dir>/best``.
+        "": no evaluation during training.
       reader_source_temperature: T of the sampling between the ``reader_questions`` files in ``train-reader``:
         file i is drawn with probability ∝ n_i^T (n_i: its questions), the temperature-based mixing of
         multilingual and multi-task training (Arivazhagan et al., 2019; Conneau et al., 2020). 1: every question
@@ -330,6 +344,7 @@ class QaConfig:
     answer_aggregation_spans: int = 1
     reader_questions: tuple[str, ...] = ("data/open_qa/qa_squad_dev.jsonl.gz", "data/open_qa/qa_qed_train.jsonl.gz")
     reader_negatives: int = 2
+    reader_eval_questions: str = ""
     reader_source_temperature: float = 1.0
     serving_warmup_requests: int = 8
 
@@ -394,11 +409,16 @@ class RetroConfig:
     own_neighbour_rate: float = 0.0
 
 
+#: Sections read under an older name for one release, with a deprecation message: old name -> new name.
+RENAMED_SECTIONS = {"trainer": "pretrain"}
+
+
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     """A whole experiment: one object, one YAML file, one ``params.yaml`` in the model directory.
 
-    ``trainer`` drives REALM pre-training; ``ict`` the Inverse Cloze Task warm start; ``finetune`` and ``qa``
+    ``pretrain`` drives REALM pre-training (read from the older name ``trainer`` too, with a deprecation
+    message); ``ict`` the Inverse Cloze Task warm start; ``finetune`` and ``qa``
     Open-QA fine-tuning and evaluation; ``reader`` the reader warm start before fine-tuning; ``retro`` and
     ``retro_trainer`` RETRO's chunk database and decoder training.
     """
@@ -408,7 +428,7 @@ class ExperimentConfig:
     data: DataConfig = DataConfig()
     index: IndexConfig = IndexConfig()
     refresh: RefreshConfig = RefreshConfig()
-    trainer: TrainerConfig = TrainerConfig()
+    pretrain: PretrainConfig = PretrainConfig()
     # The ICT warm start of the retriever is its own training job (ORQA, Lee et al. 2019: Adam, lr 1e-4).
     ict: TrainerConfig = TrainerConfig(model_dir="/tmp/realm_tf/ict", steps=1000, learning_rate=1e-4,
                                        warmup_steps=100)
@@ -432,7 +452,7 @@ def load_config(path: str | os.PathLike[str] | None = None,
 
     Args:
       path: a YAML file (a ``params.yaml`` written by :func:`save_params` works too); None for defaults.
-      overrides: dotted assignments such as ``trainer.steps=100``; values are parsed as YAML scalars.
+      overrides: dotted assignments such as ``pretrain.steps=100``; values are parsed as YAML scalars.
 
     Raises:
       ConfigError: naming the file, line and key of an unknown key or a value of the wrong type.
@@ -447,7 +467,7 @@ def load_config(path: str | os.PathLike[str] | None = None,
                 text = f.read()
         except OSError as e:
             raise ConfigError(f"{source}: cannot read config: {e.strerror}") from e
-        raw, lines = _parse_yaml(text, source)
+        raw, lines = _renamed_sections(*_parse_yaml(text, source), source)
     cfg = _build(ExperimentConfig, raw, "", source, lines)
     for item in overrides:
         cfg = apply_override(cfg, item)
@@ -468,9 +488,14 @@ def load_config(path: str | os.PathLike[str] | None = None,
 def apply_override(cfg: ExperimentConfig, item: str) -> ExperimentConfig:
     """Returns ``cfg`` with one dotted override (``section.key=value``) applied."""
     if "=" not in item:
-        raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. trainer.steps=100")
+        raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. pretrain.steps=100")
     key, value_text = item.split("=", 1)
     key = key.strip()
+    section = key.split(".")[0]
+    if section in RENAMED_SECTIONS:
+        logger.warning("override %r: section '%s' is now '%s' (the old name is read until the next release)", item,
+                       section, RENAMED_SECTIONS[section])
+        key = RENAMED_SECTIONS[section] + key[len(section):]
     try:
         value = yaml.safe_load(value_text) if value_text.strip() else ""
     except yaml.YAMLError as e:
@@ -580,6 +605,24 @@ def _check_index(cfg: ExperimentConfig, source: str, lines: Mapping[str, int]) -
         raise ConfigError(f"{_where(source, lines, 'index.target_recall')}: index.target_recall must be in [0, 1] "
                           f"(0: no tuning) and index.tuning_queries >= 1; got {cfg.index.target_recall}, "
                           f"{cfg.index.tuning_queries}")
+
+
+def _renamed_sections(raw: dict[str, Any], lines: dict[str, int],
+                      source: str) -> tuple[dict[str, Any], dict[str, int]]:
+    """``raw`` and its line numbers with each section of an older name (:data:`RENAMED_SECTIONS`) under its new
+    name, with a deprecation message; both names at once are an error."""
+    for old, new in RENAMED_SECTIONS.items():
+        if old not in raw:
+            continue
+        if new in raw:
+            raise ConfigError(f"{_where(source, lines, old)}: sections '{old}' and '{new}' (line {lines.get(new)}) "
+                              f"are one: '{old}' is the older name of '{new}'; keep '{new}'")
+        logger.warning("%s: section '%s' is now '%s' (the old name is read until the next release)",
+                       _where(source, lines, old), old, new)
+        raw = {(new if key == old else key): value for key, value in raw.items()}
+        lines = {(new + key[len(old):] if key == old or key.startswith(old + ".") else key): line
+                 for key, line in lines.items()}
+    return raw, lines
 
 
 def _where(source: str, lines: Mapping[str, int], key: str) -> str:

@@ -13,7 +13,7 @@ questions.
 one), so the demo holds one stage's memory at a time, under 4 GB: TensorFlow's BFC allocator keeps
 what a process once took.
 
-The demo's few pre-training steps are all in REALM's reader-only phase (``trainer.freeze_retriever_steps``, the
+The demo's few pre-training steps are all in REALM's reader-only phase (``pretrain.freeze_retriever_steps``, the
 first 150 of ``configs/minilm.yaml``'s 500): the retriever does not change, so the first index stays current and
 no refresh is needed; the time a refresh would take (re-embedding every block, about two minutes here) goes to
 the reader warm start, which is what the answers depend on. The asynchronous refresh runs in ``realm-tf
@@ -42,14 +42,14 @@ def _overrides(work: str, pretrain_steps: int, finetune_steps: int, reader_steps
     return [
         f"data.blocks_dir={work}/blocks", f"data.pretraining_dir={work}/pretraining",
         f"index.index_dir={work}/index", f"refresh.export_dir={work}/export",
-        f"trainer.model_dir={work}/pretrain", f"finetune.model_dir={work}/finetune",
+        f"pretrain.model_dir={work}/pretrain", f"finetune.model_dir={work}/finetune",
         f"reader.model_dir={work}/reader", f"model.retriever_checkpoint={work}/retriever_init",
         # Pre-training: a handful of steps to run the loop (REALM trains 200k steps on 64 TPUs).
-        f"trainer.steps={pretrain_steps}", f"trainer.precision={precision}", "trainer.warmup_steps=1",
-        "trainer.summary_every_steps=1", "trainer.checkpoint_every_steps=100", "trainer.eval_examples=8",
+        f"pretrain.steps={pretrain_steps}", f"pretrain.precision={precision}", "pretrain.warmup_steps=1",
+        "pretrain.summary_every_steps=1", "pretrain.checkpoint_every_steps=100", "pretrain.eval_examples=8",
         "refresh.export_every_steps=0", "refresh.mode=external", "data.batch_size=4", "data.shuffle_buffer=256",
         # All of them in the reader-only phase (after a short MLM head warm-up): the first index stays current.
-        f"trainer.freeze_retriever_steps={pretrain_steps}", "trainer.mlm_head_warmup_blocks=128",
+        f"pretrain.freeze_retriever_steps={pretrain_steps}", "pretrain.mlm_head_warmup_blocks=128",
         # The reader warm start, from the pre-trained reader, for a few minutes: gold blocks only by default (twice
         # the questions of gold + one negative in the same time; the retrieval score ranks the blocks), at a
         # higher rate than the benchmark's long run (1e-4): in 100 steps of 8 questions on the demo's data the
@@ -193,7 +193,7 @@ def _warm_start(cfg: config_lib.ExperimentConfig, work: str, sets: list[str], ca
     # demo's 4 GB; four held 4.0-4.2 GB (benchmarks/stage_memory.py).
     groups = 2
     threads = 1 if (os.cpu_count() or 1) <= groups else 0
-    call("train-reader", *sets, "--set", f"qa.reader_checkpoint={cfg.trainer.model_dir}", "--set",
+    call("train-reader", *sets, "--set", f"qa.reader_checkpoint={cfg.pretrain.model_dir}", "--set",
          f"data.batch_size={reader_batch_size}", "--set", f"model.reader_length_buckets={groups}",
          "--set", f"reader.intra_op_threads={threads}", *reading,
          "--questions", squad,

@@ -55,8 +55,8 @@ def scratch_under_basetemp(tmp_path_factory):
 def workspace_overrides():
     """``overrides(root, shared)``: a tiny config on the shared blocks/examples, per-test index/export/model."""
     return lambda root, shared: [f"data.blocks_dir={shared}/blocks", f"data.pretraining_dir={shared}/pretraining",
-            f"index.index_dir={root}/index", f"refresh.export_dir={root}/export", f"trainer.model_dir={root}/model",
-            "data.batch_size=2", "data.shuffle_buffer=8", "trainer.warmup_steps=0", "trainer.eval_examples=4",
+            f"index.index_dir={root}/index", f"refresh.export_dir={root}/export", f"pretrain.model_dir={root}/model",
+            "data.batch_size=2", "data.shuffle_buffer=8", "pretrain.warmup_steps=0", "pretrain.eval_examples=4",
             "refresh.poll_seconds=0.2"]
 
 

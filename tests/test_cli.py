@@ -23,11 +23,11 @@ def test_help_lists_every_subcommand_with_one_line():
 
 
 def test_config_prints_overrides_and_bad_key_is_a_clean_error():
-    result = _run("config", "--config", "configs/tiny.yaml", "--set", "trainer.steps=77")
+    result = _run("config", "--config", "configs/tiny.yaml", "--set", "pretrain.steps=77")
     assert result.returncode == 0 and "steps: 77" in result.stdout
-    result = _run("config", "--config", "configs/tiny.yaml", "--set", "trainer.nope=1")
+    result = _run("config", "--config", "configs/tiny.yaml", "--set", "pretrain.nope=1")
     assert result.returncode == 2
-    assert "unknown key 'trainer.nope'" in result.stderr and "Traceback" not in result.stderr
+    assert "unknown key 'pretrain.nope'" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_export_retriever_from_a_run_without_checkpoints_is_a_clean_error(tmp_path, capsys):
@@ -42,10 +42,10 @@ def test_export_retriever_from_a_run_without_checkpoints_is_a_clean_error(tmp_pa
 def test_a_stage_in_a_child_process_returns_its_exit_code(capfd):
     """`realm-tf demo` runs each stage with `run_in_child`: a child `realm-tf` whose output reaches ours and whose
     exit code is the stage's, so a failing stage stops the demo."""
-    assert cli.run_in_child(["config", "--config", "configs/tiny.yaml", "--set", "trainer.steps=78"]) == 0
+    assert cli.run_in_child(["config", "--config", "configs/tiny.yaml", "--set", "pretrain.steps=78"]) == 0
     assert "steps: 78" in capfd.readouterr().out
-    assert cli.run_in_child(["config", "--config", "configs/tiny.yaml", "--set", "trainer.nope=1"]) == 2
-    assert "unknown key 'trainer.nope'" in capfd.readouterr().err
+    assert cli.run_in_child(["config", "--config", "configs/tiny.yaml", "--set", "pretrain.nope=1"]) == 2
+    assert "unknown key 'pretrain.nope'" in capfd.readouterr().err
 
 
 def test_verify_passes_a_clean_index_and_names_each_damaged_file(tmp_path, capsys):

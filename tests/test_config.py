@@ -1,5 +1,6 @@
 """Config system: strict YAML loading, dotted overrides, params.yaml round trip."""
 import dataclasses
+import logging
 import pathlib
 
 import pytest
@@ -14,7 +15,7 @@ def _write(tmp_path: pathlib.Path, text: str) -> str:
 
 
 def test_unknown_top_level_key_names_file_line_and_key(tmp_path):
-    path = _write(tmp_path, "name: x\ntrainer:\n  steps: 3\nmodle:\n  pooling: cls\n")
+    path = _write(tmp_path, "name: x\npretrain:\n  steps: 3\nmodle:\n  pooling: cls\n")
     with pytest.raises(config.ConfigError) as e:
         config.load_config(path)
     assert f"{path}:4" in str(e.value)
@@ -31,8 +32,8 @@ def test_unknown_nested_key_names_dotted_key_and_line(tmp_path):
 
 
 def test_wrong_type_rejected(tmp_path):
-    path = _write(tmp_path, "trainer:\n  steps: many\n")
-    with pytest.raises(config.ConfigError, match=r"exp.yaml:2: 'trainer.steps' must be int"):
+    path = _write(tmp_path, "pretrain:\n  steps: many\n")
+    with pytest.raises(config.ConfigError, match=r"exp.yaml:2: 'pretrain.steps' must be int"):
         config.load_config(path)
     path = _write(tmp_path, "model:\n  share_embedders: 1\n")
     with pytest.raises(config.ConfigError, match="must be bool"):
@@ -40,49 +41,49 @@ def test_wrong_type_rejected(tmp_path):
 
 
 def test_yaml_values_override_defaults_and_the_rest_stay(tmp_path):
-    path = _write(tmp_path, "model:\n  encoder:\n    hidden_size: 64\ntrainer:\n  learning_rate: 1\n"
+    path = _write(tmp_path, "model:\n  encoder:\n    hidden_size: 64\npretrain:\n  learning_rate: 1\n"
                             "refresh:\n  beam_options: ['--runner=DirectRunner']\n")
     cfg = config.load_config(path)
     assert cfg.model.encoder.hidden_size == 64
     assert cfg.model.encoder.num_layers == config.EncoderConfig().num_layers
-    assert cfg.trainer.learning_rate == 1.0 and isinstance(cfg.trainer.learning_rate, float)
+    assert cfg.pretrain.learning_rate == 1.0 and isinstance(cfg.pretrain.learning_rate, float)
     assert cfg.refresh.beam_options == ("--runner=DirectRunner",)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.trainer.steps = 3  # frozen
+        cfg.pretrain.steps = 3  # frozen
 
 
 def test_dotted_overrides_are_typed_and_strict(tmp_path):
-    path = _write(tmp_path, "trainer:\n  steps: 3\n")
-    cfg = config.load_config(path, ["trainer.steps=100", "model.encoder.num_layers=4", "name=abc",
+    path = _write(tmp_path, "pretrain:\n  steps: 3\n")
+    cfg = config.load_config(path, ["pretrain.steps=100", "model.encoder.num_layers=4", "name=abc",
                                     "index.kind=brute_force"])
-    assert cfg.trainer.steps == 100 and cfg.model.encoder.num_layers == 4
+    assert cfg.pretrain.steps == 100 and cfg.model.encoder.num_layers == 4
     assert cfg.name == "abc" and cfg.index.kind == "brute_force"
-    with pytest.raises(config.ConfigError, match="unknown key 'trainer.stepz'"):
-        config.load_config(path, ["trainer.stepz=1"])
+    with pytest.raises(config.ConfigError, match="unknown key 'pretrain.stepz'"):
+        config.load_config(path, ["pretrain.stepz=1"])
     with pytest.raises(config.ConfigError, match="must be int"):
-        config.load_config(path, ["trainer.steps=1.5"])
-    assert config.load_config(path, ["trainer.learning_rate=1e-4"]).trainer.learning_rate == 1e-4  # YAML 1.1
+        config.load_config(path, ["pretrain.steps=1.5"])
+    assert config.load_config(path, ["pretrain.learning_rate=1e-4"]).pretrain.learning_rate == 1e-4  # YAML 1.1
     with pytest.raises(config.ConfigError, match="must be float"):
-        config.load_config(path, ["trainer.learning_rate=fast"])
+        config.load_config(path, ["pretrain.learning_rate=fast"])
     with pytest.raises(config.ConfigError, match="KEY=VALUE"):
-        config.load_config(path, ["trainer.steps"])
+        config.load_config(path, ["pretrain.steps"])
 
 
 def test_params_yaml_round_trip(tmp_path):
-    cfg = config.load_config("configs/minilm.yaml", ["trainer.steps=7", f"trainer.model_dir={tmp_path}"])
-    written = config.save_params(cfg, cfg.trainer.model_dir)
+    cfg = config.load_config("configs/minilm.yaml", ["pretrain.steps=7", f"pretrain.model_dir={tmp_path}"])
+    written = config.save_params(cfg, cfg.pretrain.model_dir)
     assert written == str(tmp_path / "params.yaml")
     again = config.load_config(written)
     assert again == cfg
     assert config.config_hash(again) == config.config_hash(cfg)
-    assert config.config_hash(config.load_config(written, ["trainer.steps=8"])) != config.config_hash(cfg)
+    assert config.config_hash(config.load_config(written, ["pretrain.steps=8"])) != config.config_hash(cfg)
 
 
-def test_ict_section_has_orqa_defaults_and_is_separate_from_trainer():
+def test_ict_section_has_orqa_defaults_and_is_separate_from_pretrain():
     cfg = config.load_config(None, ["ict.steps=5"])
-    assert cfg.ict.learning_rate == 1e-4 and cfg.trainer.learning_rate == 3e-5
-    assert cfg.ict.steps == 5 and cfg.trainer.steps == config.TrainerConfig().steps
-    assert cfg.ict.model_dir != cfg.trainer.model_dir
+    assert cfg.ict.learning_rate == 1e-4 and cfg.pretrain.learning_rate == 3e-5
+    assert cfg.ict.steps == 5 and cfg.pretrain.steps == config.TrainerConfig().steps
+    assert cfg.ict.model_dir != cfg.pretrain.model_dir
 
 
 @pytest.mark.parametrize("name", ["tiny", "minilm", "base"])
@@ -99,7 +100,7 @@ def test_missing_file_is_a_config_error(tmp_path):
 
 @pytest.mark.parametrize("key,bad", [("model.encoder.hidden_act", "swish"), ("model.pooling", "max"),
                                      ("model.projection_init", "svd"), ("data.salient_span_annotator", "ner"),
-                                     ("index.kind", "faiss"), ("refresh.mode", "cron"), ("trainer.strategy", "gpu"),
+                                     ("index.kind", "faiss"), ("refresh.mode", "cron"), ("pretrain.strategy", "gpu"),
                                      ("finetune.strategy", "gpu")])
 def test_enumerated_setting_outside_its_choices_names_line_and_allowed_values(tmp_path, key, bad):
     *sections, leaf = key.split(".")
@@ -166,3 +167,17 @@ def test_retro_chunks_must_fit_the_key_bert_and_tile_the_sequence():
                                   "qa.question_seq_length=64", "retro.chunk_length=63", "retro.sequence_length=126"])
     with pytest.raises(config.ConfigError, match="not a multiple of retro.chunk_length=64"):
         config.load_config(None, ["retro.sequence_length=100"])
+
+
+def test_the_older_section_name_trainer_is_read_as_pretrain_with_a_deprecation_message(tmp_path, caplog):
+    new = config.load_config(_write(tmp_path, "pretrain:\n  steps: 3\n"), ["pretrain.learning_rate=0.5"])
+    with caplog.at_level(logging.WARNING, logger="realm_tf.config"):
+        old = config.load_config(_write(tmp_path, "name: x\ntrainer:\n  steps: 3\n"), ["trainer.learning_rate=0.5"])
+    assert dataclasses.replace(old, name=new.name) == new
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(f"{tmp_path / 'exp.yaml'}:2: section 'trainer' is now 'pretrain'" in m for m in messages), messages
+    assert any("override 'trainer.learning_rate=0.5': section 'trainer' is now 'pretrain'" in m for m in messages)
+    with pytest.raises(config.ConfigError, match=r"exp.yaml:3: unknown key 'pretrain.stepz'"):  # errors name the new key
+        config.load_config(_write(tmp_path, "name: x\ntrainer:\n  stepz: 3\n"))
+    with pytest.raises(config.ConfigError, match=r"exp.yaml:1: sections 'trainer' and 'pretrain' \(line 3\)"):
+        config.load_config(_write(tmp_path, "trainer:\n  steps: 3\npretrain:\n  steps: 4\n"))

@@ -32,7 +32,7 @@ def add_config_args(parser: argparse.ArgumentParser, required: bool = True) -> N
     parser.add_argument("--config", required=required, metavar="FILE.yaml",
                         help="experiment config (configs/tiny.yaml, configs/minilm.yaml, configs/base.yaml)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config value, e.g. --set trainer.steps=100 (repeatable)")
+                        help="override one config value, e.g. --set pretrain.steps=100 (repeatable)")
 
 
 def load(args: argparse.Namespace) -> config_lib.ExperimentConfig:

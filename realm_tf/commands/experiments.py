@@ -34,7 +34,7 @@ class Experiment:
 EXPERIMENTS: dict[str, Experiment] = {
     "ict": Experiment("ict", "train-ict", (),
                       "the retriever's Inverse Cloze Task warm start (ORQA, Lee et al. 2019) and export"),
-    "pretrain": Experiment("trainer", "pretrain", ("pretrain", "--eval-only"),
+    "pretrain": Experiment("pretrain", "pretrain", ("pretrain", "--eval-only"),
                            "REALM pre-training: salient spans, null document, asynchronous index refresh"),
     "reader": Experiment("reader", "train-reader", ("evaluate", "--experiment", "reader"),
                          "the reader warm start on gold blocks, before Open-QA fine-tuning"),

@@ -74,7 +74,7 @@ def _args_pretrain(p: argparse.ArgumentParser) -> None:
                    help="skip the held-out evaluation at the end")
     p.add_argument("--eval-only", dest="eval_only", action="store_true",
                    help="train nothing: score the held-out salient spans of the latest checkpoint of "
-                        "trainer.model_dir (= realm-tf evaluate --experiment pretrain)")
+                        "pretrain.model_dir (= realm-tf evaluate --experiment pretrain)")
     p.add_argument("--metrics", default=None, metavar="FILE.json",
                    help="also write the final step, training logs and held-out scores "
                         "to this file")

@@ -54,7 +54,7 @@ class Task(abc.ABC):
     :meth:`build_inputs` and :meth:`build_losses`.
     """
 
-    trainer_section: ClassVar[str] = "trainer"
+    trainer_section: ClassVar[str] = "pretrain"
     #: The evaluation score that decides the best model of a train-and-eval run, and whether higher is better.
     best_metric: ClassVar[tuple[str, str]] = ("loss", "min")
 

@@ -1,4 +1,4 @@
-"""tf.distribute strategies selected by ``trainer.strategy``.
+"""tf.distribute strategies selected by ``pretrain.strategy``.
 
 REALM pre-trained on 64 TPUs (Guu et al., 2020, App. A). The same training code runs under:
 ``default`` (one device), ``mirrored`` (all local devices), ``multi_worker`` (MultiWorkerMirroredStrategy,
@@ -40,7 +40,7 @@ def make_strategy(name: str) -> tf.distribute.Strategy:
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
         return tf.distribute.TPUStrategy(resolver)
-    raise ValueError(f"trainer.strategy={name!r}: expected one of {STRATEGIES}")
+    raise ValueError(f"pretrain.strategy={name!r}: expected one of {STRATEGIES}")
 
 
 def set_intra_op_threads(threads: int) -> int:

@@ -77,7 +77,7 @@ def variable_paths(model: tf_keras.layers.Layer) -> dict[str, str]:
 
 
 def parse_lr_scales(items: Sequence[str]) -> tuple[tuple[str, float], ...]:
-    """``("REGEX=SCALE", ...)`` (``trainer.learning_rate_scales``) → ``((regex, scale), ...)``; ConfigError
+    """``("REGEX=SCALE", ...)`` (``pretrain.learning_rate_scales``) → ``((regex, scale), ...)``; ConfigError
     naming the item when it is malformed."""
     parsed = []
     for item in items:
@@ -107,7 +107,7 @@ def build_optimizer(cfg: config_lib.TrainerConfig,
             "exclude_from_weight_decay": ["LayerNorm", "layer_norm", "bias"],
             # One clip, of the aggregated gradient (Keras' ``global_clipnorm``). AdamWeightDecay's own clip
             # (``gradient_clip_norm``, 1.0 by default) would run first on each replica's gradient and cap
-            # ``trainer.clip_norm`` at 1; it also costs a second global norm every step (107 L2Losses for MiniLM).
+            # ``pretrain.clip_norm`` at 1; it also costs a second global norm every step (107 L2Losses for MiniLM).
             "gradient_clip_norm": 0.0,
             "global_clipnorm": cfg.clip_norm,
         }},

@@ -54,7 +54,7 @@ def learning_rate(optimizer: Any) -> tf.Tensor:
 
 
 class TrainingLoop:
-    """Runs ``step_fn`` for ``trainer.steps`` steps with checkpoints and summaries.
+    """Runs ``step_fn`` for ``pretrain.steps`` steps with checkpoints and summaries.
 
     Args:
       cfg: the trainer section of the experiment config.
@@ -104,7 +104,7 @@ class TrainingLoop:
             logger.info("\nstopping at step %d: SIGTERM", self.step)
             return "SIGTERM"
         if self.cfg.max_minutes > 0 and time.time() - run_start > 60.0 * self.cfg.max_minutes:
-            logger.info("\nstopping at step %d: trainer.max_minutes=%g reached", self.step, self.cfg.max_minutes)
+            logger.info("\nstopping at step %d: max_minutes=%g reached", self.step, self.cfg.max_minutes)
             return "max_minutes"
         return None
 
@@ -122,10 +122,10 @@ class TrainingLoop:
 
     def run(self, dataset: tf.data.Dataset | Iterable, step_fn: StepFn, hooks: Iterable[Hook] = (),
             distribute_dataset: bool = True, until_step: int | None = None) -> dict[str, float]:
-        """Trains until ``trainer.steps`` (or ``until_step``, if smaller); returns the last step's logs (floats).
+        """Trains until ``pretrain.steps`` (or ``until_step``, if smaller); returns the last step's logs (floats).
 
         A run in stages calls this once per stage with the same iterator (``iter(dataset)``) so no example
-        is seen twice; ``trainer.max_minutes`` counts from the first call.
+        is seen twice; ``pretrain.max_minutes`` counts from the first call.
         """
         if self.restored_from and not hasattr(self, "_run_start"):
             logger.info("resumed from %s at step %d", self.restored_from, self.step)

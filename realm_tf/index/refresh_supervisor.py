@@ -82,13 +82,13 @@ class RefreshSupervisor:
             self.refresher = index_refresher.IndexRefresher(self.params_path, self.build_index)
             self.refresher.start_thread()
         else:
-            log = open(os.path.join(self.cfg.trainer.model_dir, "refresh-index.log"), "ab")  # pylint: disable=consider-using-with
+            log = open(os.path.join(self.cfg.pretrain.model_dir, "refresh-index.log"), "ab")  # pylint: disable=consider-using-with
             self.process = subprocess.Popen(  # pylint: disable=consider-using-with
                 [*self._refresh_index_command(), "--config", self.params_path, "--watch"],
                 stdout=log, stderr=subprocess.STDOUT)
             log.close()
             logger.info("index builder running as process %d (log: %s/refresh-index.log)", self.process.pid,
-                        self.cfg.trainer.model_dir)
+                        self.cfg.pretrain.model_dir)
 
     def stop(self) -> None:
         if self.refresher is not None:

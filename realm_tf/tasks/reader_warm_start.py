@@ -55,6 +55,7 @@ class ReaderWarmStartTask(open_qa.OpenQaTask):
     """
 
     trainer_section = "reader"
+    best_metric = ("exact_match", "max")  # train-and-eval (reader.eval_every_steps): gold-block exact match
 
     def __init__(self, cfg: config_lib.ExperimentConfig, question_paths: Sequence[str] = ()):
         super().__init__(cfg)
@@ -109,6 +110,25 @@ class ReaderWarmStartTask(open_qa.OpenQaTask):
         if self.cfg.qa.reader_source_temperature == 1.0 or np.count_nonzero(shares) < 2:
             return None
         return [(np.flatnonzero(self.sources == i), share) for i, share in enumerate(shares) if share > 0]
+
+    def eval_inputs(self) -> tf.data.Dataset | None:
+        """Train-and-eval: the tune split of ``qa.reader_eval_questions`` (none when unset), each question read on
+        its gold block alone (reading comprehension, as ``realm-tf evaluate --retriever gold``), the first
+        ``reader.eval_examples`` of them."""
+        path = self.cfg.qa.reader_eval_questions
+        if not path:
+            return None
+        blocks = self.blocks or block_store_lib.BlockStore.load(
+            corpus_versions.current_pattern(self.cfg.data.blocks_dir))
+        reading = reading_sets.gold_only(open_qa.select_split(questions.read_questions(path), "tune", self.cfg.data),
+                                         blocks)
+        if not reading.examples:
+            raise errors.UserError(f"qa.reader_eval_questions={path}: no tune question has a gold block in "
+                                   f"{self.cfg.data.blocks_dir}")
+        n = min(len(reading.examples), self.cfg.reader.eval_examples)
+        logger.info("train-reader: scoring %d tune questions of %s on their gold blocks every %d steps", n, path,
+                    self.cfg.reader.eval_every_steps)
+        return self.build_eval_inputs(reading.examples[:n], blocks, reading.block_ids[:n], reading.block_ids[:n])
 
     def initialize(self, model: open_qa_model.OpenQaModel, loop: training_loop.TrainingLoop) -> None:
         _, _, facts = self.training_set()

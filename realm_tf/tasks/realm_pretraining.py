@@ -73,23 +73,23 @@ class RealmPretrainingTask(base_task.Task):
         :class:`~realm_tf.index.refresh_supervisor.RefreshSupervisor`).
     """
 
-    trainer_section = "trainer"
-    best_metric = ("mlm_accuracy", "max")  # train-and-eval (trainer.eval_every_steps): the held-out MLM accuracy
+    trainer_section = "pretrain"
+    best_metric = ("mlm_accuracy", "max")  # train-and-eval (pretrain.eval_every_steps): the held-out MLM accuracy
 
     def __init__(self, cfg: config_lib.ExperimentConfig, pretraining_pattern: str | None = None,
                  evaluate: bool = True, eval_pattern: str | None = None,
                  index_builder: index_refresher.IndexBuilder | None = None):
         super().__init__(cfg)
         self.index_builder = index_builder
-        trainer = cfg.trainer
+        trainer = cfg.pretrain
         if trainer.strategy == "multi_worker" and trainer.max_minutes > 0:
-            raise config_lib.ConfigError("trainer.max_minutes needs a single-worker strategy: each worker would stop "
+            raise config_lib.ConfigError("pretrain.max_minutes needs a single-worker strategy: each worker would stop "
                                          "at its own time and leave the others waiting in an all-reduce")
         rate = trainer.trivial_retrieval_rate_while_frozen
         if not 0.0 <= rate <= 1.0 or (rate > 0 and trainer.freeze_retriever_steps <= 0):
             raise config_lib.ConfigError(
-                f"trainer.trivial_retrieval_rate_while_frozen={rate}: must be in [0, 1], and > 0 only with "
-                f"trainer.freeze_retriever_steps > 0 (a trained retriever would learn exact string matching from "
+                f"pretrain.trivial_retrieval_rate_while_frozen={rate}: must be in [0, 1], and > 0 only with "
+                f"pretrain.freeze_retriever_steps > 0 (a trained retriever would learn exact string matching from "
                 f"them, REALM §3.4)")
         self.pattern = pretraining_pattern or os.path.join(cfg.data.pretraining_dir, "pretraining-*.tfrecord*")
         self.eval_pattern = eval_pattern or self.pattern
@@ -165,10 +165,10 @@ class RealmPretrainingTask(base_task.Task):
     # ---- the run ------------------------------------------------------------------------------------------
 
     def phases(self, step: int) -> list[base_task.Phase]:
-        """The reader alone until ``trainer.freeze_retriever_steps``, then everything. Both phases read one
+        """The reader alone until ``pretrain.freeze_retriever_steps``, then everything. Both phases read one
         iterator (no example twice), unless the frozen phase keeps trivial retrievals: then it has its own
         (differently shuffled) and the second phase's, which excludes them all, starts after it."""
-        trainer = self.cfg.trainer
+        trainer = self.cfg.pretrain
         frozen_until, rate = trainer.freeze_retriever_steps, trainer.trivial_retrieval_rate_while_frozen
         train = base_task.Phase("train", None, (("seed", trainer.seed), ("trivial_retrieval_rate", 0.0)),
                                 (("train_retriever", True),))
@@ -183,17 +183,17 @@ class RealmPretrainingTask(base_task.Task):
         the refresh supervisor."""
         cfg = self.cfg
         self.chief = loop.chief
-        if cfg.trainer.mlm_head_warmup_blocks > 0 and loop.step == 0 and not loop.restored_from:
+        if cfg.pretrain.mlm_head_warmup_blocks > 0 and loop.step == 0 and not loop.restored_from:
             # Every worker fits the same head (same blocks, same seed) before the first all-reduce.
             blocks = block_store.BlockStore.load(corpus_versions.current_pattern(cfg.data.blocks_dir))
             warmup = mlm_head_warmup.warm_up_mlm_head(model.encoder, blocks, self.tokenizer,
-                                                      cfg.trainer.mlm_head_warmup_blocks, seed=cfg.trainer.seed)
+                                                      cfg.pretrain.mlm_head_warmup_blocks, seed=cfg.pretrain.seed)
             logger.info("pretrain: MLM head warm-up on the frozen reader: %s",
                         ", ".join(f"{k}={v:.4g}" for k, v in warmup.items()))
             with loop.writer.as_default(step=0):
                 for key, value in warmup.items():
                     tf.summary.scalar("mlm_head_warmup/" + key, value)
-        params_path = os.path.join(cfg.trainer.model_dir, "params.yaml")
+        params_path = os.path.join(cfg.pretrain.model_dir, "params.yaml")
         self.supervisor = refresh_supervisor.RefreshSupervisor(cfg, params_path, self.index_builder)
         if self.chief:
             self.supervisor.bootstrap(
@@ -217,12 +217,12 @@ class RealmPretrainingTask(base_task.Task):
         """Exports the retriever every ``refresh.export_every_steps`` (REALM §3.4) once it trains, and reports
         when the input pipeline switches to a new index version."""
         cfg, inputs = self.cfg, self.inputs
-        export_every, frozen_until = cfg.refresh.export_every_steps, cfg.trainer.freeze_retriever_steps
+        export_every, frozen_until = cfg.refresh.export_every_steps, cfg.pretrain.freeze_retriever_steps
         last_version = [inputs.loader.version]
 
         def export_hook(step: int, logs: Mapping[str, float]) -> None:
             # While the retriever is frozen its index is exact: nothing to export.
-            if export_every > 0 and step % export_every == 0 and frozen_until < step < cfg.trainer.steps:
+            if export_every > 0 and step % export_every == 0 and frozen_until < step < cfg.pretrain.steps:
                 if self.chief:
                     path = retriever_export.export_retriever(model.retriever, cfg, step, self.tokenizer)
                     logger.info("\npretrain: step %d: exported the retriever to %s", step, path)
@@ -249,7 +249,7 @@ class RealmPretrainingTask(base_task.Task):
                                   "trivial_retrievals_kept": stats.trivial_retrievals_kept}
         if self.run_evaluation and self.chief:
             scores = self.evaluate(model, self.eval_inputs())
-            writer = tf.summary.create_file_writer(os.path.join(self.cfg.trainer.model_dir, "eval"))
+            writer = tf.summary.create_file_writer(os.path.join(self.cfg.pretrain.model_dir, "eval"))
             with writer.as_default(step=loop.step):
                 for key, value in scores.items():
                     tf.summary.scalar(key, value)
@@ -258,14 +258,14 @@ class RealmPretrainingTask(base_task.Task):
         return result
 
     def eval_inputs(self) -> tf.data.Dataset | None:
-        """The held-out salient spans (``trainer.eval_examples`` of them; held out by source block), as
+        """The held-out salient spans (``pretrain.eval_examples`` of them; held out by source block), as
         ``(features, labels)`` batches, with their retrievals from the current index (chief only)."""
         if not self.chief:
             return None
         batch = self.global_batch_size
         heldout = self.inputs.dataset(self.eval_pattern, batch, repeat=False, shuffle=False,
                                       split=salient_heldout_predicate(self.cfg.data.pretraining_heldout_fraction))
-        heldout = heldout.take(max(1, self.cfg.trainer.eval_examples // batch))
+        heldout = heldout.take(max(1, self.cfg.pretrain.eval_examples // batch))
         return heldout.map(base_task.split_features(is_model_input))
 
     def evaluate(self, model: realm_pretrainer.RealmPretrainer, dataset: tf.data.Dataset) -> dict[str, float]:
@@ -387,16 +387,17 @@ def salient_heldout_predicate(fraction: float) -> Callable[[Mapping[str, tf.Tens
 def pretrain(cfg: config_lib.ExperimentConfig, pretraining_pattern: str | None = None,
              evaluate: bool = True, eval_pattern: str | None = None,
              index_builder: index_refresher.IndexBuilder | None = None, train: bool = True) -> dict[str, Any]:
-    """``realm-tf pretrain``: trains for ``trainer.steps`` (resuming from ``trainer.model_dir``).
+    """``realm-tf pretrain``: trains for ``pretrain.steps`` (resuming from ``pretrain.model_dir``).
 
     With ``train=False`` (``--eval-only``) it scores the held-out salient spans of the latest checkpoint of
-    ``trainer.model_dir`` and trains nothing; there must be one.
+    ``pretrain.model_dir`` and trains nothing; there must be one.
 
     Returns the last training logs, the held-out evaluation (``eval/...``), the global step, and the index
     versions the input pipeline used.
     """
-    if not train and not tf.train.latest_checkpoint(os.path.join(cfg.trainer.model_dir, "checkpoints")):
-        raise errors.UserError(f"{cfg.trainer.model_dir}: no checkpoint to evaluate (trainer.model_dir names the run)")
+    if not train and not tf.train.latest_checkpoint(os.path.join(cfg.pretrain.model_dir, "checkpoints")):
+        raise errors.UserError(f"{cfg.pretrain.model_dir}: no checkpoint to evaluate (pretrain.model_dir names the "
+                               f"run)")
     return experiment.run_experiment(RealmPretrainingTask(cfg, pretraining_pattern, evaluate or not train,
                                                           eval_pattern, index_builder), train=train)
 
@@ -407,7 +408,7 @@ def format_result(result: Mapping[str, Any]) -> str:
     lines = [f"pretrain: step {result['step']}: " + ", ".join(f"{k}={v:.4g}" for k, v in train.items()),
              f"  index versions used (batches): {result['index_versions']}; "
              f"{result['excluded_source_blocks']} retrieved source blocks excluded, "
-             f"{result.get('trivial_retrievals_kept', 0)} kept (trainer.trivial_retrieval_rate_while_frozen)"]
+             f"{result.get('trivial_retrievals_kept', 0)} kept (pretrain.trivial_retrieval_rate_while_frozen)"]
     if "eval" in result:
         e = result["eval"]
         lines.append(f"  held-out salient spans ({e['num_examples']} examples): MLM accuracy "

@@ -1,4 +1,4 @@
-"""``trainer.intra_op_threads``: applied before TensorFlow starts (ops then run on one thread each), kept with a
+"""``pretrain.intra_op_threads``: applied before TensorFlow starts (ops then run on one thread each), kept with a
 warning once it has started, rejected when negative; strategies by name."""
 import os
 import subprocess

@@ -16,7 +16,7 @@ from realm_tf.core import experiment
 class _Regression(base_task.Task):
     """y = x·w + b on a fixed stream of 64 examples: features ``x`` [batch, 3], labels ``y`` and ``index``."""
 
-    trainer_section = "trainer"
+    trainer_section = "pretrain"
 
     def __init__(self, cfg, frozen_until=0, separate_inputs=False):
         super().__init__(cfg)
@@ -77,9 +77,9 @@ class _Regression(base_task.Task):
 
 def _cfg(tmp_path, steps):
     return config.load_config("configs/tiny.yaml", [
-        f"trainer.model_dir={tmp_path}/run", f"trainer.steps={steps}", "trainer.learning_rate=0.05",
-        "trainer.warmup_steps=0", "trainer.checkpoint_every_steps=2", "trainer.summary_every_steps=1",
-        "data.batch_size=4", "trainer.weight_decay=0.0"])
+        f"pretrain.model_dir={tmp_path}/run", f"pretrain.steps={steps}", "pretrain.learning_rate=0.05",
+        "pretrain.warmup_steps=0", "pretrain.checkpoint_every_steps=2", "pretrain.summary_every_steps=1",
+        "data.batch_size=4", "pretrain.weight_decay=0.0"])
 
 
 def test_phases_share_one_iterator_and_train_their_own_variables(tmp_path):
@@ -183,9 +183,10 @@ class _EvaluatedRegression(_Regression):
 
 def test_train_and_eval_keeps_the_model_of_the_best_evaluation(tmp_path):
     cfg = config.load_config("configs/tiny.yaml", [
-        f"trainer.model_dir={tmp_path}/run", "trainer.steps=12", "trainer.learning_rate=0.5", "trainer.warmup_steps=0",
-        "trainer.checkpoint_every_steps=4", "trainer.eval_every_steps=3", "data.batch_size=4",
-        "trainer.weight_decay=0.0"])
+        f"pretrain.model_dir={tmp_path}/run", "pretrain.steps=12", "pretrain.learning_rate=0.5",
+        "pretrain.warmup_steps=0",
+        "pretrain.checkpoint_every_steps=4", "pretrain.eval_every_steps=3", "data.batch_size=4",
+        "pretrain.weight_decay=0.0"])
     task = _EvaluatedRegression(cfg)
     experiment.run_experiment(task)
     assert [step for step, _ in task.evaluations] == [3, 6, 9, 12]

@@ -78,7 +78,7 @@ def _numpy_adamw_steps(w, grads, lr, decay, steps, clip_norm):
 
 @pytest.mark.parametrize("clip_norm", [100.0, 1.0])
 def test_gradients_are_clipped_once_to_the_configured_global_norm(clip_norm):
-    """``trainer.clip_norm`` is the one clip: tf-models' AdamWeightDecay has its own (``gradient_clip_norm``, 1.0 by
+    """``pretrain.clip_norm`` is the one clip: tf-models' AdamWeightDecay has its own (``gradient_clip_norm``, 1.0 by
     default), which would otherwise clip every gradient to norm 1 whatever the config says. Two steps with
     global norms 50 and 400: Adam's step is scale-free only at t = 1, so the second step shows any clip."""
     cfg = dataclasses.replace(BASE, clip_norm=clip_norm, weight_decay=0.0)
@@ -108,10 +108,10 @@ def test_malformed_scales_name_the_item(item, message):
 
 def test_scales_load_from_yaml_and_overrides(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("trainer:\n  learning_rate_scales: ['masked_lm=10', 'knowledge_retriever=0.1']\n")
-    assert config.load_config(str(path)).trainer.learning_rate_scales == ("masked_lm=10", "knowledge_retriever=0.1")
-    cfg = config.load_config(str(path), ["trainer.learning_rate_scales=[masked_lm=3]"])
-    assert cfg.trainer.learning_rate_scales == ("masked_lm=3",)
+    path.write_text("pretrain:\n  learning_rate_scales: ['masked_lm=10', 'knowledge_retriever=0.1']\n")
+    assert config.load_config(str(path)).pretrain.learning_rate_scales == ("masked_lm=10", "knowledge_retriever=0.1")
+    cfg = config.load_config(str(path), ["pretrain.learning_rate_scales=[masked_lm=3]"])
+    assert cfg.pretrain.learning_rate_scales == ("masked_lm=3",)
 
 
 def test_a_plain_adamw_checkpoint_resumes_into_the_scaled_optimizer(tmp_path):

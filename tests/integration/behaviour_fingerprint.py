@@ -79,9 +79,9 @@ def fingerprint(work: str, data: str | None = None) -> dict[str, Any]:
     data = data or work
     overrides = [f"data.blocks_dir={data}/blocks", f"data.pretraining_dir={data}/pretraining",
                  f"index.index_dir={work}/index", f"refresh.export_dir={work}/export",
-                 f"trainer.model_dir={work}/pretrain", f"finetune.model_dir={work}/finetune",
-                 "refresh.mode=external", "refresh.export_every_steps=0", "trainer.steps=3",
-                 "trainer.summary_every_steps=1", "trainer.eval_examples=8", "data.batch_size=2",
+                 f"pretrain.model_dir={work}/pretrain", f"finetune.model_dir={work}/finetune",
+                 "refresh.mode=external", "refresh.export_every_steps=0", "pretrain.steps=3",
+                 "pretrain.summary_every_steps=1", "pretrain.eval_examples=8", "data.batch_size=2",
                  "finetune.steps=2", "finetune.summary_every_steps=1", "data.qa_dev_fraction=0.0",
                  "data.qa_tune_fraction=0.0", f"qa.retriever_checkpoint={work}/pretrain",
                  f"qa.reader_checkpoint={work}/pretrain",

@@ -31,7 +31,7 @@ def test_demo_runs_the_whole_loop_on_the_tiny_config(tmp_path):
     assert metrics["num_questions"] > 0 and 0 <= metrics["exact_match"] <= 1
     assert (work / "params.yaml").exists() and (work / "served" / "realm_qa.json").exists()
     params = config.load_config(str(work / "params.yaml"))
-    assert params.trainer.precision == params.reader.precision == params.finetune.precision  # --precision
+    assert params.pretrain.precision == params.reader.precision == params.finetune.precision  # --precision
     assert 'model_checkpoint_path: "ckpt-2"' in (work / "reader" / "checkpoints" / "checkpoint").read_text()
     assert "SQuAD questions for the reader warm start" in result.stdout
     # The warm start read every bundled NQ training question on the whole bundled corpus, preprocessed for reading

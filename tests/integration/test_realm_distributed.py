@@ -31,7 +31,7 @@ from realm_tf.tasks import realm_pretraining
 from realm_tf.tasks import retrieval_augmented_input
 
 sets = json.loads(sys.argv[1])
-cfg = config.load_config("configs/tiny.yaml", sets + ["trainer.strategy=mirrored", "trainer.steps=3",
+cfg = config.load_config("configs/tiny.yaml", sets + ["pretrain.strategy=mirrored", "pretrain.steps=3",
                                                       "data.batch_size=4", "refresh.export_every_steps=0"])
 # 1. `realm-tf pretrain` itself under MirroredStrategy (2 replicas): bootstraps the index, trains, evaluates
 #    (exports during distributed training: test_multi_worker_mirrored_two_processes).
@@ -97,7 +97,7 @@ def test_mirrored_strategy_on_two_logical_cpus(tmp_path, pretraining_workspace, 
 
 def test_multi_worker_mirrored_two_processes(tmp_path, pretraining_workspace, workspace_overrides):
     sets = _sets(tmp_path, pretraining_workspace, workspace_overrides) + [
-        "trainer.strategy=multi_worker", "trainer.steps=4", "refresh.export_every_steps=2"]
+        "pretrain.strategy=multi_worker", "pretrain.steps=4", "refresh.export_every_steps=2"]
     ports = _free_ports(2)
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     workers = []

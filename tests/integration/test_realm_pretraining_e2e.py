@@ -62,8 +62,8 @@ def _tail(path, chars=4000):
 def test_async_refresh_process_and_builder_killed_mid_publish(tmp_path, pretraining_workspace, workspace_overrides,
                                                                read_scalars):
     sets = workspace_overrides(tmp_path, pretraining_workspace) + [
-        "refresh.mode=external", "refresh.export_every_steps=3", "trainer.steps=100000", "trainer.max_minutes=8",
-        "trainer.summary_every_steps=1", "trainer.checkpoint_every_steps=100"]
+        "refresh.mode=external", "refresh.export_every_steps=3", "pretrain.steps=100000", "pretrain.max_minutes=8",
+        "pretrain.summary_every_steps=1", "pretrain.checkpoint_every_steps=100"]
     index_dir = str(tmp_path / "index")
     logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("trainer", "builder", "killed")}  # noqa: SIM115
     trainer = _cli(["pretrain"], sets, logs["trainer"])
@@ -114,8 +114,8 @@ def test_async_refresh_process_and_builder_killed_mid_publish(tmp_path, pretrain
 
 def test_trainer_killed_and_rerun_resumes_from_last_checkpoint(tmp_path, pretraining_workspace, workspace_overrides):
     sets = workspace_overrides(tmp_path, pretraining_workspace) + [
-        "refresh.mode=external", "refresh.export_every_steps=0", "trainer.steps=30",
-        "trainer.checkpoint_every_steps=5"]
+        "refresh.mode=external", "refresh.export_every_steps=0", "pretrain.steps=30",
+        "pretrain.checkpoint_every_steps=5"]
     checkpoints = str(tmp_path / "model" / "checkpoints")
     with open(tmp_path / "first.log", "w") as log:
         trainer = _cli(["pretrain", "--no-eval"], sets, log)

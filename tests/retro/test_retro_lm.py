@@ -275,3 +275,29 @@ def test_the_positive_control_puts_each_chosen_chunks_own_entry_first(retro_sets
     assert 0.09 < share < 0.11 and not retro_lm.own_neighbour_chunks(np.array([-1]), 1.0).any()
     np.testing.assert_array_equal(retro_lm.own_neighbour_chunks(ids, 0.1), retro_lm.own_neighbour_chunks(ids, 0.1))
     assert (retro_lm.own_neighbour_chunks(ids, 0.03) <= retro_lm.own_neighbour_chunks(ids, 0.1)).all()  # nested doses
+
+
+def test_a_forced_neighbours_continuation_is_what_the_positions_reading_it_must_predict(retro_sets):
+    """RETRO §2.4: the last token of chunk u and the first m-1 of chunk u+1 read the neighbours of chunk u. With the
+    chunk's own entry [C_u, C_{u+1}] forced in, the continuation half holds, slot by slot, the very targets those
+    positions predict, in ``examples`` and through the ``tf.data`` batches alike: a perfect copy is possible."""
+    _, sets = retro_sets
+    task = retro_lm.RetroLmTask(config.load_config(TINY, sets + ["retro.own_neighbour_rate=1.0"]))
+    m, n = task.cfg.retro.chunk_length, task.cfg.retro.sequence_length
+    copyable = first_chunk = 0
+    for example in task.examples("train"):
+        for t in np.flatnonzero(example["target_mask"]):
+            if t < m - 1:  # chunk 0's positions read no neighbour
+                first_chunk += 1
+                continue
+            u, i = (t - (m - 1)) // m, (t - (m - 1)) % m  # the chunk whose neighbours position t reads; its slot
+            assert example["neighbour_mask"][u, 0, m + i], (t, u)
+            assert example["neighbour_ids"][u, 0, m + i] == example["targets"][t], (t, u)
+            copyable += 1
+    assert copyable > 3 * first_chunk > 0
+    features, labels = next(iter(task.dataset("train", batch_size=4)))
+    ids, targets, mask = features["neighbour_ids"].numpy(), labels["targets"].numpy(), labels["target_mask"].numpy()
+    for b in range(ids.shape[0]):
+        for u in range(n // m - 1):
+            window = slice(u * m + m - 1, u * m + 2 * m - 1)
+            np.testing.assert_array_equal(ids[b, u, 0, m:][mask[b, window]], targets[b, window][mask[b, window]])

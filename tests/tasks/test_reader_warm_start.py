@@ -116,6 +116,32 @@ def test_evaluate_on_gold_blocks_reports_f1(squad, capsys):
     assert metrics["f1@w=0"] == pytest.approx(metrics["f1"])
 
 
+def test_train_and_eval_keeps_the_reader_of_the_best_gold_block_exact_match(squad, capsys, tmp_path):
+    """reader.eval_every_steps with qa.reader_eval_questions: the tune split scored on gold blocks during training,
+    the best step's reader in <model_dir>/best, with the score `evaluate --experiment reader` gives that step."""
+    _, path, _, sets = squad
+    model_dir = tmp_path / "reader"
+    sets = [*sets, "--set", f"reader.model_dir={model_dir}", "--set", "reader.steps=4", "--set",
+            "reader.eval_every_steps=2", "--set", f"qa.reader_eval_questions={path}", "--set",
+            "reader.checkpoint_every_steps=1", "--set", "reader.keep_checkpoints=10"]
+    assert cli.main(["train-reader", "--config", TINY, *sets, "--questions", str(path)]) == 0
+    capsys.readouterr()
+    best = json.loads((model_dir / "best" / "best.json").read_text())
+    assert best["metric"] == "exact_match" and best["step"] in (2, 4)
+    assert best["value"] == best["metrics"]["exact_match"]
+    tune = reading_sets.gold_only(open_qa.select_split(questions.read_questions(str(path)), "tune",
+                                                       config.load_config(TINY, sets[1::2]).data), squad[2])
+    assert best["metrics"]["num_questions"] == len(tune.examples) > 0
+    (model_dir / "checkpoints" / "checkpoint").write_text(  # the latest checkpoint is now the best step's
+        f'model_checkpoint_path: "ckpt-{best["step"]}"\nall_model_checkpoint_paths: "ckpt-{best["step"]}"\n')
+    assert cli.main(["evaluate", "--experiment", "reader", "--config", TINY, *sets, "--questions", str(path),
+                     "--split", "tune"]) == 0  # reader.model_dir, gold blocks: the defaults of --experiment reader
+    metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert metrics["retriever"] == "gold" and metrics["checkpoint"].endswith(f"ckpt-{best['step']}")
+    assert metrics["exact_match"] == pytest.approx(best["value"]) and metrics["f1"] == pytest.approx(
+        best["metrics"]["f1"])
+
+
 def _official_f1(prediction, ground_truth):
     """The SQuAD v1.1 evaluation script's F1, written out independently (Counter intersection)."""
     def normalize(s):

@@ -131,7 +131,7 @@ def test_trivial_retrieval_rate_keeps_the_source_block_of_that_share_of_queries(
 
 def test_trivial_retrievals_need_a_frozen_retriever(tmp_path, pretraining_workspace, workspace_overrides):
     cfg = config.load_config(TINY, workspace_overrides(tmp_path, pretraining_workspace) + [
-        "trainer.trivial_retrieval_rate_while_frozen=0.5", "refresh.mode=external"])
+        "pretrain.trivial_retrieval_rate_while_frozen=0.5", "refresh.mode=external"])
     with pytest.raises(config.ConfigError, match="freeze_retriever_steps"):
         realm_pretraining.pretrain(cfg, evaluate=False)
 
@@ -212,7 +212,7 @@ def test_loss_matches_numpy_with_fixed_candidates_and_one_step_trains_every_towe
 
 def test_a_mixed_bfloat16_model_gives_a_float32_loss_close_to_float32_and_trains(setup):
     cfg, task, _, _, inputs = setup
-    with precision.policy_scope("mixed_bfloat16"):  # as `realm-tf pretrain` builds it for trainer.precision
+    with precision.policy_scope("mixed_bfloat16"):  # as `realm-tf pretrain` builds it for pretrain.precision
         mixed = task.build_model()
     exact = task.build_model()
     exact.set_weights(mixed.get_weights())
@@ -304,10 +304,10 @@ def test_staged_pretraining_warms_the_head_freezes_then_trains_the_retriever(tmp
     """Head warm-up, a frozen retriever, then a trained one; and the held-out evaluation at the end scores the
     held-out salient spans of the shards given as ``eval_pattern`` (here: a strict subset of them)."""
     cfg = config.load_config(TINY, workspace_overrides(tmp_path, pretraining_workspace) + [
-        "trainer.steps=4", "trainer.freeze_retriever_steps=2", "trainer.mlm_head_warmup_blocks=16",
-        "trainer.checkpoint_every_steps=1", "trainer.keep_checkpoints=10", "trainer.summary_every_steps=1",
-        "refresh.mode=external", "refresh.export_every_steps=1", "trainer.trivial_retrieval_rate_while_frozen=1.0",
-        "trainer.eval_examples=1000", "data.pretraining_heldout_fraction=0.5"])
+        "pretrain.steps=4", "pretrain.freeze_retriever_steps=2", "pretrain.mlm_head_warmup_blocks=16",
+        "pretrain.checkpoint_every_steps=1", "pretrain.keep_checkpoints=10", "pretrain.summary_every_steps=1",
+        "refresh.mode=external", "refresh.export_every_steps=1", "pretrain.trivial_retrieval_rate_while_frozen=1.0",
+        "pretrain.eval_examples=1000", "data.pretraining_heldout_fraction=0.5"])
     files = tf.io.gfile.glob(f"{pretraining_workspace}/pretraining/pretraining-*")
     serialized = [r.numpy() for r in tf.data.TFRecordDataset(files)]
     records = parse_records(serialized, example_schemas.pretraining_feature_spec())
@@ -331,7 +331,7 @@ def test_staged_pretraining_warms_the_head_freezes_then_trains_the_retriever(tmp
     assert sorted(int(n) for n in os.listdir(cfg.refresh.export_dir) if n.isdigit()) == [0, 3]
 
     def weights(step, prefix):
-        reader = tf.train.load_checkpoint(f"{cfg.trainer.model_dir}/checkpoints/ckpt-{step}")
+        reader = tf.train.load_checkpoint(f"{cfg.pretrain.model_dir}/checkpoints/ckpt-{step}")
         keys = [k for k in reader.get_variable_to_shape_map() if k.startswith(prefix)
                 and k.endswith("/.ATTRIBUTES/VARIABLE_VALUE") and "OPTIMIZER_SLOT" not in k]
         assert keys, prefix
@@ -344,18 +344,18 @@ def test_staged_pretraining_warms_the_head_freezes_then_trains_the_retriever(tmp
     reader = {s: weights(s, "model/encoder/") for s in (1, 2)}
     assert same(retriever[1], retriever[2]) and not same(retriever[2], retriever[3])
     assert not same(reader[1], reader[2])
-    scalars = read_scalars(f"{cfg.trainer.model_dir}/train")
+    scalars = read_scalars(f"{cfg.pretrain.model_dir}/train")
     assert scalars["mlm_head_warmup/positions"][0][1] > 0
     assert len(scalars["query_similarity"]) == 4
 
     # --eval-only (``evaluate --experiment pretrain``): the latest checkpoint scored again; nothing trained or saved.
     params = (tmp_path / "model" / "params.yaml").read_text()
-    checkpoints = sorted(os.listdir(f"{cfg.trainer.model_dir}/checkpoints"))
+    checkpoints = sorted(os.listdir(f"{cfg.pretrain.model_dir}/checkpoints"))
     again = realm_pretraining.pretrain(cfg, eval_pattern=str(tmp_path / "eval" / "pretraining-*"), train=False)
-    assert again["step"] == 4 and sorted(os.listdir(f"{cfg.trainer.model_dir}/checkpoints")) == checkpoints
+    assert again["step"] == 4 and sorted(os.listdir(f"{cfg.pretrain.model_dir}/checkpoints")) == checkpoints
     assert again["eval"] == pytest.approx(result["eval"], rel=1e-5)
     assert (tmp_path / "model" / "params.yaml").read_text() == params
-    elsewhere = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, model_dir=str(tmp_path / "none")))
+    elsewhere = dataclasses.replace(cfg, pretrain=dataclasses.replace(cfg.pretrain, model_dir=str(tmp_path / "none")))
     with pytest.raises(errors.UserError, match="no checkpoint to evaluate"):
         realm_pretraining.pretrain(elsewhere, train=False)
 
