@@ -177,7 +177,8 @@ def test_the_older_section_name_trainer_is_read_as_pretrain_with_a_deprecation_m
     messages = [r.getMessage() for r in caplog.records]
     assert any(f"{tmp_path / 'exp.yaml'}:2: section 'trainer' is now 'pretrain'" in m for m in messages), messages
     assert any("override 'trainer.learning_rate=0.5': section 'trainer' is now 'pretrain'" in m for m in messages)
-    with pytest.raises(config.ConfigError, match=r"exp.yaml:3: unknown key 'pretrain.stepz'"):  # errors name the new key
+    # errors name the new key
+    with pytest.raises(config.ConfigError, match=r"exp.yaml:3: unknown key 'pretrain.stepz'"):
         config.load_config(_write(tmp_path, "name: x\ntrainer:\n  stepz: 3\n"))
     with pytest.raises(config.ConfigError, match=r"exp.yaml:1: sections 'trainer' and 'pretrain' \(line 3\)"):
         config.load_config(_write(tmp_path, "trainer:\n  steps: 3\npretrain:\n  steps: 4\n"))
