@@ -133,12 +133,14 @@ def machine() -> str:
     return f"{os.cpu_count()} vCPU {model}, {vector}"
 
 
-def commit() -> str:
-    """The checkout's short commit, ``+dirty`` when tracked files differ from it."""
+def commit(checkout: str = HERE) -> str:
+    """The checkout's short commit, ``+dirty`` when tracked files differ from it (the records and ``RESULTS.md``
+    aside: a benchmark that writes several records must not mark its own later ones dirty)."""
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True, check=True).stdout.strip()
-    return git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain", "--untracked-files=no")
-                                                  else "")
+        return subprocess.run(["git", *args], cwd=checkout, capture_output=True, text=True, check=True).stdout.strip()
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ":(top)", ":(top,exclude)benchmarks/records",
+                  ":(top,exclude)benchmarks/RESULTS.md")
+    return git("rev-parse", "--short", "HEAD") + ("+dirty" if changed else "")
 
 
 def invocation(argv: list[str] | None = None) -> str:

@@ -4,6 +4,7 @@ import json
 import os
 import pathlib
 import re
+import subprocess
 import sys
 import tempfile
 
@@ -90,3 +91,23 @@ def test_the_recorded_command_names_no_machine_path():
     assert command == (".venv/bin/python benchmarks/x.py --out runs/a --tmp '$TMPDIR/scratch' "
                        "'--data=<local>/elsewhere/d.jsonl'")
     result_records.validate(_record(command=command), "records/x.json")  # accepted
+
+
+def test_commit_is_dirty_for_changed_code_not_for_the_records_a_benchmark_writes(tmp_path):
+    def git(*args):
+        subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    (tmp_path / "benchmarks" / "records").mkdir(parents=True)
+    for name in ("benchmarks/records/a.json", "benchmarks/RESULTS.md", "benchmarks/x.py"):
+        (tmp_path / name).write_text("0\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "c")
+    clean = result_records.commit(str(tmp_path / "benchmarks"))
+    assert re.fullmatch(r"[0-9a-f]{7,40}", clean)
+    (tmp_path / "benchmarks/records/a.json").write_text("1\n")
+    (tmp_path / "benchmarks/RESULTS.md").write_text("1\n")
+    assert result_records.commit(str(tmp_path / "benchmarks")) == clean
+    (tmp_path / "benchmarks/x.py").write_text("1\n")
+    assert result_records.commit(str(tmp_path / "benchmarks")) == clean + "+dirty"
