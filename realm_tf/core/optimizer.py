@@ -95,16 +95,22 @@ def parse_lr_scales(items: Sequence[str]) -> tuple[tuple[str, float], ...]:
     return tuple(parsed)
 
 
+#: Variables without weight decay (regexes searched in their names): every normalisation's scale and offset
+#: (BERT's ``LayerNorm``/``layer_norm``, RETRO's ``attention_norm``, ``cca_norm``, ``output_norm``, ...) and every
+#: bias, as BERT's AdamW (Devlin et al., 2019; Loshchilov & Hutter, 2019) leaves them.
+NO_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "_norm/", "bias")
+
+
 def build_optimizer(cfg: config_lib.TrainerConfig,
                     model: tf_keras.layers.Layer | None = None) -> tf_keras.optimizers.Optimizer:
-    """AdamW (weight decay off for LayerNorm and biases), global-norm clipping, warm-up then linear decay to 0 at
+    """AdamW (weight decay off for normalisations and biases, :data:`NO_WEIGHT_DECAY`), global-norm clipping, warm-up then linear decay to 0 at
     ``cfg.steps`` (``learning_rate_decay: constant``: no decay, for a run whose length is not fixed in advance);
     :class:`ScaledAdamWeightDecay` when ``cfg.learning_rate_scales`` is set (its patterns match the paths of
     ``model``'s variables, :func:`variable_paths`)."""
     opt_config = optimization.OptimizationConfig({
         "optimizer": {"type": "adamw", "adamw": {
             "weight_decay_rate": cfg.weight_decay,
-            "exclude_from_weight_decay": ["LayerNorm", "layer_norm", "bias"],
+            "exclude_from_weight_decay": list(NO_WEIGHT_DECAY),
             # One clip, of the aggregated gradient (Keras' ``global_clipnorm``). AdamWeightDecay's own clip
             # (``gradient_clip_norm``, 1.0 by default) would run first on each replica's gradient and cap
             # ``pretrain.clip_norm`` at 1; it also costs a second global norm every step (107 L2Losses for MiniLM).

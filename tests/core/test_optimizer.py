@@ -193,3 +193,24 @@ def test_learning_rate_warms_up_then_decays_linearly_or_stays(decay):
     else:
         expected = np.where(steps < 4, 1e-3 * steps / 4, 1e-3)
     np.testing.assert_allclose(rates, expected, rtol=1e-5, atol=1e-9)
+
+
+def test_no_normalisation_scale_or_bias_is_decayed_in_any_model():
+    """AdamW's weight decay applies to weight matrices and embeddings only: not to a LayerNorm of BERT, nor to
+    RETRO's attention_norm / cca_norm / output_norm, nor to any bias."""
+    from realm_tf.retro import retro_decoder  # pylint: disable=import-outside-toplevel
+    from realm_tf.tasks import realm_pretraining  # pylint: disable=import-outside-toplevel
+
+    cfg = config.load_config("configs/tiny.yaml")
+    optimizer = optimizer_lib.build_optimizer(BASE)
+    decoder = retro_decoder.build_retro_decoder(cfg)
+    n, m = cfg.retro.sequence_length, cfg.retro.chunk_length
+    k, r = cfg.retro.num_neighbours, cfg.retro.chunk_length + cfg.retro.continuation_length
+    decoder({"input_ids": tf.zeros([1, n], tf.int32), "neighbour_ids": tf.zeros([1, n // m, k, r], tf.int32),
+             "neighbour_mask": tf.ones([1, n // m, k, r], tf.bool)})
+    names = [v.name for v in decoder.weights + realm_pretraining.RealmPretrainingTask(cfg).build_model().weights]
+    decayed = {name for name in names if optimizer._do_use_weight_decay(name)}  # noqa: SLF001  (the rule itself)
+    norms = {name for name in names if "norm" in name.lower() and "kernel" not in name}
+    assert norms and not decayed & norms, sorted(decayed & norms)
+    assert not {name for name in decayed if name.endswith("bias:0")}
+    assert any("cca_norm" in name for name in norms) and any("kernel" in name for name in decayed)
