@@ -103,8 +103,9 @@ NO_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "_norm/", "bias")
 
 def build_optimizer(cfg: config_lib.TrainerConfig,
                     model: tf_keras.layers.Layer | None = None) -> tf_keras.optimizers.Optimizer:
-    """AdamW (weight decay off for normalisations and biases, :data:`NO_WEIGHT_DECAY`), global-norm clipping, warm-up then linear decay to 0 at
-    ``cfg.steps`` (``learning_rate_decay: constant``: no decay, for a run whose length is not fixed in advance);
+    """AdamW (weight decay off for normalisations and biases, :data:`NO_WEIGHT_DECAY`), global-norm clipping,
+    warm-up then linear decay to 0 at ``cfg.steps`` (``learning_rate_decay: constant``: no decay, for a run whose
+    length is not fixed in advance);
     :class:`ScaledAdamWeightDecay` when ``cfg.learning_rate_scales`` is set (its patterns match the paths of
     ``model``'s variables, :func:`variable_paths`)."""
     opt_config = optimization.OptimizationConfig({
