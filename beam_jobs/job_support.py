@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import argparse
+import copy
 import importlib
 import importlib.machinery
 import logging
@@ -155,6 +156,24 @@ class BeamJob(abc.ABC):
         """Runs the job on ``argv`` (job flags, then Beam pipeline options)."""
         args, beam_args = self.parser().parse_known_args(argv)
         return self.run_with_args(args, beam_args)
+
+    def call(self, beam_args: Sequence[str] = (), **flags: Any) -> Any:
+        """Runs the job from Python: its flags as keyword arguments named as their values are (``config``,
+        ``overrides=["section.key=value", ...]``, ``input=[...]``, ``output``, ...), the others at their command-line
+        defaults; ``beam_args`` are Beam pipeline options. The same :meth:`run_with_args` as the command line.
+
+        Raises:
+          TypeError: an argument the job does not take, or a required one missing.
+        """
+        actions = {a.dest: a for a in self.parser()._actions if a.dest != "help"}  # noqa: SLF001  (argparse's own)
+        unknown = sorted(set(flags) - set(actions))
+        missing = sorted(dest for dest, a in actions.items() if a.required and dest not in flags)
+        if unknown or missing:
+            raise TypeError(f"{self.name}: " + "; ".join(
+                ([f"unknown arguments {unknown} (it takes {sorted(actions)})"] if unknown else [])
+                + ([f"missing required arguments {missing}"] if missing else [])))
+        values = {dest: copy.deepcopy(a.default) for dest, a in actions.items()}
+        return self.run_with_args(argparse.Namespace(**{**values, **flags}), list(beam_args))
 
     def main(self) -> int:
         """``python -m beam_jobs.<job>``: runs the job, reporting configuration errors without a traceback. The

@@ -16,7 +16,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 os.chdir(REPO)  # configs name bundled data by repo-relative paths
 
-from realm_tf import cli  # noqa: E402  (after TF_USE_LEGACY_KERAS is set)
+from beam_jobs import build_chunk_database  # noqa: E402  (after TF_USE_LEGACY_KERAS is set)
 from realm_tf import library_logs  # noqa: E402
 
 library_logs.show_on_stderr()  # as the command line does: the library's messages on (captured) stderr
@@ -68,12 +68,14 @@ def pretraining_workspace(tmp_path_factory):
         lines = list(itertools.islice(f, 80))
     with open(shared / "corpus.jsonl", "w") as f:
         f.writelines(lines)
-    from realm_tf import cli  # pylint: disable=import-outside-toplevel  (after TF_USE_LEGACY_KERAS is set)
+    # pylint: disable=import-outside-toplevel  (after TF_USE_LEGACY_KERAS is set)
+    from beam_jobs import generate_pretraining_data
+    from beam_jobs import preprocess_corpus
 
-    sets = ["--set", f"data.blocks_dir={shared}/blocks", "--set", f"data.pretraining_dir={shared}/pretraining"]
-    assert cli.main(["preprocess", "--config", TINY, *sets, "--input", str(shared / "corpus.jsonl"),
-                     "--output", str(shared / "blocks")]) == 0
-    assert cli.main(["generate-pretraining-data", "--config", TINY, *sets]) == 0
+    sets = [f"data.blocks_dir={shared}/blocks", f"data.pretraining_dir={shared}/pretraining"]
+    preprocess_corpus.JOB.call(config=TINY, overrides=sets, input=[str(shared / "corpus.jsonl")],
+                               output=str(shared / "blocks"))
+    generate_pretraining_data.JOB.call(config=TINY, overrides=sets)
     assert os.listdir(shared / "pretraining")
     return shared
 
@@ -177,7 +179,7 @@ def retro_sets(tmp_path_factory, pretraining_workspace, tiny_bert_checkpoint):
             "retro.dropout_rate=0.0", "retro.validation_fraction=0.2", "retro.test_fraction=0.1", "data.batch_size=2",
             "data.shuffle_buffer=8", "retro_trainer.steps=3", "retro_trainer.warmup_steps=0",
             "retro_trainer.summary_every_steps=1", "retro_trainer.checkpoint_every_steps=3"]
-    assert cli.main(["build-chunk-database", "--config", TINY, *sum((["--set", s] for s in sets), [])]) == 0
+    build_chunk_database.JOB.call(config=TINY, overrides=sets)
     return root, sets
 
 
@@ -185,9 +187,13 @@ def retro_sets(tmp_path_factory, pretraining_workspace, tiny_bert_checkpoint):
 def trained(retro_sets):
     """A baseline decoder trained 3 steps, then RETRO-fitted 3 steps (``<root>/baseline``, ``<root>/fit``)."""
     root, sets = retro_sets
-    base = sets + [f"retro_trainer.model_dir={root}/baseline"]
-    assert cli.main(["train-retro", "--config", TINY, "--baseline",
-                     *sum((["--set", s] for s in base), [])]) == 0
-    fit = sets + [f"retro_trainer.model_dir={root}/fit", f"retro.retro_fit_from={root}/baseline"]
-    assert cli.main(["train-retro", "--config", TINY, *sum((["--set", s] for s in fit), [])]) == 0
+    from realm_tf import config  # pylint: disable=import-outside-toplevel
+    from realm_tf.core import experiment  # pylint: disable=import-outside-toplevel
+    from realm_tf.retro import retro_lm  # pylint: disable=import-outside-toplevel
+
+    base = config.load_config(TINY, sets + [f"retro_trainer.model_dir={root}/baseline"])
+    assert experiment.run_experiment(retro_lm.RetroLmTask(base, retrieval=False))["step"] == 3
+    fit = config.load_config(TINY, sets + [f"retro_trainer.model_dir={root}/fit",
+                                           f"retro.retro_fit_from={root}/baseline"])
+    assert experiment.run_experiment(retro_lm.RetroLmTask(fit))["step"] == 3
     return root, sets

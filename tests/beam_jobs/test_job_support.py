@@ -2,6 +2,7 @@
 import pickle
 
 import apache_beam as beam
+import pytest
 import tensorflow as tf
 from apache_beam.testing import test_pipeline
 
@@ -79,3 +80,29 @@ def test_prepare_output_removes_the_manifest_and_matching_shards_only(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
     job_support.prepare_output(str(tmp_path / "new" / "dir"), "ict-*.tfrecord")
     assert (tmp_path / "new" / "dir").is_dir()
+
+
+class _EchoJob(job_support.BeamJob):
+    """A job whose run returns what it was given."""
+
+    name = "echo"
+
+    def add_args(self, parser):
+        parser.add_argument("--input", action="append", required=True)
+        parser.add_argument("--num_shards", type=int, default=0)
+        parser.add_argument("--set", dest="overrides", action="append", default=[])
+
+    def run_with_args(self, args, beam_args):
+        return vars(args), beam_args
+
+
+def test_a_job_called_from_python_gets_what_its_command_line_would_parse():
+    job = _EchoJob()
+    called = job.call(["--runner=DirectRunner"], input=["a.jsonl"], overrides=["x.y=1"])
+    parsed = job.run(["--input", "a.jsonl", "--set", "x.y=1", "--runner=DirectRunner"])
+    assert called == parsed == ({"input": ["a.jsonl"], "num_shards": 0, "overrides": ["x.y=1"]},
+                                ["--runner=DirectRunner"])
+    assert job.call(input=["b"])[0]["overrides"] == [] and job.call(input=["c"])[0]["overrides"] is not \
+        job.call(input=["d"])[0]["overrides"]  # defaults are fresh each call
+    with pytest.raises(TypeError, match=r"unknown arguments \['output'\].*missing required arguments \['input'\]"):
+        job.call(output="x")

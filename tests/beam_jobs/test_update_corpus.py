@@ -15,6 +15,7 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing import util as beam_util
 
 from beam_jobs import embed_blocks
+from beam_jobs import preprocess_corpus
 from beam_jobs import update_corpus
 from realm_tf import config
 from realm_tf import errors
@@ -63,14 +64,11 @@ def _block_rows(pattern, ignore=()):
 def base(tmp_path_factory):
     """40 bundled passages preprocessed (corpus version 0), a random tiny retriever's export (step 0) and index
     version 0 built from it."""
-    from realm_tf import cli  # pylint: disable=import-outside-toplevel
-
     root = tmp_path_factory.mktemp("update_base")
     with gzip.open("data/open_qa/passages.jsonl.gz", "rt") as f:
         documents = [json.loads(line) for line in itertools.islice(f, 40)]
     corpus = _write_jsonl(root / "corpus.jsonl", documents)
-    sets = [arg for s in _overrides(root) for arg in ("--set", s)]
-    assert cli.main(["preprocess", "--config", TINY, *sets, "--input", corpus, "--output", f"{root}/blocks"]) == 0
+    preprocess_corpus.JOB.call(config=TINY, overrides=_overrides(root), input=[corpus], output=f"{root}/blocks")
     cfg = config.load_config(TINY, _overrides(root))
     retriever_export.export_retriever(knowledge_retriever.build_knowledge_retriever(cfg.model), cfg, 0)
     embed_blocks.embed_and_publish(cfg, f"{root}/export/0")
@@ -123,9 +121,8 @@ def test_one_update_adds_replaces_keeps_deletes_and_reports_the_rest(workspace):
     # The new corpus version is what preprocessing the edited corpus gives, block for block ...
     edited = [changed if d["id"] == 3 else d for d in documents if d["id"] != 7] + [FACT]
     fresh_root = root / "fresh"
-    from realm_tf import cli  # pylint: disable=import-outside-toplevel
-    assert cli.main(["preprocess", "--config", TINY, "--input", _write_jsonl(root / "edited.jsonl", edited),
-                     "--output", str(fresh_root)]) == 0
+    preprocess_corpus.JOB.call(config=TINY, input=[_write_jsonl(root / "edited.jsonl", edited)],
+                               output=str(fresh_root))
     assert _block_rows(_pattern(root, 1)) == _block_rows(f"{fresh_root}/blocks-*.tfrecord*")
     # ... and its index is what embedding all of it with the same export gives, row for row.
     meta = index_publisher.read_index_json(index_publisher.version_dir(f"{root}/index", 1))

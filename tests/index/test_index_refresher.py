@@ -8,7 +8,7 @@ import os
 import pytest
 
 from beam_jobs import embed_blocks
-from realm_tf import cli
+from beam_jobs import preprocess_corpus
 from realm_tf import config
 from realm_tf.export import retriever_export
 from realm_tf.index import index_publisher
@@ -25,9 +25,8 @@ def setup(tmp_path):
         (tmp_path / "corpus.jsonl").write_text("".join(itertools.islice(f, 20)))
     overrides = [f"data.blocks_dir={tmp_path}/blocks", f"index.index_dir={tmp_path}/index",
                  f"refresh.export_dir={tmp_path}/export", "refresh.keep_exports=10"]
-    sets = sum((["--set", o] for o in overrides), [])
-    assert cli.main(["preprocess", "--config", TINY, *sets, "--input", str(tmp_path / "corpus.jsonl"),
-                     "--output", str(tmp_path / "blocks")]) == 0
+    preprocess_corpus.JOB.call(config=TINY, overrides=overrides, input=[str(tmp_path / "corpus.jsonl")],
+                               output=str(tmp_path / "blocks"))
     cfg = config.load_config(TINY, overrides)
     params = config.save_params(cfg, str(tmp_path))
     return cfg, params, knowledge_retriever.build_knowledge_retriever(cfg.model)

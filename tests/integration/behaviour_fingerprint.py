@@ -14,11 +14,9 @@ Run as a script against any checkout to record its values::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import glob
 import gzip
 import hashlib
-import io
 import itertools
 import json
 import os
@@ -65,7 +63,8 @@ def fingerprint(work: str, data: str | None = None) -> dict[str, Any]:
     ``generate-pretraining-data`` of the same 80 passages on the tiny config (the tests' shared workspace); they
     are then hashed instead of being made a second time."""
     from beam_jobs import embed_blocks  # pylint: disable=import-outside-toplevel
-    from realm_tf import cli  # pylint: disable=import-outside-toplevel
+    from beam_jobs import generate_pretraining_data  # pylint: disable=import-outside-toplevel
+    from beam_jobs import preprocess_corpus  # pylint: disable=import-outside-toplevel
     from realm_tf import config  # pylint: disable=import-outside-toplevel
     from realm_tf.tasks import open_qa  # pylint: disable=import-outside-toplevel
     from realm_tf.tasks import realm_pretraining  # pylint: disable=import-outside-toplevel
@@ -86,12 +85,10 @@ def fingerprint(work: str, data: str | None = None) -> dict[str, Any]:
                  "data.qa_tune_fraction=0.0", f"qa.retriever_checkpoint={work}/pretrain",
                  f"qa.reader_checkpoint={work}/pretrain",
                  "qa.recompute_doc_embeddings=true"]  # the index comes from the untrained export
-    sets = [item for o in overrides for item in ("--set", o)]
     if data == work:
-        with contextlib.redirect_stdout(io.StringIO()):
-            assert cli.main(["preprocess", "--config", TINY, *sets, "--input", f"{work}/corpus.jsonl",
-                             "--output", f"{work}/blocks"]) == 0
-            assert cli.main(["generate-pretraining-data", "--config", TINY, *sets]) == 0
+        preprocess_corpus.JOB.call(config=TINY, overrides=overrides, input=[f"{work}/corpus.jsonl"],
+                                   output=f"{work}/blocks")
+        generate_pretraining_data.JOB.call(config=TINY, overrides=overrides)
     cfg = config.load_config(TINY, overrides)
     out: dict[str, Any] = {"blocks_sha256": _sha256_of(f"{data}/blocks/blocks-*"),
                            "pretraining_sha256": _sha256_of(f"{data}/pretraining/pretraining-*")}
