@@ -130,10 +130,9 @@ def test_openqa_model_and_corpus_become_a_served_model_that_answers(released, tm
 def test_embedder_and_bert_start_our_stages_with_the_original_outputs(released, tmp_path):
     tok = released["tok"]
     retriever_run, reader_run = str(tmp_path / "embedder"), str(tmp_path / "bert")
-    assert cli.main(["import-realm", "--kind", "embedder", "--src", released["embedder"], "--out", retriever_run,
-                     "--config", TINY, *HEADS]) == 0
-    assert cli.main(["import-realm", "--kind", "bert", "--src", released["bert"], "--out", reader_run,
-                     "--config", TINY, *HEADS]) == 0
+    tiny = config.load_config(TINY)
+    model_import.import_realm("embedder", released["embedder"], retriever_run, tiny, num_attention_heads=2)
+    model_import.import_realm("bert", released["bert"], reader_run, tiny, num_attention_heads=2)
     cfg = config.load_config(os.path.join(retriever_run, "params.yaml"))
     assert cfg.model.retriever_checkpoint == retriever_run and cfg.model.share_embedders
     retriever = knowledge_retriever.build_knowledge_retriever(cfg.model)

@@ -336,7 +336,7 @@ def test_given_block_ids_are_read_without_a_retrieval_prior(qa):
             assert ids[start:start + len(title)] == title
 
 
-def test_bm25_evaluation_reads_bm25_blocks_with_the_same_reader(qa, capsys):
+def test_bm25_evaluation_reads_bm25_blocks_with_the_same_reader(qa):
     cfg, root, _, _, blocks, examples = qa
     path = root / "bm25_questions.jsonl"
     path.write_text("".join(json.dumps({"id": e.id, "question": e.question, "answers": list(e.answers)}) + "\n"
@@ -344,8 +344,7 @@ def test_bm25_evaluation_reads_bm25_blocks_with_the_same_reader(qa, capsys):
     sets = ["--set", f"data.blocks_dir={cfg.data.blocks_dir}", "--set", f"index.index_dir={cfg.index.index_dir}",
             "--set", f"finetune.model_dir={root}/model", "--set", "data.batch_size=4",
             "--set", f"qa.retriever_checkpoint={cfg.qa.retriever_checkpoint}"]
-    assert cli.main(["evaluate", "--config", TINY, *sets, "--questions", str(path), "--retriever", "bm25"]) == 0
-    metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    metrics = open_qa.evaluate(config.load_config(TINY, sets[1::2]), str(path), retriever="bm25")
     assert metrics["retriever"] == "bm25" and metrics["num_questions"] == len(examples)
     expected, _ = bm25_retriever.Bm25Retriever(blocks.titles, blocks.texts).search([e.question for e in examples],
                                                                                    cfg.model.reader_beam_size)
@@ -422,7 +421,7 @@ def test_finetune_on_bm25_blocks_trains_the_reader_alone(qa):
             "--set", f"finetune.model_dir={model_dir}", "--set", "data.batch_size=3", "--set", "finetune.steps=2",
             "--set", "finetune.warmup_steps=0", "--set", "finetune.learning_rate=1e-2",
             "--set", f"qa.retriever_checkpoint={cfg.qa.retriever_checkpoint}"]
-    assert cli.main(["finetune", "--config", TINY, *sets, "--train", str(path), "--retriever", "bm25"]) == 0
+    assert open_qa.finetune(config.load_config(TINY, sets[1::2]), str(path), retriever="bm25")["step"] == 2
     checkpoint = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
     assert checkpoint.endswith("-2")
     trained = tf.train.load_checkpoint(checkpoint)

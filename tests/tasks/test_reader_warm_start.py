@@ -264,9 +264,8 @@ def test_mixed_bfloat16_reader_computes_in_bfloat16_and_trains_float32_checkpoin
     np.testing.assert_allclose(losses[1], losses[0], rtol=0.05, atol=0.05)
 
     model_dir = root / "reader-bf16"
-    assert cli.main(["train-reader", "--config", TINY, *sets, "--set", f"reader.model_dir={model_dir}",
-                     "--set", "reader.precision=mixed_bfloat16", "--questions", str(path)]) == 0
-    capsys.readouterr()
+    reader_warm_start.train_reader(config.load_config(TINY, [*sets[1::2], f"reader.model_dir={model_dir}",
+                                                              "reader.precision=mixed_bfloat16"]), [str(path)])
     assert tf_keras.mixed_precision.global_policy().name == "float32"
     checkpoint = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
     reader = tf.train.load_checkpoint(checkpoint)
