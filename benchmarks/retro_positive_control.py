@@ -147,7 +147,8 @@ def main() -> int:
             f"retro-positive-control-{family}-dose", area="RETRO and kNN-LM", order=41,
             verdict="holds" if reading else "open",
             claim=f"The smallest dose p of forced own-chunk neighbours at which {family.replace('fit', '-fit')} beats "
-                  f"its own retrieval-off score by more than {NOISE_BPB} bpb (the dose it needs to read its neighbours)",
+                  f"its own retrieval-off score by more than {NOISE_BPB} bpb (the dose it needs to read its "
+                  f"neighbours)",
             figure=(f"p = {min(reading):g}" if reading else "none of the doses tried") + " (validation bpb on/off: "
                    + "; ".join(f"p {p:g}: {s['validation_on']:.3f}/{s['validation_off']:.3f}" for p, s in doses)
                    + f"; {args.steps} steps at lr {args.lr})")
