@@ -204,6 +204,30 @@ def bits_per_byte_by_bucket(scores: TokenScores, overlaps: dict[int, float],
     return out
 
 
+def per_document(scores: TokenScores, doc_index: np.ndarray) -> dict[str, list]:
+    """Each scored document's bits and UTF-8 bytes, for intervals over documents: ``{"documents": [ordinal, ...],
+    "bits": [...], "bytes": [...]}`` in ordinal order (``doc_index``: the database's document ordinal per chunk)."""
+    documents, inverse = np.unique(doc_index[scores.chunk_ids], return_inverse=True)
+    bits = np.bincount(inverse, weights=-scores.log_probs, minlength=documents.size) / np.log(2.0)  # [D]
+    num_bytes = np.bincount(inverse, weights=scores.bytes, minlength=documents.size)  # [D]
+    return {"documents": documents.tolist(), "bits": bits.tolist(), "bytes": num_bytes.astype(np.int64).tolist()}
+
+
+def bpb_difference(first: Mapping[str, list], second: Mapping[str, list], samples: int = 10_000,
+                   seed: int = 0) -> tuple[float, float, float]:
+    """bpb of ``second`` minus bpb of ``first`` (two :func:`per_document` results on the same documents), and its
+    95% paired bootstrap interval: documents resampled together, each sample's bpb the ratio of its summed bits
+    to its summed bytes (as the whole split's is)."""
+    if first["documents"] != second["documents"] or first["bytes"] != second["bytes"]:
+        raise ValueError("bpb_difference: the two scorings are not of the same documents")
+    a, b = np.asarray(first["bits"]), np.asarray(second["bits"])  # [D] each
+    num_bytes = np.asarray(first["bytes"], np.float64)  # [D]
+    draws = np.random.default_rng(seed).integers(0, a.size, size=(samples, a.size))  # [samples, D]
+    sampled = (b[draws].sum(1) - a[draws].sum(1)) / num_bytes[draws].sum(1)  # [samples]
+    return float((b.sum() - a.sum()) / num_bytes.sum()), float(np.percentile(sampled, 2.5)), float(
+        np.percentile(sampled, 97.5))
+
+
 #: kNN-LM's λ and distance temperature, chosen on the validation split (kNN-LM §3: λ tuned on validation).
 KNN_LAMBDAS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6)
 KNN_TEMPERATURES = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
@@ -295,7 +319,8 @@ def evaluate(cfg: config_lib.ExperimentConfig, model_dir: str, retrieval: bool, 
             dataclasses.replace(scores, bytes=scores.wordpiece_bytes), overlaps, alphas).items()},
         "bpb": {str(a): v[0] for a, v in by_alpha.items()}, "chunks": {str(a): v[1] for a, v in by_alpha.items()},
         "bpb_by_bucket": {b: v[0] for b, v in by_bucket.items()},
-        "chunks_by_bucket": {b: v[1] for b, v in by_bucket.items()}, **held}
+        "chunks_by_bucket": {b: v[1] for b, v in by_bucket.items()},
+        "per_document": per_document(scores, task.store.doc_index), **held}
     if knn:
         datastore = knn_datastore.KnnDatastore.load(cfg.retro.knn_dir, cfg.index.kind)
         validation = score_tokens(task, model, "validation", neighbours=neighbours, database=database,

@@ -4,10 +4,12 @@ import hashlib
 import json
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from realm_tf import cli
 from realm_tf import config
+from realm_tf.retro import lm_evaluation
 from realm_tf.retro import retro_lm
 from realm_tf.retro import retro_sequences
 
@@ -133,6 +135,9 @@ def test_evaluate_lm_and_knn_datastore_match_numpy(trained, capsys, progress_tot
                                    result["wordpiece_bytes"] / result["bytes"], rtol=1e-9)
         assert result["chunks"]["0.0"] <= result["chunks"]["0.5"] <= result["chunks"]["1.0"]
         assert sum(result["chunks_by_bucket"].values()) == result["chunks"]["1.0"]  # the buckets partition them
+        documents = result["per_document"]  # the same bits and bytes, split by document
+        assert sum(documents["bytes"]) == result["bytes"] and len(documents["documents"]) == len(docs)
+        np.testing.assert_allclose(sum(documents["bits"]) / sum(documents["bytes"]), result["bpb"]["1.0"], rtol=1e-9)
         assert result["chunks_by_bucket"]["0"] == result["chunks"]["0.0"]
     # Chunked cross-attention reads any number of neighbours: a model trained with k = 2 is scored with k = 3
     # (RETRO evaluates with more neighbours than it trained with) by the same path as the numpy reference.
@@ -301,3 +306,17 @@ def test_a_forced_neighbours_continuation_is_what_the_positions_reading_it_must_
         for u in range(n // m - 1):
             window = slice(u * m + m - 1, u * m + 2 * m - 1)
             np.testing.assert_array_equal(ids[b, u, 0, m:][mask[b, window]], targets[b, window][mask[b, window]])
+
+
+def test_bpb_difference_is_paired_over_documents():
+    first = {"documents": [0, 3, 7], "bits": [10.0, 40.0, 7.0], "bytes": [10, 30, 5]}
+    assert lm_evaluation.bpb_difference(first, first) == (0.0, 0.0, 0.0)
+    # Half a bit fewer on every byte of every document: exactly -0.5, in every resample too.
+    shifted = {**first, "bits": [bits - 0.5 * n for bits, n in zip(first["bits"], first["bytes"])]}
+    assert lm_evaluation.bpb_difference(first, shifted) == pytest.approx((-0.5, -0.5, -0.5))
+    # One document alone better: the difference is its share, and the interval reaches 0 (resamples without it).
+    one = {**first, "bits": [10.0, 10.0, 7.0]}
+    diff, low, high = lm_evaluation.bpb_difference(first, one)
+    assert diff == pytest.approx(-30.0 / 45) and low < diff < high == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="not of the same documents"):
+        lm_evaluation.bpb_difference(first, {**first, "documents": [0, 3, 8]})
