@@ -54,11 +54,6 @@ def help_text(surface: str) -> str:
     return "; ".join(items)
 
 
-def config_argv(args: argparse.Namespace) -> list[str]:
-    """``--config FILE --set K=V ...`` as parsed into ``args``, to pass on to another command."""
-    return ["--config", args.config, *sum((["--set", o] for o in args.overrides), [])]
-
-
 def forward(args: argparse.Namespace, target: Sequence[str], rest: Sequence[str]) -> int:
     """Runs ``realm-tf TARGET REST`` in this process (``args.entry_point``, the CLI's ``main``)."""
     return args.entry_point([*target, *rest, *(["--verbose"] if args.verbose else [])])
