@@ -68,18 +68,22 @@ class ReaderWarmStartTask(open_qa.OpenQaTask):
     def reader_only(self) -> bool:
         return True
 
+    def block_store(self) -> block_store_lib.BlockStore:
+        """The current corpus version's blocks, read once."""
+        if self.blocks is None:
+            self.blocks = block_store_lib.BlockStore.load(corpus_versions.current_pattern(self.cfg.data.blocks_dir))
+        return self.blocks
+
     def load_corpus(self) -> knowledge_corpus.KnowledgeCorpus:
         """The blocks without an index: the reader reads the blocks it is given, nothing is searched."""
-        self.blocks = block_store_lib.BlockStore.load(corpus_versions.current_pattern(self.cfg.data.blocks_dir))
-        return knowledge_corpus.KnowledgeCorpus.without_index(self.blocks, self.tokenizer)
+        return knowledge_corpus.KnowledgeCorpus.without_index(self.block_store(), self.tokenizer)
 
     def checkpoint_items(self, model: open_qa_model.OpenQaModel) -> dict[str, tf.Module]:
         return {"reader": model.reader}
 
     def training_set(self) -> tuple[list[questions.QaExample], np.ndarray | None, dict[str, Any]]:
         if self._training_set is None:
-            blocks = self.blocks or block_store_lib.BlockStore.load(
-                corpus_versions.current_pattern(self.cfg.data.blocks_dir))
+            blocks = self.block_store()
             examples, source_of = [], {}
             for number, path in enumerate(self.question_paths):
                 from_file = read_training_questions(self.cfg, [path])
@@ -118,8 +122,7 @@ class ReaderWarmStartTask(open_qa.OpenQaTask):
         path = self.cfg.qa.reader_eval_questions
         if not path:
             return None
-        blocks = self.blocks or block_store_lib.BlockStore.load(
-            corpus_versions.current_pattern(self.cfg.data.blocks_dir))
+        blocks = self.block_store()
         reading = reading_sets.gold_only(open_qa.select_split(questions.read_questions(path), "tune", self.cfg.data),
                                          blocks)
         if not reading.examples:
