@@ -1,13 +1,15 @@
 """Beam job: a trained decoder + RETRO's chunk database -> kNN-LM's datastore (Khandelwal et al., 2020, §2).
 
 "For every training token, the key is the decoder's hidden state at the input of the final layer's feed-forward
-block (after its LayerNorm), and the value is the next token." The training sequences are those the decoder
-trained on (``retro/retro_sequences``: the training documents' token streams cut at chunk boundaries):
+block (after its LayerNorm), and the value is the next token." The sequences are those the decoder trained on
+(``retro/retro_sequences``: the training documents' token streams cut at chunk boundaries) and, when
+``retro.training_document_fraction`` < 1, those of the ``database`` split: text RETRO retrieves but the decoder
+never trained on (kNN-LM §4.2, "more data without training": a datastore larger than the training set):
 
   ReadChunks          <retro.chunks_dir>/chunks-*.tfrecord
   ParseChunks         chunk -> (doc_id, (chunk_id, tokens)) | DeadLetter(unparseable_chunk)
   GroupByDocument     a document's chunks
-  Sequences           training documents only (held-out ones counted, not read) -> (sequence key, ids [n],
+  Sequences           training and database documents (held-out ones counted, not read) -> (sequence key, ids [n],
                       mask [n]); the key is SHA1(doc_id) and the sequence index
   RunInference        the decoder (restored in ``load_model``) -> per real target: the key (``knn_keys``) and the
                       next token | failures
@@ -58,7 +60,7 @@ ENTRIES_PREFIX = "entries"
 # Counters (NAMESPACE)
 CHUNKS_READ = "chunks_read"
 HELD_OUT_CHUNKS = "held_out_chunks"  # chunks of validation / test documents: never in the datastore
-DOCUMENTS = "training_documents"
+DOCUMENTS = "training_documents"  # documents outside the held-out splits (retro_sequences.RETRIEVABLE)
 SEQUENCES = "sequences"
 TARGETS = "targets"  # real next tokens of the training sequences: one datastore entry each
 ENTRIES = "entries_written"
@@ -68,14 +70,15 @@ UNPARSEABLE = "dead_letters.unparseable_chunk"
 
 
 class _ParseChunkFn(beam.DoFn):
-    """A chunk record -> ``(doc_id, (chunk_id, tokens))`` of a training document; others are counted."""
+    """A chunk record -> ``(doc_id, (chunk_id, tokens))`` of a document outside the held-out splits; others are
+    counted."""
 
-    def __init__(self, validation_fraction: float, test_fraction: float) -> None:
+    def __init__(self, validation_fraction: float, test_fraction: float, training_fraction: float = 1.0) -> None:
         super().__init__()
         spec = example_schemas.chunk_feature_spec()
         self._spec = {k: spec[k] for k in (example_schemas.CHUNK_ID, example_schemas.DOC_ID,
                                            example_schemas.TOKENS)}
-        self._fractions = (validation_fraction, test_fraction)
+        self._fractions = (validation_fraction, test_fraction, training_fraction)
 
     def process(self, record: bytes) -> Iterator[Any]:
         job_support.count(NAMESPACE, CHUNKS_READ)
@@ -89,7 +92,7 @@ class _ParseChunkFn(beam.DoFn):
             yield beam.pvalue.TaggedOutput("dead_letters", {"reason": "unparseable_chunk",
                                                             "detail": f"{type(e).__name__}: {str(e)[:300]}"})
             return
-        if retro_sequences.document_split(doc_id, *self._fractions) != "train":
+        if retro_sequences.document_split(doc_id, *self._fractions) not in retro_sequences.RETRIEVABLE:
             job_support.count(NAMESPACE, HELD_OUT_CHUNKS)
             return
         yield doc_id, (chunk_id, tokens)
@@ -170,7 +173,8 @@ def build_pipeline(pipeline: beam.Pipeline, cfg: config_lib.ExperimentConfig, mo
     pad_id = bert_tokenizer.read_vocab(cfg.model.vocab_file).index("[PAD]")
     parsed = (pipeline
               | "ReadChunks" >> beam.io.ReadFromTFRecord(filesystems.FileSystems.join(retro.chunks_dir, "chunks-*"))
-              | "ParseChunks" >> beam.ParDo(_ParseChunkFn(retro.validation_fraction, retro.test_fraction))
+              | "ParseChunks" >> beam.ParDo(_ParseChunkFn(
+                  retro.validation_fraction, retro.test_fraction, retro.training_document_fraction))
               .with_outputs("dead_letters", main="chunks"))
     outcomes = (parsed["chunks"]
                 | "GroupByDocument" >> beam.GroupByKey()

@@ -376,6 +376,10 @@ class RetroConfig:
       encoder_layers: layers of the neighbour encoder (paper: 2; it cross-attends the chunk in its first).
       dropout_rate: on attention weights and residual branches, in training.
       validation_fraction / test_fraction: whole documents (by SHA1 of the id) held out of training.
+      training_document_fraction: of the other documents, the fraction the decoder trains on (by SHA1 of the id);
+        the rest are the ``database`` split, retrievable but never trained on: a database larger than the
+        training text, the paper's regime (§4.1: the retrieval database is much larger than the training data;
+        App. C.2's Wikitext103 RETRO-fit searches a database ~40x its training set). 1.0 (the default): none.
       retro_fit_from: a trained baseline decoder's ``model_dir``: RETRO-fitting (§4.2) trains only the
         chunked cross-attention and the neighbour encoder on top of it, frozen; "" trains everything.
       knn_dir: versions of kNN-LM's datastore (Khandelwal et al., 2020; ``beam_jobs/build_knn_datastore``).
@@ -407,6 +411,7 @@ class RetroConfig:
     knn_dir: str = "/tmp/realm_tf/retro/knn"
     knn_neighbours: int = 64
     own_neighbour_rate: float = 0.0
+    training_document_fraction: float = 1.0
 
 
 #: Sections read under an older name for one release, with a deprecation message: old name -> new name.
@@ -579,6 +584,9 @@ def _check_lengths(cfg: ExperimentConfig, source: str, lines: Mapping[str, int])
     if cfg.retro.chunk_length < 1 or cfg.retro.continuation_length < 0:
         raise ConfigError(f"{_where(source, lines, 'retro.chunk_length')}: retro.chunk_length must be >= 1 and "
                           "retro.continuation_length >= 0")
+    if not 0.0 < cfg.retro.training_document_fraction <= 1.0:
+        raise ConfigError(f"{_where(source, lines, 'retro.training_document_fraction')}: "
+                          f"retro.training_document_fraction={cfg.retro.training_document_fraction} must be in (0, 1]")
     if not 0.0 <= cfg.retro.own_neighbour_rate <= 1.0:
         raise ConfigError(f"{_where(source, lines, 'retro.own_neighbour_rate')}: retro.own_neighbour_rate="
                           f"{cfg.retro.own_neighbour_rate} must be in [0, 1]")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 
 
-def _position(question_id: str) -> float:
+def position(question_id: str) -> float:
     """The question's place in [0, 1): the first 8 bytes of SHA1(id)."""
     digest = hashlib.sha1(str(question_id).encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64
@@ -19,7 +19,7 @@ def is_dev(question_id: str, dev_fraction: float) -> bool:
     """True when the question with this id belongs to the dev split."""
     if not 0.0 <= dev_fraction <= 1.0:
         raise ValueError(f"dev_fraction={dev_fraction} must be within [0, 1]")
-    return _position(question_id) < dev_fraction
+    return position(question_id) < dev_fraction
 
 
 def split_of(question_id: str, dev_fraction: float, tune_fraction: float = 0.0) -> str:
@@ -30,7 +30,7 @@ def split_of(question_id: str, dev_fraction: float, tune_fraction: float = 0.0) 
     """
     if not 0.0 <= dev_fraction + tune_fraction <= 1.0 or tune_fraction < 0.0:
         raise ValueError(f"dev_fraction={dev_fraction} + tune_fraction={tune_fraction} must be within [0, 1]")
-    position = _position(question_id)
-    if position < dev_fraction:
+    place = position(question_id)
+    if place < dev_fraction:
         return "dev"
-    return "tune" if position < dev_fraction + tune_fraction else "train"
+    return "tune" if place < dev_fraction + tune_fraction else "train"

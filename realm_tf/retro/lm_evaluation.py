@@ -58,6 +58,10 @@ class TokenScores:
     def with_log_probs(self, log_probs: np.ndarray) -> "TokenScores":
         return dataclasses.replace(self, log_probs=np.asarray(log_probs, np.float64))
 
+    def subset(self, keep: np.ndarray) -> "TokenScores":
+        """The scored tokens where bool ``keep`` ``[T]`` is True."""
+        return TokenScores(*(None if v is None else v[keep] for v in dataclasses.astuple(self)))
+
 
 def restore_decoder(task: retro_lm.RetroLmTask, model_dir: str) -> tf_keras.Model:
     """The task's decoder with the newest checkpoint of ``model_dir`` (a ``train-retro`` run)."""
@@ -204,6 +208,18 @@ def bits_per_byte_by_bucket(scores: TokenScores, overlaps: dict[int, float],
     return out
 
 
+def per_document_by_bucket(scores: TokenScores, overlaps: dict[int, float], doc_index: np.ndarray,
+                           alphas: Sequence[float] = ALPHAS) -> dict[str, dict[str, list]]:
+    """:func:`per_document` over each bucket's chunks (:func:`bits_per_byte_by_bucket`): the documents with a
+    chunk in the bucket, and their bits and bytes there, for intervals over documents within a bucket."""
+    r = np.array([overlaps[int(c)] for c in scores.chunk_ids.tolist()])  # [T]: each token's chunk's r(C)
+    out = {}
+    for low, high in zip([None, *alphas[:-1]], alphas):
+        keep = (r <= high + 1e-9) & (r > (low if low is not None else -np.inf) + 1e-9)
+        out[bucket_name(low, high)] = per_document(scores.subset(keep), doc_index)
+    return out
+
+
 def per_document(scores: TokenScores, doc_index: np.ndarray) -> dict[str, list]:
     """Each scored document's bits and UTF-8 bytes, for intervals over documents: ``{"documents": [ordinal, ...],
     "bits": [...], "bytes": [...]}`` in ordinal order (``doc_index``: the database's document ordinal per chunk)."""
@@ -321,6 +337,9 @@ def evaluate(cfg: config_lib.ExperimentConfig, model_dir: str, retrieval: bool, 
         "bpb_by_bucket": {b: v[0] for b, v in by_bucket.items()},
         "chunks_by_bucket": {b: v[1] for b, v in by_bucket.items()},
         "per_document": per_document(scores, task.store.doc_index), **held}
+    # the chunks after a sequence's first, which read neighbours (RETRO §2.4's causal shift): the paper's Fig. 6
+    later = scores.subset(task.sequence_positions()[scores.chunk_ids] >= 1)
+    result["later_chunks"] = _bucket_summary(later, overlaps, task.store.doc_index, alphas)
     if knn:
         datastore = knn_datastore.KnnDatastore.load(cfg.retro.knn_dir, cfg.index.kind)
         validation = score_tokens(task, model, "validation", neighbours=neighbours, database=database,
@@ -334,4 +353,16 @@ def evaluate(cfg: config_lib.ExperimentConfig, model_dir: str, retrieval: bool, 
                                    bits_per_byte_by_alpha(interpolated, overlaps, alphas).items()},
                        "knn_bpb_by_bucket": {b: v[0] for b, v in
                                              bits_per_byte_by_bucket(interpolated, overlaps, alphas).items()}})
+        result["knn_later_chunks"] = _bucket_summary(
+            interpolated.subset(task.sequence_positions()[scores.chunk_ids] >= 1), overlaps, task.store.doc_index,
+            alphas)
     return result
+
+
+def _bucket_summary(scores: TokenScores, overlaps: dict[int, float], doc_index: np.ndarray,
+                    alphas: Sequence[float]) -> dict[str, Any]:
+    """bpb, chunk counts and per-document bits and bytes of each r(C) bucket of ``scores``."""
+    by_bucket = bits_per_byte_by_bucket(scores, overlaps, alphas)
+    return {"bpb_by_bucket": {b: v[0] for b, v in by_bucket.items()},
+            "chunks_by_bucket": {b: v[1] for b, v in by_bucket.items()},
+            "per_document_by_bucket": per_document_by_bucket(scores, overlaps, doc_index, alphas)}

@@ -37,8 +37,9 @@ from realm_tf.retro import retro_sequences
 
 logger = logging.getLogger(__name__)
 
-#: Databases searched for neighbours (RETRO §4): ``train_only``, the training documents' chunks (used in training,
-#: and the "no leakage" evaluation); ``all_but_own``, every chunk but those of the query's own document (held-out
+#: Databases searched for neighbours (RETRO §4): ``train_only``, the chunks of every document outside the held-out
+#: splits (the training documents and the ``database`` split's, ``retro_sequences.RETRIEVABLE``; used in training
+#: and in the "no leakage" evaluation); ``all_but_own``, every chunk but those of the query's own document (held-out
 #: documents' other paragraphs are then retrievable, as in the paper's Wikipedia setting).
 DATABASES = ("train_only", "all_but_own")
 
@@ -121,18 +122,19 @@ class RetroLmTask(base_task.Task):
     def chunk_splits(self) -> np.ndarray:
         """str ``[num_chunks]``: the split (``retro_sequences.SPLITS``) of each database chunk's document."""
         retro = self.cfg.retro
-        by_doc = {d: retro_sequences.document_split(d, retro.validation_fraction, retro.test_fraction)
+        by_doc = {d: retro_sequences.document_split(d, retro.validation_fraction, retro.test_fraction,
+                                                    retro.training_document_fraction)
                   for d in set(self.store.doc_ids)}
         return np.array([by_doc[d] for d in self.store.doc_ids])
 
     def allowed_chunks(self, database: str) -> np.ndarray | None:
-        """The database chunks a search may return (``DATABASES``): ``train_only`` the training documents'
-        chunks (bool ``[num_chunks]``), ``all_but_own`` all (None; the own document is excluded per query) but
+        """The database chunks a search may return (``DATABASES``): ``train_only`` the chunks outside the
+        held-out splits (bool ``[num_chunks]``), ``all_but_own`` all (None; the own document is excluded per query) but
         those withheld by :meth:`hold_out_documents`."""
         if database not in DATABASES:
             raise errors.UserError(f"unknown database {database!r}: one of {', '.join(DATABASES)}")
         if database == "train_only":
-            return self.chunk_splits == "train"
+            return np.isin(self.chunk_splits, retro_sequences.RETRIEVABLE)
         return self.chunk_splits != WITHHELD if (self.chunk_splits == WITHHELD).any() else None
 
     def hold_out_documents(self, documents: Sequence[tuple[str, Sequence[int]]],
@@ -225,6 +227,16 @@ class RetroLmTask(base_task.Task):
         for chunk_id in rows.tolist():  # ids run through a document in order
             chunks.setdefault(self.store.doc_ids[chunk_id], []).append(chunk_id)
         return [(doc_id, np.asarray(ids, np.int64)) for doc_id, ids in chunks.items()]
+
+    def sequence_positions(self) -> np.ndarray:
+        """int64 ``[num_chunks]``: each chunk's place in the sequence it is cut into (documents are cut into
+        sequences of n/m chunks from their first chunk). Place 0 has no neighbours to read: the causal shift
+        (RETRO §2.4) lets chunk u attend only the neighbours of chunk u − 1 of the same sequence."""
+        per_sequence = self.cfg.retro.sequence_length // self.cfg.retro.chunk_length
+        out = np.zeros(len(self.store), np.int64)
+        for ids in self._document_chunk_index.values():
+            out[ids] = np.arange(ids.size) % per_sequence
+        return out
 
     def documents(self, split: str) -> list[tuple[str, np.ndarray]]:
         """``(doc_id, int32 token stream)`` of the documents of ``split`` (``retro_sequences.SPLITS``)."""

@@ -5,7 +5,9 @@ tokenizer).
 A document's token stream (its chunks in order, ``retro/chunk_store``) is cut into sequences of n tokens aligned
 with the chunks (n is a multiple of m), the last one padded. Whole documents are held out by id
 (``data/question_split``'s SHA1 positions): ``validation`` for choosing settings (e.g. kNN-LM's λ), ``test``
-only measured; their chunks are kept out of the database used with them where the protocol says so.
+only measured; their chunks are kept out of the database used with them where the protocol says so. Of the
+other documents, a fraction may be kept out of training too (``database``): their chunks are retrievable, their
+text is never trained on, so the database is larger than the training text (RETRO §4.1, App. C.2).
 """
 from __future__ import annotations
 
@@ -15,14 +17,25 @@ import numpy as np
 
 from realm_tf.data import question_split
 
-SPLITS = ("train", "validation", "test")
+SPLITS = ("train", "database", "validation", "test")
+
+#: The splits whose chunks a "no leakage" database holds (RETRO §4): every document but the held-out ones.
+RETRIEVABLE = ("train", "database")
 
 
-def document_split(doc_id: str, validation_fraction: float, test_fraction: float) -> str:
+def document_split(doc_id: str, validation_fraction: float, test_fraction: float,
+                   training_fraction: float = 1.0) -> str:
     """``validation`` (SHA1 position of the id below ``validation_fraction``), ``test`` (the next
-    ``test_fraction``) or ``train``: deterministic, by document."""
+    ``test_fraction``), then ``train`` for the first ``training_fraction`` of the rest and ``database`` after
+    it: deterministic, by document."""
     split = question_split.split_of(doc_id, validation_fraction, test_fraction)
-    return {"dev": "validation", "tune": "test"}.get(split, "train")
+    if split != "train":
+        return {"dev": "validation", "tune": "test"}[split]
+    held_out = validation_fraction + test_fraction
+    if training_fraction >= 1.0 or held_out >= 1.0:
+        return "train"
+    rest = (question_split.position(doc_id) - held_out) / (1.0 - held_out)  # in [0, 1)
+    return "train" if rest < training_fraction else "database"
 
 
 def document_sequences(tokens: Sequence[int], length: int, pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:

@@ -47,6 +47,20 @@ def test_training_sequences_come_from_training_documents_with_neighbours_from_ot
     assert (table[task.chunk_splits != "train"] == -1).all()
 
 
+def test_database_documents_are_retrieved_in_training_but_never_trained_on(retro_sets):
+    _, sets = retro_sets
+    task = retro_lm.RetroLmTask(config.load_config(TINY, sets + ["retro.training_document_fraction=0.4"]))
+    splits = {d: retro_sequences.document_split(d, 0.2, 0.1, 0.4) for d in set(task.store.doc_ids)}
+    assert {"train", "database", "validation"} <= set(splits.values())
+    assert {d for d, _ in task.documents("train")} == {d for d, s in splits.items() if s == "train"}
+    table = task.neighbour_table("train")  # [num_chunks, k]
+    chosen = table[task.chunk_splits == "train"]
+    found = task.chunk_splits[chosen[chosen >= 0]]
+    assert "database" in set(found) and set(found) <= {"train", "database"}  # never held-out text
+    np.testing.assert_array_equal(task.allowed_chunks("train_only"),
+                                  np.isin(task.chunk_splits, ["train", "database"]))
+
+
 def test_loss_is_the_mean_next_token_nll_over_real_tokens():
     task = retro_lm.RetroLmTask(config.load_config(TINY))
     rng = np.random.default_rng(0)
@@ -139,6 +153,10 @@ def test_evaluate_lm_and_knn_datastore_match_numpy(trained, capsys, progress_tot
         assert sum(documents["bytes"]) == result["bytes"] and len(documents["documents"]) == len(docs)
         np.testing.assert_allclose(sum(documents["bits"]) / sum(documents["bytes"]), result["bpb"]["1.0"], rtol=1e-9)
         assert result["chunks_by_bucket"]["0"] == result["chunks"]["0.0"]
+        later = result["later_chunks"]  # the chunks after each sequence's first: fewer chunks, same buckets
+        first = {int(ids[i]) for ids in docs.values() for i in range(0, ids.size, per_sequence)}
+        later_chunks = {c for ids in docs.values() for c in ids.tolist()} - first
+        assert sum(later["chunks_by_bucket"].values()) == len(later_chunks)
     # Chunked cross-attention reads any number of neighbours: a model trained with k = 2 is scored with k = 3
     # (RETRO evaluates with more neighbours than it trained with) by the same path as the numpy reference.
     more = config.load_config(TINY, fit + ["retro.num_neighbours=3"])
@@ -170,6 +188,9 @@ def test_evaluate_lm_and_knn_datastore_match_numpy(trained, capsys, progress_tot
     np.testing.assert_array_equal(store.values, np.concatenate(expected_values))
     np.testing.assert_allclose(store.keys[:, :-1], np.concatenate(expected_keys), atol=1e-5)
 
+    ten = lm_evaluation.evaluate(config.load_config(TINY, fit + ["retro.num_neighbours=10"]), str(root / "fit"),
+                                 retrieval=True, split="validation")  # the CCA reads any k without retraining
+    assert np.isfinite(ten["bpb"]["1.0"]) and ten["tokens"] == result["tokens"]
     result = lm_evaluation.evaluate(cfg, str(root / "baseline"), retrieval=False,
                                     split="test", knn=True)
     grid = result["knn_validation_grid"]
@@ -320,3 +341,27 @@ def test_bpb_difference_is_paired_over_documents():
     assert diff == pytest.approx(-30.0 / 45) and low < diff < high == pytest.approx(0.0)
     with pytest.raises(ValueError, match="not of the same documents"):
         lm_evaluation.bpb_difference(first, {**first, "documents": [0, 3, 8]})
+
+
+def test_per_document_buckets_add_up_to_the_bucket_and_positions_restart_each_sequence(retro_sets):
+    rng = np.random.default_rng(0)
+    chunk_ids = np.repeat(np.arange(12), 5)  # [60]: 12 chunks of 5 scored tokens
+    scores = lm_evaluation.TokenScores(chunk_ids, rng.integers(0, 9, 60).astype(np.int32), -rng.random(60) * 3,
+                                       rng.integers(1, 4, 60))
+    overlaps = {c: [0.0, 0.1, 0.3, 0.9][c % 4] for c in range(12)}
+    doc_index = np.arange(12) // 3  # [12]: four documents of three chunks
+    by_bucket = lm_evaluation.bits_per_byte_by_bucket(scores, overlaps)
+    for bucket, docs in lm_evaluation.per_document_by_bucket(scores, overlaps, doc_index).items():
+        bpb, count = by_bucket[bucket]
+        if not count:
+            assert docs["documents"] == []
+            continue
+        assert sum(docs["bits"]) / sum(docs["bytes"]) == pytest.approx(bpb)
+        expected = sorted({int(doc_index[c]) for c in range(12) if bucket == lm_evaluation.bucket_name(
+            *{0.0: (None, 0.0), 0.1: (0.0, 0.125), 0.3: (0.25, 0.5), 0.9: (0.5, 1.0)}[overlaps[c]])})
+        assert docs["documents"] == expected
+    _, sets = retro_sets
+    task = retro_lm.RetroLmTask(config.load_config(TINY, sets))  # n / m = 4 chunks per sequence
+    positions = task.sequence_positions()
+    for doc_id, ids in task.document_chunks(None)[:20]:
+        assert positions[ids].tolist() == [i % 4 for i in range(ids.size)], doc_id

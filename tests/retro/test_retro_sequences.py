@@ -1,4 +1,5 @@
 """RETRO's sequences, document splits and bits-per-byte, against brute force."""
+import hashlib
 import math
 
 import numpy as np
@@ -23,6 +24,25 @@ def test_documents_split_deterministically_in_the_given_shares():
     assert splits == [retro_sequences.document_split(d, 0.1, 0.05) for d in ids]
     share = {s: splits.count(s) / len(ids) for s in retro_sequences.SPLITS}
     assert share["validation"] == pytest.approx(0.1, abs=0.02) and share["test"] == pytest.approx(0.05, abs=0.015)
+
+
+def test_a_training_fraction_keeps_the_rest_of_the_documents_for_the_database_only():
+    ids = [f"doc-{i}" for i in range(4000)]
+    position = {d: int.from_bytes(hashlib.sha1(d.encode()).digest()[:8], "big") / 2.0**64 for d in ids}
+    for fraction in (0.1, 0.5):
+        splits = {d: retro_sequences.document_split(d, 0.1, 0.05, fraction) for d in ids}
+        for d in ids:  # brute force: held out below 0.15, then train for the first `fraction` of the rest
+            p = position[d]
+            expected = ("validation" if p < 0.1 else "test" if p < 0.15 else
+                        "train" if (p - 0.15) / 0.85 < fraction else "database")
+            assert splits[d] == expected, d
+        kept = [s for s in splits.values() if s in retro_sequences.RETRIEVABLE]
+        assert kept.count("train") / len(kept) == pytest.approx(fraction, abs=0.03)
+    # held-out documents do not depend on the fraction; a training document stays one under a larger fraction
+    small = {d: retro_sequences.document_split(d, 0.1, 0.05, 0.1) for d in ids}
+    assert all(retro_sequences.document_split(d, 0.1, 0.05) == ("train" if s == "database" else s)
+               for d, s in small.items())
+    assert all(retro_sequences.document_split(d, 0.1, 0.05, 0.5) == "train" for d, s in small.items() if s == "train")
 
 
 def test_byte_count_is_that_of_the_detokenized_text():
