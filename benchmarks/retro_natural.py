@@ -67,7 +67,7 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--config", default="configs/minilm.yaml")
     parser.add_argument("--out", default="runs/bench/retro_natural")
-    parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (init and data order)")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated training seeds (the data order)")
     parser.add_argument("--baseline-steps", dest="baseline_steps", type=int, default=1200)
     parser.add_argument("--fit-steps", dest="fit_steps", type=int, default=1200)
     parser.add_argument("--fit-lr", dest="fit_lr", default="1e-3",

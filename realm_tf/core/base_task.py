@@ -57,6 +57,9 @@ class Task(abc.ABC):
     trainer_section: ClassVar[str] = "pretrain"
     #: The evaluation score that decides the best model of a train-and-eval run, and whether higher is better.
     best_metric: ClassVar[tuple[str, str]] = ("loss", "min")
+    #: True when :meth:`build_inputs` takes ``start_step`` and continues the order a run from step 0 with the same
+    #: seed draws (a resumed run sees the batches it would have seen); otherwise a resumed run draws a new order.
+    resumes_exactly: ClassVar[bool] = False
 
     def __init__(self, cfg: config_lib.ExperimentConfig):
         self.cfg = cfg  # no TensorFlow op here: MultiWorkerMirroredStrategy must be created before any

@@ -125,8 +125,13 @@ def _train_and_eval(task: base_task.Task, model: Any, loop: training_loop.Traini
 
 def _distributed_inputs(task: base_task.Task, strategy: tf.distribute.Strategy, step: int,
                         options: dict[str, Any]) -> Any:
-    """The task's inputs split over the replicas. A resumed run draws a new order (seed + step) instead of
-    replaying the examples it has already seen; each input pipeline gets its own seed."""
-    seed = options.pop("seed", task.trainer_config.seed) + step
+    """The task's inputs split over the replicas; each input pipeline gets its own seed. A resumed run of a task
+    that ``resumes_exactly`` continues the order from ``step`` (the seed's order, the first ``step`` batches
+    skipped); other tasks draw a new order (seed + step) instead of replaying the examples already seen."""
+    seed = options.pop("seed", task.trainer_config.seed)
+    if task.resumes_exactly:
+        options["start_step"] = step
+    else:
+        seed += step
     return strategy.distribute_datasets_from_function(
         lambda ctx: task.build_inputs(ctx, seed=seed + ctx.input_pipeline_id, **options))

@@ -328,15 +328,20 @@ class RetroLmTask(base_task.Task):
         labels = ("targets", "target_mask", "input_mask", "chunk_ids")
         return ds.map(base_task.split_features(lambda k: k not in labels)).prefetch(2)
 
+    resumes_exactly = True
+
     def build_inputs(self, input_context: tf.distribute.InputContext | None = None, seed: int | None = None,
-                     **options: Any) -> tf.data.Dataset:
+                     start_step: int = 0, **options: Any) -> tf.data.Dataset:
+        """Shuffled training batches, repeated; the order is a function of ``seed`` alone (the generator reads
+        the documents in a fixed order), so a run resumed at ``start_step`` skips the batches it has trained on
+        and sees the ones an uninterrupted run would."""
         batch_size = self.global_batch_size
         if input_context is not None:
             batch_size = input_context.get_per_replica_batch_size(batch_size)
         ds = self.dataset("train", repeat=True, shuffle=True, seed=seed, batch_size=batch_size)
         if input_context is not None and input_context.num_input_pipelines > 1:
             ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-        return ds
+        return ds.skip(start_step)
 
     # ---- model, loss ------------------------------------------------------------------------------------------
 

@@ -365,3 +365,22 @@ def test_per_document_buckets_add_up_to_the_bucket_and_positions_restart_each_se
     positions = task.sequence_positions()
     for doc_id, ids in task.document_chunks(None)[:20]:
         assert positions[ids].tolist() == [i % 4 for i in range(ids.size)], doc_id
+
+
+def test_a_resumed_run_sees_the_batches_an_uninterrupted_run_would(retro_sets):
+    from realm_tf.core import experiment
+
+    _, sets = retro_sets
+    task = retro_lm.RetroLmTask(config.load_config(TINY, sets), retrieval=False)
+    strategy = tf.distribute.get_strategy()
+
+    def batches(step, count):  # the training input as run_experiment builds it for a run (re)started at `step`
+        iterator = iter(experiment._distributed_inputs(task, strategy, step, {}))  # pylint: disable=protected-access
+        return [next(iterator)[0]["input_ids"].numpy() for _ in range(count)]
+
+    straight, resumed = batches(0, 7), batches(4, 3)
+    for expected, got in zip(straight[4:], resumed):
+        np.testing.assert_array_equal(got, expected)
+    assert not np.array_equal(straight[0], straight[4])  # the skipped batches were real, different ones
+    other_seed = iter(experiment._distributed_inputs(task, strategy, 0, {"seed": 99}))  # pylint: disable=protected-access
+    assert not np.array_equal(next(other_seed)[0]["input_ids"].numpy(), straight[0])
