@@ -425,11 +425,39 @@ class EmbedBlocksJob(job_support.BeamJob):
         job_flags.add_embed_blocks_args(parser)
 
     def run_with_args(self, args: argparse.Namespace, beam_args: Sequence[str]) -> dict[str, Any]:
+        """Runs the job; a rerun whose index version is already published from the same export and blocks (a
+        run that finished, or was killed after its commit) has nothing to do and says so."""
         cfg = config_lib.load_config(args.config, args.overrides)
-        return embed_and_publish(
-            cfg, resolve_export(args.export, args.export_dir, cfg), args.index_dir, args.blocks, beam_args,
-            args.embeddings_dir, args.keep_embeddings, args.min_batch_size, args.max_batch_size, args.batching,
-            args.num_shards, args.progress_interval, args.pause_before_commit, args.intra_op_threads)
+        export_path = resolve_export(args.export, args.export_dir, cfg)
+        try:
+            return embed_and_publish(
+                cfg, export_path, args.index_dir, args.blocks, beam_args, args.embeddings_dir, args.keep_embeddings,
+                args.min_batch_size, args.max_batch_size, args.batching, args.num_shards, args.progress_interval,
+                args.pause_before_commit, args.intra_op_threads)
+        except index_publisher.IndexVersionExistsError:
+            published = _already_published(cfg, export_path, args.index_dir, args.blocks)
+            if published is None:
+                raise
+            logger.warning("embed_blocks: %s already holds the index of %s over %s: nothing to do",
+                           published["index_path"], export_path, published["blocks_pattern"])
+            return published
+
+
+def _already_published(cfg: config_lib.ExperimentConfig, export_path: str, index_dir: str | None,
+                       blocks: str | None) -> dict[str, Any] | None:
+    """The index version this run would publish when it is already published from the same export (path and
+    step) and the same blocks; None otherwise."""
+    from realm_tf.export import retriever_export  # pylint: disable=import-outside-toplevel
+
+    index_dir = index_dir or cfg.index.index_dir
+    export = retriever_export.read_export_metadata(export_path)
+    path = index_publisher.version_dir(index_dir, index_publisher.version_for_export(index_dir, int(export["step"])))
+    published = index_publisher.read_index_json(path)
+    mine = _export_metadata(export_path, export)
+    blocks = blocks or corpus_versions.current_pattern(cfg.data.blocks_dir, "blocks-*.tfrecord")
+    same = all(published.get(k) == mine[k] for k in ("export_step", "export_path", "vocab_hash")) and \
+        published.get("blocks_pattern") == blocks
+    return {**published, "index_path": path} if same else None
 
 
 def format_summary(summary: Mapping[str, Any]) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import argparse
+import contextlib
 import copy
 import importlib
 import importlib.machinery
@@ -29,6 +30,7 @@ from apache_beam.io import filesystems
 from apache_beam.metrics import metric
 from apache_beam.options import pipeline_options
 
+from realm_tf import artifacts
 from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf import library_logs
@@ -65,6 +67,16 @@ def prepare_output(output_dir: str, *globs: str) -> None:
     delete_matching([filesystems.FileSystems.join(output_dir, glob) for glob in globs])
     if not filesystems.FileSystems.exists(output_dir):
         filesystems.FileSystems.mkdirs(output_dir)
+
+
+@contextlib.contextmanager
+def replacing_output(output_dir: str) -> Iterator[str]:
+    """The directory a job writes its whole output into, manifest included: a staging directory beside
+    ``output_dir`` that replaces it in one step when the body returns (``artifacts.staged``). Until then readers
+    keep the previous complete output; a job that fails or is killed leaves it as it was (a killed job's
+    staging directory is removed by the next run)."""
+    with artifacts.staged(output_dir, artifacts.JOB_MANIFEST, replace=True, marker_written=True) as staging:
+        yield staging.path
 
 
 def check_input(pattern: str, vocab_hash: str, flag: str = "--input") -> dict[str, object] | None:

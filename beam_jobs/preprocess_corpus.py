@@ -513,15 +513,15 @@ class PreprocessCorpusJob(job_support.BeamJob):
             logger.info("preprocess: %d input file(s), %s lines (counted in %.1fs)", len(paths), f"{total:,}",
                         time.time() - start)
         refuse_to_replace(args.output, args.overwrite)
-        job_support.prepare_output(args.output, f"{BLOCKS_PREFIX}-*-of-*.tfrecord",
-                                   f"{DEAD_LETTER_PREFIX}-*-of-*.jsonl")
-        corpus_versions.discard_updates(args.output)  # this run is a new version 0: older updates do not apply
-        pipeline = beam.Pipeline(options=options)
-        build_pipeline(pipeline, args.input, args.output, cfg, static, args.format, args.num_shards,
-                       args.batch_size, args.max_title_length, total, args.progress_interval)
         start = time.time()
-        result = pipeline.run()
-        result.wait_until_finish()
+        # Written beside the output and swapped in whole: a previous corpus (and the updates made on it, which do
+        # not apply to this new version 0) stays readable until this run completes.
+        with job_support.replacing_output(args.output) as staging_dir:
+            pipeline = beam.Pipeline(options=options)
+            build_pipeline(pipeline, args.input, staging_dir, cfg, static, args.format, args.num_shards,
+                           args.batch_size, args.max_title_length, total, args.progress_interval)
+            result = pipeline.run()
+            result.wait_until_finish()
         manifest = job_manifest.read_manifest(args.output)
         logger.info("%s", format_summary(manifest, time.time() - start))
         return {**manifest, "counters": job_support.read_counters(result, NAMESPACE)}

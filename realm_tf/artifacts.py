@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import time
 import uuid
 from typing import Any, Collection, Iterator, Mapping
@@ -40,6 +41,7 @@ OPEN_QA_EXPORT = "realm_qa.json"  # the serving SavedModel of the Open-QA system
 RETRO_EXPORT = "retro_lm.json"  # the SavedModel of a RETRO / baseline decoder (scoring and generation)
 JOB_MANIFEST = "manifest.json"  # a Beam job's output directory (counts, shards, config)
 STAGING_PREFIX = ".staging-"
+REPLACED_PREFIX = ".replaced-"  # a published directory moved aside while its replacement is committed
 #: In a marker: ``{relative path: {"bytes": n, "sha256": hex}}`` of every file the artifact holds. Readers check
 #: the sizes on load (a truncated or missing file is named at once); ``realm-tf verify`` checks the digests.
 FILES = "files"
@@ -55,7 +57,8 @@ class Staging:
 
 
 @contextlib.contextmanager
-def staged(final: str, marker: str, replace: bool = False, pause_before_commit: float = 0.0) -> Iterator[Staging]:
+def staged(final: str, marker: str, replace: bool = False, pause_before_commit: float = 0.0,
+           marker_written: bool = False) -> Iterator[Staging]:
     """Publishes the directory ``final`` atomically, ``marker`` last.
 
     Yields a :class:`Staging` whose ``path`` (``<parent>/.staging-<name>-<random>``) the body fills and whose
@@ -66,17 +69,28 @@ def staged(final: str, marker: str, replace: bool = False, pause_before_commit: 
     replaced directory is moved aside and restored if the commit fails; on an object store it is deleted
     first (no directory rename there). ``pause_before_commit`` > 0 sleeps that long with the staging directory
     complete (marker included) but not yet committed: for tests that kill a writer at the worst moment.
+    ``marker_written``: the body writes the marker itself (a Beam job's manifest, with its own checksums).
+
+    Staging and aside directories carry their writer's process id and host; those of a writer of ``final`` that
+    died on this host are removed first, and a directory it had moved aside before its commit is put back when
+    ``final`` is missing (:func:`recover`).
     """
     final = final.rstrip("/")
     parent = os.path.dirname(final) or "."
     tf.io.gfile.makedirs(parent)
-    staging = Staging(os.path.join(parent, f"{STAGING_PREFIX}{os.path.basename(final)}-{uuid.uuid4().hex[:12]}"))
+    recover(final, marker)
+    staging = Staging(os.path.join(parent, _transient_name(STAGING_PREFIX, final)))
     tf.io.gfile.makedirs(staging.path)
     try:
         yield staging
-        if staging.metadata is None:
+        if marker_written:
+            if not tf.io.gfile.exists(os.path.join(staging.path, marker)):
+                raise ValueError(f"{final}: the job did not write its {marker}")
+        elif staging.metadata is None:
             raise ValueError(f"{final}: nothing set the metadata of {marker}")
-        write_marker(staging.path, marker, {**staging.metadata, FILES: file_checksums(staging.path, exclude=(marker,))})
+        else:
+            write_marker(staging.path, marker,
+                         {**staging.metadata, FILES: file_checksums(staging.path, exclude=(marker,))})
         if pause_before_commit > 0:
             logger.warning("%s: staged; pausing %.1fs before the commit", staging.path, pause_before_commit)
             time.sleep(pause_before_commit)
@@ -86,7 +100,7 @@ def staged(final: str, marker: str, replace: bool = False, pause_before_commit: 
                 raise FileExistsError(f"{final}: already published")
             logger.warning("%s: replacing %s", final, "an earlier version" if replace else "an incomplete version")
             if is_local(final):  # kept aside until the new one is in place, and put back if the commit fails
-                aside = os.path.join(parent, f".replaced-{os.path.basename(final)}-{uuid.uuid4().hex[:12]}")
+                aside = os.path.join(parent, _transient_name(REPLACED_PREFIX, final))
                 os.rename(local_path(final), local_path(aside))
             else:  # object stores cannot move a directory in one step
                 tf.io.gfile.rmtree(final)
@@ -101,6 +115,53 @@ def staged(final: str, marker: str, replace: bool = False, pause_before_commit: 
     except BaseException:
         remove_quietly(staging.path)
         raise
+
+
+def _transient_name(prefix: str, final: str) -> str:
+    """``<prefix><name>-<random>-<pid>@<host>``: a writer's transient directory beside ``final``."""
+    return f"{prefix}{os.path.basename(final)}-{uuid.uuid4().hex[:12]}-{os.getpid()}@{socket.gethostname()}"
+
+
+def _dead_writer(name: str) -> bool:
+    """True when the transient directory ``name`` belongs to a process of this host that no longer runs."""
+    left, at, host = name.rpartition("@")
+    pid = left.rsplit("-", 1)[-1]
+    if not at or host != socket.gethostname() or not pid.isdigit():
+        return False  # another host's, or an older name: its writer cannot be checked from here
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
+def recover(final: str, marker: str) -> list[str]:
+    """Cleans up after writers of ``final`` that died on this host (SIGKILL, power loss): their staging
+    directories are removed, and a complete directory one had moved aside (:func:`staged` with a replacement)
+    is put back when ``final`` is missing; otherwise it is removed. Local paths only; returns what it did."""
+    final = final.rstrip("/")
+    parent = os.path.dirname(final) or "."
+    if not is_local(final) or not tf.io.gfile.isdir(parent):
+        return []
+    done = []
+    base = os.path.basename(final)
+    for name in sorted(tf.io.gfile.listdir(parent)):
+        name = name.rstrip("/")
+        is_staging, is_aside = name.startswith(f"{STAGING_PREFIX}{base}-"), name.startswith(f"{REPLACED_PREFIX}{base}-")
+        if not (is_staging or is_aside) or not _dead_writer(name):
+            continue
+        path = os.path.join(parent, name)
+        if is_aside and not tf.io.gfile.exists(final) and tf.io.gfile.exists(os.path.join(path, marker)):
+            os.rename(local_path(path), local_path(final))
+            logger.warning("%s: restored from %s, moved aside by a writer that died before its commit", final, path)
+            done.append(f"restored {path}")
+            continue
+        remove_quietly(path)
+        logger.warning("%s: removed, left by a writer that died", path)
+        done.append(f"removed {path}")
+    return done
 
 
 def write_marker(directory: str, marker: str, content: Mapping[str, Any]) -> None:

@@ -189,3 +189,54 @@ def test_verify_reports_a_marker_without_checksums_and_refuses_a_directory_witho
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="no artifact here"):
         artifacts.verify(str(tmp_path / "empty"))
+
+
+def test_a_dead_writers_leftovers_are_cleaned_and_its_aside_put_back(tmp_path):
+    """What a SIGKILLed writer leaves beside ``final``: its staging directory (removed by the next writer) and,
+    killed between moving the published directory aside and committing the new one, the old directory aside
+    (put back when ``final`` is missing). A live writer's staging directory is left alone."""
+    import socket
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()  # a pid that no longer runs
+    host = socket.gethostname()
+    final = tmp_path / "out"
+    stale = tmp_path / f".staging-out-0123456789ab-{dead}@{host}"
+    aside = tmp_path / f".replaced-out-0123456789ab-{dead}@{host}"
+    live = tmp_path / f".staging-out-0123456789ab-{os.getpid()}@{host}"
+    other_host = tmp_path / f".staging-out-0123456789ab-{dead}@not-{host}"
+    for directory in (stale, aside, live, other_host):
+        directory.mkdir()
+    (aside / "a.txt").write_text("old")
+    artifacts.write_marker(str(aside), artifacts.JOB_MANIFEST, {"v": 1})
+    done = artifacts.recover(str(final), artifacts.JOB_MANIFEST)
+    assert (final / "a.txt").read_text() == "old" and not aside.exists()  # the published version is back
+    assert not stale.exists() and live.exists() and other_host.exists()
+    assert len(done) == 2
+    # the next writer cleans up first, then publishes
+    stale.mkdir()
+    with artifacts.staged(str(final), artifacts.JOB_MANIFEST, replace=True) as staging:
+        (pathlib.Path(staging.path) / "a.txt").write_text("new")
+        staging.metadata = {"v": 2}
+    assert (final / "a.txt").read_text() == "new" and not stale.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", live.name, other_host.name])
+
+
+def test_a_job_output_is_replaced_whole_or_not_at_all(tmp_path):
+    """``marker_written``: the body writes the marker (a Beam job's manifest); a body that fails leaves the
+    previous output as it was, and one that does not write its marker publishes nothing."""
+    final = tmp_path / "blocks"
+    with artifacts.staged(str(final), artifacts.JOB_MANIFEST, marker_written=True) as staging:
+        (pathlib.Path(staging.path) / "blocks-0.tfrecord").write_text("v1")
+        artifacts.write_marker(staging.path, artifacts.JOB_MANIFEST, {"v": 1})
+    with pytest.raises(RuntimeError):
+        with artifacts.staged(str(final), artifacts.JOB_MANIFEST, replace=True, marker_written=True) as staging:
+            (pathlib.Path(staging.path) / "blocks-0.tfrecord").write_text("half")
+            raise RuntimeError("the pipeline failed")
+    with pytest.raises(ValueError, match="did not write its manifest.json"):
+        with artifacts.staged(str(final), artifacts.JOB_MANIFEST, replace=True, marker_written=True) as staging:
+            (pathlib.Path(staging.path) / "blocks-0.tfrecord").write_text("no manifest")
+    assert (final / "blocks-0.tfrecord").read_text() == "v1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocks"]

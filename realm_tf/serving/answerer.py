@@ -48,59 +48,93 @@ class Answer:
     blocks: tuple[Evidence, ...]
 
 
+@dataclasses.dataclass(frozen=True)
+class ServedVersion:
+    """One loaded export: its directory, its marker's metadata, the SavedModel and its serving signature."""
+
+    path: str
+    metadata: dict
+    model: object
+    serve: object
+
+
 class Answerer:
     """Loads an Open-QA export once (the newest complete version of a model base path); :meth:`ask` answers
-    questions with it. ``path`` is the version loaded, ``model`` the loaded SavedModel (all its signatures)."""
+    questions with it. ``path`` is the version loaded, ``model`` the loaded SavedModel (all its signatures).
+
+    Under a base path, :meth:`refresh` loads a newer complete version while the current one keeps answering,
+    then swaps to it in one step (TF Serving's version policy "latest"): a request answers entirely from the
+    version it started with, never from a version still being written (only complete ones are listed) nor
+    from a damaged one (it is named in a warning and the current version kept)."""
 
     def __init__(self, export_path: str):
         export_path = export_path.rstrip("/")
+        self.base_path: str | None = None
         if artifacts.is_complete(export_path, artifacts.OPEN_QA_EXPORT):
             candidates = [export_path]
-        else:  # a model base path: the newest complete version, or the one before it when that one is damaged
+        else:
+            self.base_path = export_path
             candidates = list(reversed(artifacts.complete_versions(export_path, artifacts.OPEN_QA_EXPORT).values()))
         if not candidates:
             raise errors.UserError(f"{export_path}: not a complete Open-QA export nor a model base path with one "
                                    f"(no {artifacts.OPEN_QA_EXPORT}; run `realm-tf export --base_path {export_path}`)")
         for number, path in enumerate(candidates):
             try:
-                self._load(path)
+                self._version = _load(path)
                 break
             except errors.UserError as e:
                 if number + 1 == len(candidates):
                     raise
                 logger.warning("%s; serving the previous complete version, %s", e, candidates[number + 1])
+        self._failed: set[str] = set()
 
-    def _load(self, path: str) -> None:
-        """Loads the export at ``path``; a damaged one (a file missing, truncated or failing its checksum) is a
-        UserError that names it."""
-        try:
-            self.metadata = artifacts.read_marker(path, artifacts.OPEN_QA_EXPORT, "Open-QA export")
-            import tensorflow_text  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import  (tokenizer ops)
-            if self.metadata.get("searcher") == "scann":
-                import scann  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import  (ScaNN's ops)
-            self.model = tf.saved_model.load(path)
-            self._serve = self.model.signatures["serving_default"]
-        except (errors.UserError, OSError, IndexError, ValueError, KeyError, tf.errors.OpError) as e:
-            first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise errors.UserError(f"{path}: the Open-QA export cannot be loaded ({type(e).__name__}: {first_line}): "
-                                   f"it is damaged. Export it again (realm-tf export), or delete {path} so that the "
-                                   f"previous complete version is served") from e
-        self.path = path
+    @property
+    def path(self) -> str:
+        return self._version.path
+
+    @property
+    def metadata(self) -> dict:
+        return self._version.metadata
+
+    @property
+    def model(self) -> object:
+        return self._version.model
+
+    def refresh(self, warm_up: bool = True) -> bool:
+        """Swaps to the newest complete version of the base path when it is newer than the one served (its
+        warm-up requests replayed first, with ``warm_up``); True when it did. A newer version that cannot be
+        loaded is logged once and skipped; the current one stays."""
+        if self.base_path is None:
+            return False
+        versions = artifacts.complete_versions(self.base_path, artifacts.OPEN_QA_EXPORT)
+        newer = [path for number, path in sorted(versions.items(), reverse=True)
+                 if path not in self._failed and number > _number(self._version.path)]
+        for path in newer:
+            try:
+                version = _load(path)
+                if warm_up:
+                    _warm_up(version)
+            except (errors.UserError, ValueError, tf.errors.OpError) as e:
+                self._failed.add(path)
+                logger.warning("%s; still serving %s", e, self._version.path)
+                continue
+            self._version = version  # one reference: requests in flight keep the version they started with
+            logger.info("serving %s", path)
+            return True
+        return False
 
     def warm_up(self) -> int:
         """Replays the export's TF Serving warm-up requests (``assets.extra``), as TF Serving does before a
         version takes traffic, so that a long-lived server's first questions find the graph initialised and its
         compiled programs built. Returns the number of requests replayed."""
-        requests = serving_warmup.read_warmup_requests(self.path)
-        for signature, inputs in requests:
-            self.model.signatures[signature](**{name: tf.constant(value) for name, value in inputs.items()})
-        return len(requests)
+        return _warm_up(self._version)
 
     def ask_batch(self, questions: Sequence[str]) -> list[Answer]:
         """Answers several questions in one call of the model."""
         if not questions:
             return []
-        out = {k: v.numpy() for k, v in self._serve(question=tf.constant(list(questions), tf.string)).items()}
+        version = self._version  # the whole batch from one version, whatever refresh() does meanwhile
+        out = {k: v.numpy() for k, v in version.serve(question=tf.constant(list(questions), tf.string)).items()}
         results = []
         for i, question in enumerate(questions):
             blocks = tuple(Evidence(int(out["block_id"][i, j]), out["block_title"][i, j].decode("utf-8", "replace"),
@@ -113,6 +147,38 @@ class Answerer:
     def ask(self, question: str) -> Answer:
         """Answers one question."""
         return self.ask_batch([question])[0]
+
+
+def _number(path: str) -> int:
+    """The version number of a base path's version directory (-1 for a directory that is not numbered)."""
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    return int(name) if name.isdigit() else -1
+
+
+def _warm_up(version: ServedVersion) -> int:
+    """Replays ``version``'s warm-up requests; returns how many."""
+    requests = serving_warmup.read_warmup_requests(version.path)
+    for signature, inputs in requests:
+        version.model.signatures[signature](**{name: tf.constant(value) for name, value in inputs.items()})
+    return len(requests)
+
+
+def _load(path: str) -> ServedVersion:
+    """Loads the export at ``path``; a damaged one (a file missing, truncated or failing its checksum) is a
+    UserError that names it."""
+    try:
+        metadata = artifacts.read_marker(path, artifacts.OPEN_QA_EXPORT, "Open-QA export")
+        import tensorflow_text  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import  (tokenizer ops)
+        if metadata.get("searcher") == "scann":
+            import scann  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import  (ScaNN's ops)
+        model = tf.saved_model.load(path)
+        serve = model.signatures["serving_default"]
+    except (errors.UserError, OSError, IndexError, ValueError, KeyError, tf.errors.OpError) as e:
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise errors.UserError(f"{path}: the Open-QA export cannot be loaded ({type(e).__name__}: {first_line}): "
+                               f"it is damaged. Export it again (realm-tf export), or delete {path} so that the "
+                               f"previous complete version is served") from e
+    return ServedVersion(path, metadata, model, serve)
 
 
 def format_answer(result: Answer, snippet: int = 160) -> str:

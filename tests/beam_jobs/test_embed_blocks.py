@@ -7,6 +7,7 @@ not from the SavedModel the job runs.
 import gzip
 import json
 import os
+import shutil
 import random
 import subprocess
 import sys
@@ -119,6 +120,20 @@ def test_publishes_a_complete_version_named_after_the_export_step(setup, publish
                               else "DirectRunner (in_memory x 1)")
     assert meta["intra_op_threads"] == (1 if cores > 1 else 0)
     assert not [n for n in os.listdir(index_dir) if n.startswith(".")]  # staging and shards removed
+
+
+def test_a_rerun_of_a_finished_job_has_nothing_to_do_and_another_export_step_is_refused(setup, published, caplog,
+                                                                                         tmp_path):
+    """A rerun after the commit (a finished job, or one killed just after it) succeeds without embedding; the same
+    version number from another export is still refused."""
+    summary, index_dir = published
+    flags = ["--config", "configs/tiny.yaml", "--blocks", setup["blocks"], "--index_dir", index_dir]
+    again = embed_blocks.run([*flags, "--export", setup["export"], "--runner=DirectRunner"])
+    assert again["index_path"] == summary["index_path"] and again["exported_at"] == summary["exported_at"]
+    assert any("nothing to do" in r.getMessage() for r in caplog.records)
+    other = shutil.copytree(setup["export"], str(tmp_path / "other_export"))
+    with pytest.raises(index_publisher.IndexVersionExistsError):
+        embed_blocks.run([*flags, "--export", other, "--runner=DirectRunner"])
 
 
 def test_embeddings_equal_the_keras_document_tower_in_block_id_order(setup, published):

@@ -246,3 +246,41 @@ def test_a_damaged_version_is_named_and_the_previous_one_served(exported, tmp_pa
     assert cli.main(["ask", QUESTIONS[0], "--model", str(base / "3")]) == 2  # no traceback, exit code 2
     err = capsys.readouterr().err
     assert str(base / "3") in err and "Traceback" not in err
+
+
+def test_refresh_swaps_to_a_newer_complete_version_while_requests_keep_being_answered(exported, tmp_path, caplog):
+    """TF Serving's "latest" policy in the Answerer: a newer complete version is loaded beside the served one
+    and swapped in; a damaged newer one is named and skipped; no request fails or mixes versions meanwhile."""
+    import shutil
+    import threading
+
+    _, path, _, _ = exported
+    base = tmp_path / "served"
+    shutil.copytree(path, base / "1")
+    served = answerer.Answerer(str(base))
+    expected = served.ask(QUESTIONS[0]).answer
+    assert served.refresh() is False and served.path == str(base / "1")  # nothing newer
+    answers, failures, stop = [], [], threading.Event()
+
+    def client():
+        while not stop.is_set():
+            try:
+                answers.append(served.ask(QUESTIONS[0]).answer)
+            except Exception as e:  # pylint: disable=broad-except  # any failure is the finding
+                failures.append(e)
+
+    clients = [threading.Thread(target=client) for _ in range(3)]
+    for thread in clients:
+        thread.start()
+    shutil.copytree(path, base / ".staging-2")  # a version being written is not listed ...
+    assert served.refresh() is False
+    os.rename(base / ".staging-2", base / "2")  # ... until it is complete under its number
+    assert served.refresh() is True and served.path == str(base / "2")
+    shutil.copytree(path, base / "3")
+    _corrupt(str(base / "3"), "truncated")
+    assert served.refresh() is False and served.path == str(base / "2")  # damaged: named, the current one kept
+    assert any(str(base / "3") in r.getMessage() and "still serving" in r.getMessage() for r in caplog.records)
+    stop.set()
+    for thread in clients:
+        thread.join()
+    assert not failures and answers and set(answers) == {expected}
