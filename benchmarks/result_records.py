@@ -34,7 +34,8 @@ RECORDS_DIR = os.path.join(HERE, "records")
 RESULTS_PATH = os.path.join(HERE, "RESULTS.md")
 #: Areas in the order RESULTS.md shows them; a record names one of them.
 AREAS = ("Open-QA", "REALM pre-training", "Retrieval and the MIPS index", "Data pipeline", "RETRO and kNN-LM",
-         "Knowledge updates", "Google's release", "Speed and memory", "Crash consistency and load", "Tests and the demo")
+         "Knowledge updates", "Google's release", "Speed and memory", "Crash consistency and load",
+         "Tests and the demo")
 VERDICTS = ("holds", "negative", "open")
 REQUIRED = ("area", "claim", "figure", "command", "commit", "machine", "date", "verdict")
 OPTIONAL = ("interval", "notebook", "order")

@@ -7,8 +7,8 @@ not from the SavedModel the job runs.
 import gzip
 import json
 import os
-import shutil
 import random
+import shutil
 import subprocess
 import sys
 import threading
