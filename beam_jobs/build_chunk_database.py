@@ -225,10 +225,11 @@ class EmbedChunks(beam.PTransform):
 # ---- the job ----------------------------------------------------------------------------------------------
 
 def build_pipeline(pipeline: beam.Pipeline, cfg: config_lib.ExperimentConfig, blocks: str, keys_dir: str,
-                   num_shards: int = 0, progress_interval: float = 0.0) -> None:
-    """Adds the whole job but the index to ``pipeline``: chunks, dead letters and key shards (progress lines
-    on stderr every ``progress_interval`` seconds while chunks are embedded; 0: none)."""
-    chunks_dir = cfg.retro.chunks_dir
+                   num_shards: int = 0, progress_interval: float = 0.0, chunks_dir: str | None = None) -> None:
+    """Adds the whole job but the index to ``pipeline``: chunks and dead letters in ``chunks_dir`` (default
+    ``retro.chunks_dir``) and key shards (progress lines on stderr every ``progress_interval`` seconds while
+    chunks are embedded; 0: none)."""
+    chunks_dir = chunks_dir or cfg.retro.chunks_dir
     chunked = (pipeline
                | "ReadBlocks" >> beam.io.ReadFromTFRecord(blocks)
                | "Chunk" >> ChunkDocuments(cfg.retro.chunk_length, cfg.retro.continuation_length))
@@ -280,14 +281,26 @@ def build_chunk_database(cfg: config_lib.ExperimentConfig, blocks: str | None = 
     vocab_hash = bert_tokenizer.vocab_hash(cfg.model.vocab_file)
     job_support.check_input(blocks, vocab_hash, flag="--blocks")
     chunks_dir, index_dir = cfg.retro.chunks_dir, cfg.retro.index_dir
-    job_support.prepare_output(chunks_dir, f"{CHUNKS_PREFIX}-*", f"{DEAD_LETTER_PREFIX}-*")
-    keys_dir = filesystems.FileSystems.join(chunks_dir, f".{KEYS_PREFIX}-{uuid.uuid4().hex[:8]}")
     logger.info("build_chunk_database: %s -> chunks of %d tokens (+%d continuation) in %s, index in %s", blocks,
                 cfg.retro.chunk_length, cfg.retro.continuation_length, chunks_dir, index_dir)
+    # Written beside chunks_dir and swapped in whole: the previous database stays readable until this run completes.
+    with job_support.replacing_output(chunks_dir) as staging_dir:
+        manifest = _build(cfg, blocks, staging_dir, chunks_dir, index_dir, vocab_hash, beam_args, num_shards,
+                          progress_interval, started)
+    logger.info("%s", format_summary(manifest))
+    return manifest
+
+
+def _build(cfg: config_lib.ExperimentConfig, blocks: str, staging_dir: str, chunks_dir: str, index_dir: str,
+           vocab_hash: str, beam_args: Sequence[str], num_shards: int, progress_interval: float | None,
+           started: float) -> dict[str, Any]:
+    """The pipeline into ``staging_dir``, the index over its keys (a new version of ``index_dir``), then the
+    manifest in ``staging_dir``; returns the manifest."""
+    keys_dir = filesystems.FileSystems.join(staging_dir, f".{KEYS_PREFIX}-{uuid.uuid4().hex[:8]}")
     options = job_support.pipeline_options_for(beam_args)
     pipeline = beam.Pipeline(options=options)
     build_pipeline(pipeline, cfg, blocks, keys_dir, num_shards,
-                   job_support.progress_interval_for(progress_interval, options))
+                   job_support.progress_interval_for(progress_interval, options), chunks_dir=staging_dir)
     counts = vector_job.run_pipeline(pipeline, NAMESPACE)
     check_counts(counts)
     pipeline_seconds = time.time() - started
@@ -303,11 +316,10 @@ def build_chunk_database(cfg: config_lib.ExperimentConfig, blocks: str | None = 
     })
     job_support.remove_scratch_directory(keys_dir)
     index_seconds = time.time() - start
-
     manifest = {
         "job": JOB.name, "blocks": blocks, "num_chunks": counts.get(CHUNKS, 0),
         "chunk_shards": sorted(os.path.basename(m.path) for m in job_support.match(
-            filesystems.FileSystems.join(chunks_dir, f"{CHUNKS_PREFIX}-*"))),
+            filesystems.FileSystems.join(staging_dir, f"{CHUNKS_PREFIX}-*"))),
         "chunk_length": cfg.retro.chunk_length, "continuation_length": cfg.retro.continuation_length,
         "counts": counts, "index_version": version, "index_path": path, "vocab_hash": vocab_hash,
         "beam_args": [a for a in beam_args if a != "--"], "config_hash": config_lib.config_hash(cfg),
@@ -315,8 +327,7 @@ def build_chunk_database(cfg: config_lib.ExperimentConfig, blocks: str | None = 
         "seconds": {"pipeline": round(pipeline_seconds, 1), "index": round(index_seconds, 1),
                     "total": round(time.time() - started, 1)},
     }
-    job_manifest.write_manifest(chunks_dir, manifest)
-    logger.info("%s", format_summary(manifest))
+    job_manifest.write_manifest(staging_dir, manifest)
     return manifest
 
 

@@ -161,16 +161,18 @@ def check(trial: str, before: dict[str, str], writer: Writer) -> dict[str, str]:
             out["newest"] = f"{root}: newest went back from {directory} to {now}"
     try:
         writer.read(trial)
-    except Exception as e:  # pylint: disable=broad-except  # any failure to load is a violation
-        out["readable"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
+    except Exception as e:  # pylint: disable=broad-except  # any failure to load is a violation ...
+        if before or found:  # ... but where nothing was ever published there is nothing to read
+            out["readable"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
     return out
 
 
 def leftovers(trial: str) -> list[str]:
-    """Transient names left under ``trial``."""
+    """Transient names left under ``trial``: staging, aside and temporary names, any other hidden name (a job's
+    scratch directory) and Beam's ``beam-temp-*`` write directories."""
     return sorted(os.path.relpath(os.path.join(parent, name), trial)
                   for parent, subdirs, names in os.walk(trial) for name in subdirs + names
-                  if name.startswith(TRANSIENT_PREFIXES))
+                  if name.startswith(TRANSIENT_PREFIXES) or name.startswith((".", "beam-temp-")))
 
 
 def trial_dir(out: str, writer: str, point: int) -> str:
@@ -243,6 +245,7 @@ def retro_workspace(base: str) -> None:
     flags = ["--config", params, *sum((["--set", s] for s in sets), [])]
     stages.cli(["build-chunk-database", *flags, "--progress_interval", "0"])
     stages.cli(["train-retro", *flags, "--baseline"])
+    stages.cli(["build-knn-datastore", *flags, "--set", f"retro.knn_dir={work}/knn", "--progress_interval", "0"])
 
 
 def copy_retro(trial: str, *names: str) -> None:
@@ -378,13 +381,14 @@ def writers(base: str) -> list[Writer]:
                                               "--index_dir", os.path.join(t, "index"), "--progress_interval", "0"),
                update_seed, read_update),
         Writer("build-chunk-database", lambda t: cli(t, "build-chunk-database", "--progress_interval", "0",
-                                                     sets=retro), lambda t: None, read_chunks),
+                                                     sets=retro),
+               lambda t: copy_retro(t, "chunks", "chunk_index"), read_chunks),
         Writer("train-retro", lambda t: cli(t, "train-retro", sets=retro + ("retro_trainer.steps=30",
                                                                              "retro_trainer.checkpoint_every_steps=5")),
                lambda t: copy_retro(t, "chunks", "chunk_index"), read_checkpoint("retro_lm")),
         Writer("build-knn-datastore", lambda t: cli(t, "build-knn-datastore", "--progress_interval", "0",
-                                                    sets=retro), lambda t: copy_retro(t, "chunks", "chunk_index",
-                                                                                      "retro_lm"), read_knn),
+                                                    sets=retro),
+               lambda t: copy_retro(t, "chunks", "chunk_index", "retro_lm", "knn"), read_knn),
     ]
 
 
