@@ -28,7 +28,7 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["realm_tf", "realm_tf.*", "beam_jobs", "beam_jobs.*"]),
     install_requires=STACK,
     extras_require={
-        "dev": ["pytest", "pytest-timeout", "pytest-xdist", "bm25s", "ruff==0.17.6"],
+        "dev": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "bm25s", "ruff==0.17.6"],
         "gcp": ["apache-beam[gcp]==2.77.0"],
     },
     entry_points={"console_scripts": ["realm-tf=realm_tf.cli:main"]},

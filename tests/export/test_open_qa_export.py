@@ -130,6 +130,30 @@ def test_bad_requests_are_cleaned_not_crashes(exported):
     assert big["answer"].shape == (256,) and big["block_title"].shape[0] == 256
 
 
+def test_the_request_cleaner_takes_any_bytes_in_any_batch(exported):
+    """A property-based fuzzer (hypothesis) of the served signature: any bytes (invalid UTF-8, control characters,
+    long runs), any batch size: an answer of valid UTF-8 and a probability per question, never an error."""
+    from hypothesis import given
+    from hypothesis import settings
+    from hypothesis import strategies as st
+
+    _, path, _, _ = exported
+    served = tf.saved_model.load(path).signatures["serving_default"]
+
+    @settings(max_examples=25, deadline=None)
+    @given(st.lists(st.one_of(st.binary(max_size=300), st.text(max_size=300).map(lambda t: t.encode("utf-8")),
+                              st.integers(0, 5000).map(lambda n: b"why " * n)), min_size=1, max_size=9))
+    def fuzz(questions):
+        out = served(question=tf.constant(questions, tf.string))
+        answers, scores = out["answer"].numpy(), out["score"].numpy()
+        assert answers.shape == scores.shape == (len(questions),)
+        assert all(np.isfinite(scores)) and all(0.0 <= s <= 1.0 + 1e-6 for s in scores)
+        for answer in answers:
+            answer.decode("utf-8")  # valid UTF-8 whatever came in
+
+    fuzz()
+
+
 def test_export_refuses_to_overwrite(exported):
     cfg, path, _, model = exported
     with pytest.raises(Exception, match="already holds an export"):
