@@ -255,6 +255,41 @@ def copy_retro(trial: str, *names: str) -> None:
         shutil.copytree(os.path.join(base, "retro", name), os.path.join(trial, name))
 
 
+#: File-size limits a writer runs under for the disk-full cases (``RLIMIT_FSIZE``, as ``ulimit -f``): the disk
+#: full at the first file past that size.
+DISK_LIMITS = (64 << 10, 1 << 20)
+
+
+def run_disk_full(writer: Writer, out: str, limit: int) -> dict[str, str]:
+    """The writer under a file-size limit: it finishes, or fails with exit code 2 and a last line that says the disk
+    is full; either way the invariants hold; then it is run again without the limit and must finish clean."""
+    import resource  # pylint: disable=import-outside-toplevel
+
+    trial = trial_dir(out, writer.name, -2)
+    writer.seed(trial)
+    before = complete_artifacts(trial)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run([sys.executable, "-m", "realm_tf.cli", *writer.argv(trial)], capture_output=True,
+                          text=True, env=env, check=False,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE,  # noqa: PLW1509
+                                                                (limit, resource.RLIM_INFINITY)))
+    last = (done.stderr.strip().splitlines() or [""])[-1]
+    result = check(trial, before, writer)
+    result["error"] = "" if done.returncode == 0 or (done.returncode == 2 and "the disk is full" in last) else \
+        f"exit {done.returncode}: {last[:200]}"
+    rerun = start(writer.argv(trial))
+    output, _ = rerun.communicate()
+    result["rerun"] = "" if rerun.returncode == 0 else \
+        f"exit {rerun.returncode}: {output.decode('utf-8', 'replace').strip().splitlines()[-1:]}"
+    left = leftovers(trial)
+    result["clean"] = f"left {left[:3]}" if left else ""
+    result["outcome"] = "finished" if done.returncode == 0 else f"exit {done.returncode}"
+    print(f"  {writer.name} under a {limit >> 10} KiB file-size limit ({result['outcome']}): "
+          + (", ".join(f"{k}: {v}" for k, v in result.items() if v and k != "outcome") or "clean"), flush=True)
+    shutil.rmtree(trial, ignore_errors=True)
+    return result
+
+
 def writers(base: str) -> list[Writer]:
     """The writers on the demo workspace ``base`` (its ``params.yaml``)."""
     params = os.path.join(base, "params.yaml")
@@ -422,8 +457,28 @@ def main() -> int:
         violations += sum(len(rows) - v for v in held.values())
         print(f"| {name} | {result['seconds']:.1f} | {result['events']} | {len(rows)} | "
               f"{sum(r['killed'] for r in rows)} | " + " | ".join(f"{held[k]}/{len(rows)}" for k in INVARIANTS) + " |")
+    disk = {(w.name, limit): stage(f"disk_full_{w.name}_{limit}", lambda w=w, limit=limit: run_disk_full(w, out, limit))
+            for w in chosen for limit in DISK_LIMITS}
+    print("\n== disk full: writers under a file-size limit ==")
+    print("| writer | limit | outcome | clear error | intact | newest | readable | rerun | clean |")
+    print("| --- | ---: | --- |" + " ---: |" * 6)
+    disk_violations = 0
+    for (name, limit), r in disk.items():
+        checks = ("error", "intact", "newest", "readable", "rerun", "clean")
+        disk_violations += sum(bool(r[k]) for k in checks)
+        print(f"| {name} | {limit >> 10} KiB | {r['outcome']} | " + " | ".join("no" if r[k] else "yes" for k in checks)
+              + " |")
     print("\nstage minutes: " + stage.minutes())
     if not args.writers:
+        result_records.write(
+            "crash-matrix-disk-full", area="Crash consistency and load", order=11,
+            verdict="holds" if disk_violations == 0 else "open",
+            claim="Every writer run out of disk (a file-size limit) finishes or fails with exit code 2 and a line "
+                  "that says the disk is full, leaves the previous version intact and nothing partial visible, and "
+                  "finishes when run again",
+            figure=f"{disk_violations} violations over {len(disk)} runs ({len(chosen)} writers x limits "
+                   f"{', '.join(f'{x >> 10} KiB' for x in DISK_LIMITS)}; "
+                   f"{sum(r['outcome'] != 'finished' for r in disk.values())} ran out of disk)")
         points = sum(len(r["rows"]) for r in table.values())
         per_writer = ", ".join(f"{name}: {len(r['rows'])}" for name, r in table.items())
         result_records.write(

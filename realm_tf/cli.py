@@ -76,6 +76,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (errors.UserError, FileNotFoundError) as e:
         print(f"realm-tf {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # pylint: disable=broad-except  # a full disk is the user's to fix; the rest, a bug
+        full = errors.disk_full(e)
+        if not full:
+            raise
+        print(f"realm-tf {args.command}: error: the disk is full ({full}). What this run was writing was not "
+              f"published: earlier versions are intact. Free space, then run the same command again", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ class Answer:
     answer: str
     score: float
     blocks: tuple[Evidence, ...]
+    served_by: str = ""  # the export version that answered
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +142,7 @@ class Answerer:
                                     out["block_text"][i, j].decode("utf-8", "replace"), float(out["block_score"][i, j]))
                            for j in range(out["block_id"].shape[1]))
             results.append(Answer(question, out["answer"][i].decode("utf-8", "replace"), float(out["score"][i]),
-                                  blocks))
+                                  blocks, version.path))
         return results
 
     def ask(self, question: str) -> Answer:
