@@ -8,7 +8,7 @@ STAMP := $(VENV)/.setup-$(SETUP_HASH)
 export TF_USE_LEGACY_KERAS := 1
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: venv test test-fast lint build-file demo clean
+.PHONY: venv test test-fast lint build-file demo faults clean
 
 venv: $(STAMP)
 
@@ -38,6 +38,11 @@ build-file: venv
 # The inner loop: everything but the end-to-end runs marked `slow` (CI runs `make test`).
 test-fast: venv
 	$(PYTEST) -m "not slow" tests
+
+# The crash matrix (benchmarks/crash_matrix.py): every writer SIGKILLed at 20 points spread over its run, and run
+# out of disk; the invariants after each, and the tables. Resumable; about two hours on 2 cores.
+faults: venv
+	$(PY) benchmarks/crash_matrix.py --out runs/bench/crash_matrix --points 20
 
 demo: venv
 	$(VENV)/bin/realm-tf demo --config configs/minilm.yaml
