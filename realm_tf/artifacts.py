@@ -65,9 +65,10 @@ def staged(final: str, marker: str, replace: bool = False, pause_before_commit: 
     ``metadata`` it sets. On a normal exit the marker is written into the staging directory with that
     metadata, then the directory becomes ``final`` (:func:`commit`); if the body raises, the staging
     directory is removed and ``final`` is untouched. A directory already at ``final`` is replaced when it is
-    incomplete (no marker: left by a crash) or when ``replace``; otherwise FileExistsError. Locally the
-    replaced directory is moved aside and restored if the commit fails; on an object store it is deleted
-    first (no directory rename there). ``pause_before_commit`` > 0 sleeps that long with the staging directory
+    incomplete (no marker: left by a crash) or when ``replace``; otherwise FileExistsError. Locally the two
+    directories are swapped in one step (:func:`exchange`) where the system can; elsewhere the replaced directory
+    is moved aside and restored if the commit fails; on an object store it is deleted first (no directory
+    rename there). ``pause_before_commit`` > 0 sleeps that long with the staging directory
     complete (marker included) but not yet committed: for tests that kill a writer at the worst moment.
     ``marker_written``: the body writes the marker itself (a Beam job's manifest, with its own checksums).
 
@@ -99,6 +100,9 @@ def staged(final: str, marker: str, replace: bool = False, pause_before_commit: 
             if tf.io.gfile.exists(os.path.join(final, marker)) and not replace:
                 raise FileExistsError(f"{final}: already published")
             logger.warning("%s: replacing %s", final, "an earlier version" if replace else "an incomplete version")
+            if is_local(final) and exchange(staging.path, final):  # one step: no moment without a version
+                remove_quietly(staging.path)  # now the replaced directory (a dead writer's: cleaned by the next)
+                return
             if is_local(final):  # kept aside until the new one is in place, and put back if the commit fails
                 aside = os.path.join(parent, _transient_name(REPLACED_PREFIX, final))
                 os.rename(local_path(final), local_path(aside))
@@ -115,6 +119,25 @@ def staged(final: str, marker: str, replace: bool = False, pause_before_commit: 
     except BaseException:
         remove_quietly(staging.path)
         raise
+
+
+def exchange(staging: str, final: str) -> bool:
+    """Swaps two local directories in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``), ``staging``'s files
+    fsynced first: ``final`` is the old directory or the new one at every moment, never missing. False (nothing
+    done) where the system or the file system cannot (then :func:`staged` moves the old one aside first)."""
+    import ctypes  # pylint: disable=import-outside-toplevel
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    src, dst = local_path(staging), local_path(final)
+    _fsync_tree(src)
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), rename_exchange) != 0:
+        return False  # EINVAL / ENOSYS: not supported here
+    _fsync_dir(os.path.dirname(dst))
+    return True
 
 
 def _transient_name(prefix: str, final: str) -> str:

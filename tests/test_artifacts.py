@@ -45,13 +45,16 @@ def test_the_marker_is_the_last_file_written(tmp_path, monkeypatch):
     assert seen == [["saved_model.pb"]]
 
 
-@pytest.mark.parametrize("where", ["body", "no_metadata", "commit"])
+@pytest.mark.parametrize("where", ["body", "no_metadata", "commit", "exchange"])
 def test_a_failure_leaves_no_trace_and_keeps_what_was_there(tmp_path, monkeypatch, where):
     old = tmp_path / "7"
     with artifacts.staged(str(old), artifacts.RETRIEVER_EXPORT) as staging:
         staging.metadata = {"step": 7, "old": True}
-    if where == "commit":
+    if where == "commit":  # where directories cannot be swapped in one step: moved aside, then committed
+        monkeypatch.setattr(artifacts, "exchange", lambda *a: False)
         monkeypatch.setattr(artifacts, "commit", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
+    if where == "exchange":
+        monkeypatch.setattr(artifacts, "exchange", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
     with pytest.raises((OSError, ValueError)):
         with artifacts.staged(str(old), artifacts.RETRIEVER_EXPORT, replace=True) as staging:
             if where == "body":
@@ -240,3 +243,20 @@ def test_a_job_output_is_replaced_whole_or_not_at_all(tmp_path):
             (pathlib.Path(staging.path) / "blocks-0.tfrecord").write_text("no manifest")
     assert (final / "blocks-0.tfrecord").read_text() == "v1"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["blocks"]
+
+
+def test_a_replacement_swaps_the_directories_in_one_step(tmp_path):
+    """Where the system can (Linux renameat2), the published directory and its replacement trade places in one
+    atomic step, so a reader finds one or the other at every moment; the old one is then removed."""
+    final = tmp_path / "out"
+    final.mkdir()
+    (final / "a.txt").write_text("old")
+    other = tmp_path / "new"
+    other.mkdir()
+    (other / "a.txt").write_text("new")
+    assert artifacts.exchange(str(other), str(final))  # this machine's Linux and file system can
+    assert (final / "a.txt").read_text() == "new" and (other / "a.txt").read_text() == "old"
+    with artifacts.staged(str(final), artifacts.JOB_MANIFEST, replace=True) as staging:
+        (pathlib.Path(staging.path) / "a.txt").write_text("newer")
+        staging.metadata = {"v": 3}
+    assert (final / "a.txt").read_text() == "newer" and sorted(p.name for p in tmp_path.iterdir()) == ["new", "out"]

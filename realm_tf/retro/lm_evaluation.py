@@ -361,8 +361,9 @@ def evaluate(cfg: config_lib.ExperimentConfig, model_dir: str, retrieval: bool, 
 
 def _bucket_summary(scores: TokenScores, overlaps: dict[int, float], doc_index: np.ndarray,
                     alphas: Sequence[float]) -> dict[str, Any]:
-    """bpb, chunk counts and per-document bits and bytes of each r(C) bucket of ``scores``."""
+    """bpb over all of ``scores``, then bpb, chunk counts and per-document bits and bytes of each r(C) bucket."""
     by_bucket = bits_per_byte_by_bucket(scores, overlaps, alphas)
-    return {"bpb_by_bucket": {b: v[0] for b, v in by_bucket.items()},
+    return {"bpb": retro_sequences.bits_per_byte(-scores.log_probs.sum(), int(scores.bytes.sum())),
+            "bpb_by_bucket": {b: v[0] for b, v in by_bucket.items()},
             "chunks_by_bucket": {b: v[1] for b, v in by_bucket.items()},
             "per_document_by_bucket": per_document_by_bucket(scores, overlaps, doc_index, alphas)}
