@@ -79,7 +79,7 @@ def start(argv: list[str]) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
-def write_events(argv: list[str], trial: str, poll_seconds: float = 0.02) -> tuple[list[float], float, int]:
+def write_events(argv: list[str], trial: str, poll_seconds: float = 0.005) -> tuple[list[float], float, int]:
     """Runs the command to its end while watching ``trial``: the seconds (from the start) at which its file
     listing changed, the run's seconds and its exit code."""
     started = time.monotonic()
@@ -95,19 +95,34 @@ def write_events(argv: list[str], trial: str, poll_seconds: float = 0.02) -> tup
     return events, time.monotonic() - started, process.returncode
 
 
-def kill_times(events: list[float], seconds: float, points: int, seed: int) -> list[float]:
-    """``points`` kill times: spread over the write events (their quantiles), each with a seeded jitter of up to
-    a tenth of a second either way, and a quarter of them uniform over the whole run."""
+def kill_points(events: int, points: int, seed: int) -> list[int]:
+    """``points`` kill points: the number of write events (changes of the output's file listing, as the clean run
+    saw them) after which the writer is killed, spread over the run's events; a seeded jitter is added in time
+    (:func:`kill_after`)."""
     rng = random.Random(seed)
-    spread = [events[min(len(events) - 1, int(len(events) * (i + 0.5) / points))] for i in range(points)] \
-        if events else []
-    out = []
-    for i in range(points):
-        if not spread or i % 4 == 3:
-            out.append(rng.uniform(0.0, seconds))
-        else:
-            out.append(max(0.0, spread[i] + rng.uniform(-0.1, 0.1)))
-    return sorted(out)
+    if events <= 0:
+        return [0] * points
+    return sorted(min(events - 1, int(events * (i + rng.random()) / points)) for i in range(points))
+
+
+def kill_after(argv: list[str], trial: str, event: int, jitter: float, poll_seconds: float = 0.005) -> bool:
+    """Runs the command and SIGKILLs its process group ``jitter`` seconds after its ``event``-th write event (0:
+    ``jitter`` seconds after it starts); True when it was killed, False when it had finished first."""
+    process = start(argv)
+    seen, last = 0, snapshot(trial)
+    while process.poll() is None and seen < event:
+        time.sleep(poll_seconds)
+        now = snapshot(trial)
+        if now != last:
+            seen, last = seen + 1, now
+    deadline = time.monotonic() + jitter
+    while process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    killed = process.poll() is None
+    if killed:
+        os.killpg(process.pid, signal.SIGKILL)
+    process.communicate()
+    return killed
 
 
 def complete_artifacts(root: str) -> dict[str, str]:
@@ -190,18 +205,13 @@ def run_writer(writer: Writer, out: str, points: int, seed: int) -> dict[str, An
     if code != 0:
         raise RuntimeError(f"{writer.name}: the clean run failed with exit code {code}")
     rows = []
-    for point, at in enumerate(kill_times(events, seconds, points, seed)):
+    rng = random.Random(seed)
+    for point, event in enumerate(kill_points(len(events), points, seed)):
         trial = trial_dir(out, writer.name, point)
         writer.seed(trial)
         before = complete_artifacts(trial)
-        process = start(writer.argv(trial))
-        deadline = time.monotonic() + at
-        while process.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.005)
-        killed = process.poll() is None
-        if killed:
-            os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
+        jitter = rng.uniform(0.0, 0.05)
+        killed = kill_after(writer.argv(trial), trial, event, jitter)
         result = check(trial, before, writer)
         rerun = start(writer.argv(trial))
         output, _ = rerun.communicate()
@@ -212,8 +222,9 @@ def run_writer(writer: Writer, out: str, points: int, seed: int) -> dict[str, An
                        if k != "newest"})
         left = leftovers(trial)
         result["clean"] = f"left {left[:3]}" if left else ""
-        rows.append({"at_seconds": round(at, 3), "killed": killed, **result})
-        print(f"  {writer.name} point {point} at {at:.2f}s ({'killed' if killed else 'had finished'}): "
+        rows.append({"after_event": event, "jitter_seconds": round(jitter, 3), "killed": killed, **result})
+        print(f"  {writer.name} point {point} after write event {event} + {jitter * 1000:.0f} ms "
+              f"({'killed' if killed else 'had finished'}): "
               + (", ".join(f"{k}: {v}" for k, v in result.items() if v) or "all invariants held"), flush=True)
         shutil.rmtree(trial, ignore_errors=True)
     return {"seconds": seconds, "events": len(events), "rows": rows}

@@ -41,11 +41,13 @@ def test_the_checks_flag_a_damaged_version_a_lost_version_and_a_failed_reader(tm
         raise OSError("cannot load")
 
     broken = crash_matrix.Writer("w", lambda t: [], lambda t: None, fail)
-    assert "cannot load" in crash_matrix.check(str(tmp_path), {}, broken)["readable"]
+    assert "cannot load" in crash_matrix.check(str(tmp_path), before, broken)["readable"]
+    assert not crash_matrix.check(str(tmp_path), {}, broken)["readable"]  # nothing was ever published to read
     (tmp_path / ".staging-x-1").mkdir()
     assert crash_matrix.leftovers(str(tmp_path)) == [".staging-x-1"]
-    assert crash_matrix.kill_times([1.0, 2.0, 3.0], 4.0, 4, seed=0) == crash_matrix.kill_times(
-        [1.0, 2.0, 3.0], 4.0, 4, seed=0)
+    points = crash_matrix.kill_points(10, 4, seed=0)
+    assert points == crash_matrix.kill_points(10, 4, seed=0) and points == sorted(points)
+    assert all(0 <= p < 10 for p in points) and len(set(points)) > 1  # spread over the write events
 
 
 @pytest.mark.slow

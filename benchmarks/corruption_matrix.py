@@ -1,0 +1,199 @@
+"""Torn and corrupted files: every file of a published artifact truncated, bit-flipped or deleted, then read the
+way a user reads it, from the command line.
+
+Each case damages one file of one artifact of a tiny workspace (``benchmarks/crash_matrix.py``'s ``base``) in a copy
+that also holds the previous complete version where the artifact is versioned, then runs the reader:
+
+* the served model (``realm-tf ask --model``): a base path with a good version 1 and the damaged version 2, and
+  the damaged version alone;
+* the MIPS index (``realm-tf evaluate --index``): an index root with the good version and the damaged newer one;
+* the blocks (``realm-tf evaluate`` with ``data.blocks_dir`` the damaged corpus);
+* the fine-tuning checkpoint (``realm-tf evaluate --model`` a run whose newest checkpoint is damaged).
+
+The outcome of each case is one of: ``named`` (exit code 2, the damaged file or its directory named, no
+traceback), ``fallback`` (exit code 0, the previous complete version used and a logged line naming the damaged
+one), ``undetected`` (exit code 0 and nothing said: the reader used the damaged data; for the served model the
+answers are compared with the good version's) or ``crash`` (anything else). The goal: no ``undetected`` case
+that changes an answer and no ``crash``. Resumable::
+
+    .venv/bin/python benchmarks/corruption_matrix.py --out runs/bench/corruption_matrix \
+        --workspace runs/bench/crash_matrix/base
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from typing import Any, Callable
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import result_records  # noqa: E402  (benchmarks/)
+import stages  # noqa: E402  (benchmarks/)
+
+DAMAGES = ("truncated", "flipped", "deleted")
+OUTCOMES = ("named", "fallback", "undetected", "crash")
+
+
+def damage(path: str, how: str) -> None:
+    """Truncates ``path`` to half, flips every bit of its middle byte, or deletes it."""
+    if how == "deleted":
+        os.remove(path)
+        return
+    size = os.path.getsize(path)
+    if how == "truncated":
+        with open(path, "r+b") as f:
+            f.truncate(size // 2)
+        return
+    with open(path, "r+b") as f:
+        f.seek(size // 2)
+        byte = f.read(1)
+        f.seek(size // 2)
+        f.write(bytes([byte[0] ^ 0xFF]) if byte else b"\0")
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run([sys.executable, "-m", "realm_tf.cli", *argv], capture_output=True, text=True, env=env,
+                          check=False, timeout=900)
+    return done.returncode, done.stdout, done.stderr
+
+
+def outcome(code: int, stdout: str, stderr: str, names: tuple[str, ...], fell_back: bool) -> str:
+    """One of :data:`OUTCOMES` for a reader's run (``names``: strings whose mention counts as naming the damage)."""
+    last = (stderr.strip().splitlines() or [""])[-1]
+    if code == 2 and any(n in last for n in names) and "Traceback" not in stderr:
+        return "named"
+    if code == 0 and fell_back and any(n in stderr for n in names):
+        return "fallback"
+    if code == 0:
+        return "undetected"
+    return "crash"
+
+
+def files_of(directory: str, marker: str) -> list[str]:
+    """The files an artifact's marker lists, and the marker itself."""
+    with open(os.path.join(directory, marker), encoding="utf-8") as f:
+        listed = list(json.load(f).get("files", {}))
+    return [*listed, marker]
+
+
+def cases(base: str, work: str) -> list[tuple[str, str, str, Callable[[], dict[str, Any]]]]:
+    """``(artifact, file, damage, run the case)`` for every file and damage."""
+    params = os.path.join(base, "params.yaml")
+    with open(os.path.join(base, "questions.jsonl"), encoding="utf-8") as f:
+        question = json.loads(f.readline())["question"]
+    evaluate = ["evaluate", "--config", params, "--questions", os.path.join(base, "questions.jsonl"), "--split", "dev"]
+    out = []
+
+    def served_case(name: str, how: str) -> dict[str, Any]:
+        root = os.path.join(work, "served")
+        shutil.rmtree(root, ignore_errors=True)
+        for version in ("1", "2"):
+            shutil.copytree(os.path.join(base, "served"), os.path.join(root, version))
+        damage(os.path.join(root, "2", name), how)
+        good = run(["ask", question, "--model", os.path.join(root, "1")])
+        through_base = run(["ask", question, "--model", root])
+        alone = run(["ask", question, "--model", os.path.join(root, "2")])
+        names = (os.path.join(root, "2"),)
+        fell_back = f"model: {os.path.join(root, '1')}" in through_base[1]
+        changed = through_base[0] == 0 and not fell_back and _answer(through_base[1]) != _answer(good[1])
+        return {"base_path": outcome(*through_base, names, fell_back), "alone": outcome(*alone, names, False),
+                "answer_changed": changed}
+
+    for name in files_of(os.path.join(base, "served"), "realm_qa.json"):
+        for how in DAMAGES:
+            out.append(("served model", name, how, lambda name=name, how=how: served_case(name, how)))
+
+    def index_case(name: str, how: str) -> dict[str, Any]:
+        root = os.path.join(work, "index")
+        shutil.rmtree(root, ignore_errors=True)
+        source = os.path.join(base, "index", "0000000000")
+        shutil.copytree(source, os.path.join(root, "0000000000"))
+        newer = os.path.join(root, "0000000001")
+        shutil.copytree(source, newer)
+        with open(os.path.join(newer, "index.json"), encoding="utf-8") as f:
+            meta = json.load(f)
+        with open(os.path.join(newer, "index.json"), "w", encoding="utf-8") as f:
+            json.dump({**meta, "version": 1}, f)
+        damage(os.path.join(newer, name), how)
+        result = run([*evaluate, "--index", root])
+        fell_back = '"index_version": 0' in result[1]
+        return {"evaluate": outcome(*result, (newer,), fell_back)}
+
+    for name in files_of(os.path.join(base, "index", "0000000000"), "index.json"):
+        for how in DAMAGES:
+            out.append(("index version", name, how, lambda name=name, how=how: index_case(name, how)))
+
+    def checkpoint_case(name: str, how: str) -> dict[str, Any]:
+        run_dir = os.path.join(work, "finetune")
+        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.copytree(os.path.join(base, "finetune"), run_dir)
+        damage(os.path.join(run_dir, "checkpoints", name), how)
+        result = run([*evaluate, "--model", run_dir])
+        return {"evaluate": outcome(*result, (os.path.join(run_dir, "checkpoints"), run_dir), False)}
+
+    for name in ("ckpt-4.data-00000-of-00001", "ckpt-4.index", "checkpoint"):
+        for how in DAMAGES:
+            out.append(("checkpoint", name, how, lambda name=name, how=how: checkpoint_case(name, how)))
+
+    def blocks_case(name: str, how: str) -> dict[str, Any]:
+        blocks = os.path.join(work, "blocks")
+        shutil.rmtree(blocks, ignore_errors=True)
+        shutil.copytree(os.path.join(base, "blocks"), blocks)
+        damage(os.path.join(blocks, name), how)
+        result = run([*evaluate, "--set", f"data.blocks_dir={blocks}"])
+        return {"evaluate": outcome(*result, (blocks,), False)}
+
+    for name in files_of(os.path.join(base, "blocks"), "manifest.json"):
+        for how in DAMAGES:
+            out.append(("blocks", name, how, lambda name=name, how=how: blocks_case(name, how)))
+    return out
+
+
+def _answer(stdout: str) -> str:
+    return next((line for line in stdout.splitlines() if line.startswith("A: ")), "")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--out", default="runs/bench/corruption_matrix")
+    parser.add_argument("--workspace", default="runs/bench/crash_matrix/base")
+    args = parser.parse_args()
+    out = args.out.rstrip("/")
+    stage = stages.Stages(out)
+    work = os.path.join(out, "work")
+    rows = []
+    for artifact, name, how, fn in cases(args.workspace, work):
+        result = stage(f"{artifact}|{name}|{how}", fn)
+        rows.append((artifact, name, how, result))
+        print(f"  {artifact} / {name} / {how}: {result}", flush=True)
+    print("\n== corruptions x readers x outcome ==")
+    print("| artifact | file | damage | reader: outcome |")
+    print("| --- | --- | --- | --- |")
+    tally = {o: 0 for o in OUTCOMES}
+    changed = 0
+    for artifact, name, how, result in rows:
+        outcomes = {k: v for k, v in result.items() if k != "answer_changed"}
+        for value in outcomes.values():
+            tally[value] += 1
+        changed += bool(result.get("answer_changed"))
+        print(f"| {artifact} | {name} | {how} | " + ", ".join(f"{k}: {v}" for k, v in outcomes.items()) + " |")
+    print("\nstage minutes: " + stage.minutes())
+    result_records.write(
+        "corruption-matrix", area="Crash consistency and load", order=12,
+        verdict="holds" if tally["crash"] == 0 and changed == 0 else "open",
+        claim="Every file of a served model, an index version, a checkpoint and the blocks truncated, bit-flipped or "
+              "deleted ends, for its reader on the command line, in an error naming it (exit code 2, no traceback) "
+              "or a fallback to the previous complete version with a logged line; never a changed answer",
+        figure=f"{len(rows)} damaged files; reader runs: " + ", ".join(f"{n} {o}" for o, n in tally.items())
+               + f"; answers changed by undetected damage: {changed}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
