@@ -55,6 +55,15 @@ def damage(path: str, how: str) -> None:
         f.write(bytes([byte[0] ^ 0xFF]) if byte else b"\0")
 
 
+def damaged_copy(source: str, target: str, relative: str, how: str) -> str:
+    """A fresh copy of the directory ``source`` at ``target`` with its file ``relative`` damaged; returns
+    ``target``."""
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(source, target)
+    damage(os.path.join(target, relative), how)
+    return target
+
+
 def run(argv: list[str]) -> tuple[int, str, str]:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run([sys.executable, "-m", "realm_tf.cli", *argv], capture_output=True, text=True, env=env,
@@ -129,10 +138,8 @@ def cases(base: str, work: str) -> list[tuple[str, str, str, Callable[[], dict[s
             out.append(("index version", name, how, lambda name=name, how=how: index_case(name, how)))
 
     def checkpoint_case(name: str, how: str) -> dict[str, Any]:
-        run_dir = os.path.join(work, "finetune")
-        shutil.rmtree(run_dir, ignore_errors=True)
-        shutil.copytree(os.path.join(base, "finetune"), run_dir)
-        damage(os.path.join(run_dir, "checkpoints", name), how)
+        run_dir = damaged_copy(os.path.join(base, "finetune"), os.path.join(work, "finetune"),
+                               os.path.join("checkpoints", name), how)
         result = run([*evaluate, "--model", run_dir])
         return {"evaluate": outcome(*result, (os.path.join(run_dir, "checkpoints"), run_dir), False)}
 
@@ -141,10 +148,7 @@ def cases(base: str, work: str) -> list[tuple[str, str, str, Callable[[], dict[s
             out.append(("checkpoint", name, how, lambda name=name, how=how: checkpoint_case(name, how)))
 
     def blocks_case(name: str, how: str) -> dict[str, Any]:
-        blocks = os.path.join(work, "blocks")
-        shutil.rmtree(blocks, ignore_errors=True)
-        shutil.copytree(os.path.join(base, "blocks"), blocks)
-        damage(os.path.join(blocks, name), how)
+        blocks = damaged_copy(os.path.join(base, "blocks"), os.path.join(work, "blocks"), name, how)
         result = run([*evaluate, "--set", f"data.blocks_dir={blocks}"])
         return {"evaluate": outcome(*result, (blocks,), False)}
 
