@@ -31,7 +31,6 @@ import hashlib
 import logging
 import sys
 import time
-import uuid
 from typing import Any, Iterable, Iterator, Sequence
 
 import realm_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
@@ -231,7 +230,7 @@ def build_knn_datastore(cfg: config_lib.ExperimentConfig, model_dir: str | None 
     if not job_support.match(filesystems.FileSystems.join(cfg.retro.chunks_dir, "chunks-*")):
         raise errors.UserError(f"{cfg.retro.chunks_dir}: no chunk database (run `realm-tf build-chunk-database`)")
     job_support.prepare_output(knn_dir)
-    entries_dir = filesystems.FileSystems.join(knn_dir, f".{ENTRIES_PREFIX}-{uuid.uuid4().hex[:8]}")
+    entries_dir = job_support.scratch_directory(knn_dir, ENTRIES_PREFIX)
     logger.info("build_knn_datastore: %s's decoder over the training documents of %s -> %s", model_dir,
                 cfg.retro.chunks_dir, knn_dir)
     options = job_support.pipeline_options_for(beam_args)

@@ -52,7 +52,6 @@ import logging
 import os
 import sys
 import time
-import uuid
 from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
 
 import realm_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
@@ -307,8 +306,8 @@ def resolve_export(export: str | None, export_dir: str | None, cfg: config_lib.E
 def _scratch_directory(target: _Target, embeddings_dir: str | None) -> str:
     """Where the job's shards go before the matrix is assembled (default: a new hidden directory beside the
     versions); shards of an earlier run into the same directory are removed first."""
-    embeddings_dir = embeddings_dir or filesystems.FileSystems.join(
-        target.index_dir, f".embeddings-{index_publisher.version_name(target.version)}-{uuid.uuid4().hex[:8]}")
+    embeddings_dir = embeddings_dir or job_support.scratch_directory(
+        target.index_dir, f"embeddings-{index_publisher.version_name(target.version)}")
     job_support.delete_matching([filesystems.FileSystems.join(embeddings_dir, f"{prefix}-*")
                                  for prefix in (EMBEDDINGS_PREFIX, FAILURES_PREFIX)])
     return embeddings_dir

@@ -238,6 +238,17 @@ def delete_matching(patterns: Sequence[str]) -> None:
         filesystems.FileSystems.delete(paths)
 
 
+def scratch_directory(parent: str, prefix: str) -> str:
+    """A new hidden scratch directory ``<parent>/.<prefix>-<random>-<pid>@<host>`` for a job's shards; scratch
+    directories of the same prefix left by jobs that died on this host (SIGKILL, power loss) are removed first."""
+    if artifacts.is_local(parent) and filesystems.FileSystems.exists(parent):
+        for name in os.listdir(artifacts.local_path(parent)):
+            if name.startswith(f".{prefix}-") and artifacts.dead_writer(name):
+                logger.warning("%s: removed, left by a job that died", os.path.join(parent, name))
+                remove_scratch_directory(filesystems.FileSystems.join(parent, name))
+    return filesystems.FileSystems.join(parent, artifacts.transient_name(".", prefix))
+
+
 def remove_scratch_directory(directory: str) -> None:
     """Deletes a job's scratch directory (its files, then itself; object stores have no directory to delete)."""
     delete_matching([filesystems.FileSystems.join(directory, "*")])

@@ -45,7 +45,6 @@ import json
 import logging
 import sys
 import time
-import uuid
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import realm_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
@@ -587,7 +586,7 @@ class UpdateCorpusJob(job_support.BeamJob):
         corpus_version = corpus_versions.next_version(blocks_dir)
         index_version = index_publisher.complete_versions(index_dir)[-1] + 1
         options = job_support.pipeline_options_for(beam_args)
-        outputs_scratch = filesystems.FileSystems.join(index_dir, f".update-{index_version}-{uuid.uuid4().hex[:8]}")
+        outputs_scratch = job_support.scratch_directory(index_dir, f"update-{index_version}")
         logger.info("update_corpus: corpus version %d (index version %d, %s blocks) + %d file(s) - %d id(s) -> "
                     "corpus version %d, index version %d", base.corpus_version, base.index_version,
                     f"{base.num_blocks:,}", len(paths), len(deletes), corpus_version, index_version)

@@ -80,7 +80,7 @@ def staged(final: str, marker: str, replace: bool = False, pause_before_commit: 
     parent = os.path.dirname(final) or "."
     tf.io.gfile.makedirs(parent)
     recover(final, marker)
-    staging = Staging(os.path.join(parent, _transient_name(STAGING_PREFIX, final)))
+    staging = Staging(os.path.join(parent, transient_name(STAGING_PREFIX, final)))
     tf.io.gfile.makedirs(staging.path)
     try:
         yield staging
@@ -104,7 +104,7 @@ def staged(final: str, marker: str, replace: bool = False, pause_before_commit: 
                 remove_quietly(staging.path)  # now the replaced directory (a dead writer's: cleaned by the next)
                 return
             if is_local(final):  # kept aside until the new one is in place, and put back if the commit fails
-                aside = os.path.join(parent, _transient_name(REPLACED_PREFIX, final))
+                aside = os.path.join(parent, transient_name(REPLACED_PREFIX, final))
                 os.rename(local_path(final), local_path(aside))
             else:  # object stores cannot move a directory in one step
                 tf.io.gfile.rmtree(final)
@@ -140,12 +140,12 @@ def exchange(staging: str, final: str) -> bool:
     return True
 
 
-def _transient_name(prefix: str, final: str) -> str:
+def transient_name(prefix: str, final: str) -> str:
     """``<prefix><name>-<random>-<pid>@<host>``: a writer's transient directory beside ``final``."""
     return f"{prefix}{os.path.basename(final)}-{uuid.uuid4().hex[:12]}-{os.getpid()}@{socket.gethostname()}"
 
 
-def _dead_writer(name: str) -> bool:
+def dead_writer(name: str) -> bool:
     """True when the transient directory ``name`` belongs to a process of this host that no longer runs."""
     left, at, host = name.rpartition("@")
     pid = left.rsplit("-", 1)[-1]
@@ -173,7 +173,7 @@ def recover(final: str, marker: str) -> list[str]:
     for name in sorted(tf.io.gfile.listdir(parent)):
         name = name.rstrip("/")
         is_staging, is_aside = name.startswith(f"{STAGING_PREFIX}{base}-"), name.startswith(f"{REPLACED_PREFIX}{base}-")
-        if not (is_staging or is_aside) or not _dead_writer(name):
+        if not (is_staging or is_aside) or not dead_writer(name):
             continue
         path = os.path.join(parent, name)
         if is_aside and not tf.io.gfile.exists(final) and tf.io.gfile.exists(os.path.join(path, marker)):

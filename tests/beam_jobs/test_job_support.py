@@ -1,4 +1,5 @@
 """Beam job support: protobuf record parsing and Beam counters."""
+import os
 import pickle
 
 import apache_beam as beam
@@ -106,3 +107,24 @@ def test_a_job_called_from_python_gets_what_its_command_line_would_parse():
         job.call(input=["d"])[0]["overrides"]  # defaults are fresh each call
     with pytest.raises(TypeError, match=r"unknown arguments \['output'\].*missing required arguments \['input'\]"):
         job.call(output="x")
+
+
+def test_a_scratch_directory_left_by_a_job_that_died_is_removed_by_the_next(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    host = socket.gethostname()
+    left = tmp_path / f".embeddings-7-0123456789ab-{dead}@{host}"
+    left.mkdir()
+    (left / "embeddings-00000-of-00001.tfrecord").write_bytes(b"x")
+    live = tmp_path / f".embeddings-7-0123456789ab-{os.getpid()}@{host}"
+    live.mkdir()
+    other = tmp_path / f".keys-0123456789ab-{dead}@{host}"  # another prefix: not this job's
+    other.mkdir()
+    path = job_support.scratch_directory(str(tmp_path), "embeddings-7")
+    assert not left.exists() and live.exists() and other.exists()
+    name = os.path.basename(path)
+    assert name.startswith(".embeddings-7-") and name.endswith(f"-{os.getpid()}@{host}") and not os.path.exists(path)
