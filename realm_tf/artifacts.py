@@ -95,30 +95,36 @@ def staged(final: str, marker: str, replace: bool = False, pause_before_commit: 
         if pause_before_commit > 0:
             logger.warning("%s: staged; pausing %.1fs before the commit", staging.path, pause_before_commit)
             time.sleep(pause_before_commit)
-        aside = None
-        if tf.io.gfile.exists(final):
-            if tf.io.gfile.exists(os.path.join(final, marker)) and not replace:
-                raise FileExistsError(f"{final}: already published")
-            logger.warning("%s: replacing %s", final, "an earlier version" if replace else "an incomplete version")
-            if is_local(final) and exchange(staging.path, final):  # one step: no moment without a version
-                remove_quietly(staging.path)  # now the replaced directory (a dead writer's: cleaned by the next)
-                return
-            if is_local(final):  # kept aside until the new one is in place, and put back if the commit fails
-                aside = os.path.join(parent, transient_name(REPLACED_PREFIX, final))
-                os.rename(local_path(final), local_path(aside))
-            else:  # object stores cannot move a directory in one step
-                tf.io.gfile.rmtree(final)
-        try:
-            commit(staging.path, final, marker)
-        except BaseException:
-            if aside is not None and not tf.io.gfile.exists(final):
-                os.rename(local_path(aside), local_path(final))
-            raise
-        if aside is not None:
-            remove_quietly(aside)
+        _publish(staging.path, final, marker, replace)
     except BaseException:
         remove_quietly(staging.path)
         raise
+
+
+def _publish(staging: str, final: str, marker: str, replace: bool) -> None:
+    """Makes the complete ``staging`` directory ``final`` (:func:`staged`'s commit), replacing what is there."""
+    parent = os.path.dirname(final) or "."
+    aside = None
+    if tf.io.gfile.exists(final):
+        if tf.io.gfile.exists(os.path.join(final, marker)) and not replace:
+            raise FileExistsError(f"{final}: already published")
+        logger.warning("%s: replacing %s", final, "an earlier version" if replace else "an incomplete version")
+        if is_local(final) and exchange(staging, final):  # one step: no moment without a version
+            remove_quietly(staging)  # now the replaced directory (a dead writer's: cleaned by the next)
+            return
+        if is_local(final):  # kept aside until the new one is in place, and put back if the commit fails
+            aside = os.path.join(parent, transient_name(REPLACED_PREFIX, final))
+            os.rename(local_path(final), local_path(aside))
+        else:  # object stores cannot move a directory in one step
+            tf.io.gfile.rmtree(final)
+    try:
+        commit(staging, final, marker)
+    except BaseException:
+        if aside is not None and not tf.io.gfile.exists(final):
+            os.rename(local_path(aside), local_path(final))
+        raise
+    if aside is not None:
+        remove_quietly(aside)
 
 
 def exchange(staging: str, final: str) -> bool:
