@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -199,13 +199,14 @@ def bits_per_byte_by_bucket(scores: TokenScores, overlaps: dict[int, float],
     alphas[0]``, then ``alphas[i-1] < r(C) <= alphas[i]`` (RETRO Fig. 6 plots these buckets, not cumulative
     sets: a gain on the leaked chunks alone is hidden in the cumulative figure of every larger α)."""
     nll, num_bytes, r = _per_chunk(scores, overlaps)  # each [C]
-    out = {}
-    lows = [None, *alphas[:-1]]
-    for low, high in zip(lows, alphas):
-        keep = (r <= high + 1e-9) & (r > (low if low is not None else -np.inf) + 1e-9)
-        out[bucket_name(low, high)] = (retro_sequences.bits_per_byte(nll[keep].sum(), int(num_bytes[keep].sum())),
-                                       int(keep.sum()))
-    return out
+    return {name: (retro_sequences.bits_per_byte(nll[keep].sum(), int(num_bytes[keep].sum())), int(keep.sum()))
+            for name, keep in _buckets(r, alphas)}
+
+
+def _buckets(r: np.ndarray, alphas: Sequence[float]) -> Iterator[tuple[str, np.ndarray]]:
+    """``(bucket name, bool mask of r in it)`` for each bucket between consecutive thresholds (``r``: r(C) values)."""
+    for low, high in zip([None, *alphas[:-1]], alphas):
+        yield bucket_name(low, high), (r <= high + 1e-9) & (r > (low if low is not None else -np.inf) + 1e-9)
 
 
 def per_document_by_bucket(scores: TokenScores, overlaps: dict[int, float], doc_index: np.ndarray,
@@ -213,11 +214,7 @@ def per_document_by_bucket(scores: TokenScores, overlaps: dict[int, float], doc_
     """:func:`per_document` over each bucket's chunks (:func:`bits_per_byte_by_bucket`): the documents with a
     chunk in the bucket, and their bits and bytes there, for intervals over documents within a bucket."""
     r = np.array([overlaps[int(c)] for c in scores.chunk_ids.tolist()])  # [T]: each token's chunk's r(C)
-    out = {}
-    for low, high in zip([None, *alphas[:-1]], alphas):
-        keep = (r <= high + 1e-9) & (r > (low if low is not None else -np.inf) + 1e-9)
-        out[bucket_name(low, high)] = per_document(scores.subset(keep), doc_index)
-    return out
+    return {name: per_document(scores.subset(keep), doc_index) for name, keep in _buckets(r, alphas)}
 
 
 def per_document(scores: TokenScores, doc_index: np.ndarray) -> dict[str, list]:
@@ -338,8 +335,8 @@ def evaluate(cfg: config_lib.ExperimentConfig, model_dir: str, retrieval: bool, 
         "chunks_by_bucket": {b: v[1] for b, v in by_bucket.items()},
         "per_document": per_document(scores, task.store.doc_index), **held}
     # the chunks after a sequence's first, which read neighbours (RETRO §2.4's causal shift): the paper's Fig. 6
-    later = scores.subset(task.sequence_positions()[scores.chunk_ids] >= 1)
-    result["later_chunks"] = _bucket_summary(later, overlaps, task.store.doc_index, alphas)
+    reading = task.sequence_positions()[scores.chunk_ids] >= 1  # [T]
+    result["later_chunks"] = _bucket_summary(scores.subset(reading), overlaps, task.store.doc_index, alphas)
     if knn:
         datastore = knn_datastore.KnnDatastore.load(cfg.retro.knn_dir, cfg.index.kind)
         validation = score_tokens(task, model, "validation", neighbours=neighbours, database=database,
@@ -353,9 +350,8 @@ def evaluate(cfg: config_lib.ExperimentConfig, model_dir: str, retrieval: bool, 
                                    bits_per_byte_by_alpha(interpolated, overlaps, alphas).items()},
                        "knn_bpb_by_bucket": {b: v[0] for b, v in
                                              bits_per_byte_by_bucket(interpolated, overlaps, alphas).items()}})
-        result["knn_later_chunks"] = _bucket_summary(
-            interpolated.subset(task.sequence_positions()[scores.chunk_ids] >= 1), overlaps, task.store.doc_index,
-            alphas)
+        result["knn_later_chunks"] = _bucket_summary(interpolated.subset(reading), overlaps, task.store.doc_index,
+                                                     alphas)
     return result
 
 
