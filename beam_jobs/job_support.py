@@ -241,11 +241,9 @@ def delete_matching(patterns: Sequence[str]) -> None:
 def scratch_directory(parent: str, prefix: str) -> str:
     """A new hidden scratch directory ``<parent>/.<prefix>-<random>-<pid>@<host>`` for a job's shards; scratch
     directories of the same prefix left by jobs that died on this host (SIGKILL, power loss) are removed first."""
-    if artifacts.is_local(parent) and filesystems.FileSystems.exists(parent):
-        for name in os.listdir(artifacts.local_path(parent)):
-            if name.startswith(f".{prefix}-") and artifacts.dead_writer(name):
-                logger.warning("%s: removed, left by a job that died", os.path.join(parent, name))
-                remove_scratch_directory(filesystems.FileSystems.join(parent, name))
+    for path in artifacts.dead_writers_directories(parent, (f".{prefix}-",)):
+        logger.warning("%s: removed, left by a job that died", path)
+        remove_scratch_directory(path)
     return filesystems.FileSystems.join(parent, artifacts.transient_name(".", prefix))
 
 

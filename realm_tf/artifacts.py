@@ -166,6 +166,15 @@ def dead_writer(name: str) -> bool:
     return False
 
 
+def dead_writers_directories(parent: str, prefixes: tuple[str, ...]) -> list[str]:
+    """The directories under local ``parent`` whose names start with one of ``prefixes`` and belong to a writer
+    of this host that no longer runs (:func:`transient_name`, :func:`dead_writer`)."""
+    if not is_local(parent) or not tf.io.gfile.isdir(parent):
+        return []
+    names = (n.rstrip("/") for n in sorted(tf.io.gfile.listdir(parent)))
+    return [os.path.join(parent, n) for n in names if n.startswith(prefixes) and dead_writer(n)]
+
+
 def recover(final: str, marker: str) -> list[str]:
     """Cleans up after writers of ``final`` that died on this host (SIGKILL, power loss): their staging
     directories are removed, and a complete directory one had moved aside (:func:`staged` with a replacement)
@@ -176,12 +185,8 @@ def recover(final: str, marker: str) -> list[str]:
         return []
     done = []
     base = os.path.basename(final)
-    for name in sorted(tf.io.gfile.listdir(parent)):
-        name = name.rstrip("/")
-        is_staging, is_aside = name.startswith(f"{STAGING_PREFIX}{base}-"), name.startswith(f"{REPLACED_PREFIX}{base}-")
-        if not (is_staging or is_aside) or not dead_writer(name):
-            continue
-        path = os.path.join(parent, name)
+    for path in dead_writers_directories(parent, (f"{STAGING_PREFIX}{base}-", f"{REPLACED_PREFIX}{base}-")):
+        is_aside = os.path.basename(path).startswith(f"{REPLACED_PREFIX}{base}-")
         if is_aside and not tf.io.gfile.exists(final) and tf.io.gfile.exists(os.path.join(path, marker)):
             os.rename(local_path(path), local_path(final))
             logger.warning("%s: restored from %s, moved aside by a writer that died before its commit", final, path)
