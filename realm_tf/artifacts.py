@@ -43,8 +43,13 @@ JOB_MANIFEST = "manifest.json"  # a Beam job's output directory (counts, shards,
 STAGING_PREFIX = ".staging-"
 REPLACED_PREFIX = ".replaced-"  # a published directory moved aside while its replacement is committed
 #: In a marker: ``{relative path: {"bytes": n, "sha256": hex}}`` of every file the artifact holds. Readers check
-#: the sizes on load (a truncated or missing file is named at once); ``realm-tf verify`` checks the digests.
+#: on load every size and the digest of every file up to :data:`LOAD_DIGEST_BYTES` (a missing, truncated or
+#: corrupted graph, vocabulary, small index or fingerprint is named at once); ``realm-tf verify`` checks every
+#: digest. Larger files (variables, a large index's embeddings) are hashed on demand only: TensorFlow's checkpoint
+#: format carries its own CRC32C per tensor.
 FILES = "files"
+#: Files up to this size have their SHA-256 checked on every load (a few milliseconds each).
+LOAD_DIGEST_BYTES = 16 << 20
 MARKERS = (RETRIEVER_EXPORT, INDEX, OPEN_QA_EXPORT, RETRO_EXPORT, JOB_MANIFEST)
 
 
@@ -219,7 +224,7 @@ def read_marker(directory: str, marker: str, what: str = "artifact") -> dict[str
     if not isinstance(marker_value, dict):
         raise errors.UserError(f"{path}: not a JSON object: this {what} is damaged. Rebuild it, or delete "
                                f"{directory} so that readers use the previous complete version")
-    problems = check_files(directory, marker_value, full=False)
+    problems = check_files(directory, marker_value, full=False, digest_up_to=LOAD_DIGEST_BYTES)
     if problems:
         raise errors.UserError(f"{problems[0]}: this {what} is damaged ({marker} lists every file it holds). "
                                f"Rebuild it, or delete {directory} so that readers use the previous complete version")
@@ -256,10 +261,11 @@ def file_checksums(directory: str, exclude: Collection[str] = (), recursive: boo
     return dict(sorted(out.items()))
 
 
-def check_files(directory: str, marker_value: Mapping[str, Any], full: bool = False) -> list[str]:
+def check_files(directory: str, marker_value: Mapping[str, Any], full: bool = False,
+                digest_up_to: int = 0) -> list[str]:
     """What is wrong with the files a marker lists (``[]``: nothing): each missing file, each whose size differs
-    (truncated or overwritten) and, when ``full``, each whose SHA-256 differs (corrupted). A marker written
-    without :data:`FILES` has nothing to check."""
+    (truncated or overwritten) and each whose SHA-256 differs (corrupted): every file's when ``full``, else those
+    of files up to ``digest_up_to`` bytes. A marker written without :data:`FILES` has nothing to check."""
     problems = []
     for relative, expected in dict(marker_value.get(FILES) or {}).items():
         path = os.path.join(directory, relative)
@@ -269,7 +275,7 @@ def check_files(directory: str, marker_value: Mapping[str, Any], full: bool = Fa
         size = tf.io.gfile.stat(path).length
         if size != expected["bytes"]:
             problems.append(f"{path}: {size} bytes where {expected['bytes']} were written (truncated or overwritten)")
-        elif full and sha256_of(path) != expected["sha256"]:
+        elif (full or size <= digest_up_to) and sha256_of(path) != expected["sha256"]:
             problems.append(f"{path}: its SHA-256 differs from the one written (corrupted)")
     return problems
 

@@ -161,9 +161,12 @@ def test_the_marker_lists_every_file_with_its_size_and_sha256(tmp_path):
     assert artifacts.verify(str(tmp_path)) == [(str(version), [])]  # a directory of versions: each one
 
 
-@pytest.mark.parametrize("damage, found_on_load", [("truncate", True), ("delete", True), ("flip", False)])
-def test_a_damaged_file_is_named_on_load_or_by_verify(tmp_path, damage, found_on_load):
+@pytest.mark.parametrize("damage, found_on_load", [("truncate", True), ("delete", True), ("flip", True),
+                                                    ("flip_large", False)])
+def test_a_damaged_file_is_named_on_load_or_by_verify(tmp_path, monkeypatch, damage, found_on_load):
     version = _published(tmp_path)
+    if damage == "flip_large":  # a file above the load-time digest bound: its size is checked, its digest by verify
+        monkeypatch.setattr(artifacts, "LOAD_DIGEST_BYTES", (version / "searcher" / "tree.bin").stat().st_size - 1)
     path = version / "searcher" / "tree.bin"
     if damage == "truncate":
         path.write_bytes(path.read_bytes()[:50])
@@ -173,7 +176,7 @@ def test_a_damaged_file_is_named_on_load_or_by_verify(tmp_path, damage, found_on
         data = bytearray(path.read_bytes())
         data[17] ^= 0x01
         path.write_bytes(bytes(data))
-    if found_on_load:  # the cheap check on every load: sizes and presence
+    if found_on_load:  # the check on every load: presence, sizes, and the digests of small files
         with pytest.raises(errors.UserError, match=re.escape(str(path))) as raised:
             artifacts.read_marker(str(version), artifacts.INDEX, "index version")
         assert "index version is damaged" in str(raised.value) and "delete" in str(raised.value)
@@ -181,7 +184,8 @@ def test_a_damaged_file_is_named_on_load_or_by_verify(tmp_path, damage, found_on
         assert artifacts.read_marker(str(version), artifacts.INDEX)["version"] == 3
     [(where, problems)] = artifacts.verify(str(version))
     assert where == str(version) and len(problems) == 1 and problems[0].startswith(str(path))
-    assert {"truncate": "truncated", "delete": "missing", "flip": "corrupted"}[damage] in problems[0]
+    assert {"truncate": "truncated", "delete": "missing", "flip": "corrupted",
+            "flip_large": "corrupted"}[damage] in problems[0]
 
 
 def test_verify_reports_a_marker_without_checksums_and_refuses_a_directory_without_artifacts(tmp_path):
