@@ -162,6 +162,29 @@ def _answer(stdout: str) -> str:
     return next((line for line in stdout.splitlines() if line.startswith("A: ")), "")
 
 
+def write_artifact_records(rows: list[tuple[str, str, str, dict[str, Any]]]) -> None:
+    """One RESULTS row per artifact: for each reader, how many damaged files ended in each outcome."""
+    artifacts = list(dict.fromkeys(artifact for artifact, _, _, _ in rows))
+    for order, artifact in enumerate(artifacts):
+        mine = [(name, how, r) for a, name, how, r in rows if a == artifact]
+        readers = list(dict.fromkeys(k for _, _, r in mine for k in r if k != "answer_changed"))
+        tallies = {reader: {o: sum(r.get(reader) == o for _, _, r in mine) for o in OUTCOMES} for reader in readers}
+        undetected = sorted({f"{name} {how}" for name, how, r in mine
+                             if any(r.get(reader) == "undetected" for reader in readers)})
+        changed = sum(bool(r.get("answer_changed")) for _, _, r in mine)
+        files = len({name for name, _, _ in mine})
+        result_records.write(
+            f"corruption-matrix-{order:02d}-{artifact.replace(' ', '-')}", area="Crash consistency and load",
+            order=12, verdict="holds" if all(t["crash"] == 0 for t in tallies.values()) and not changed else "open",
+            claim=f"Each file of the {artifact} truncated, bit-flipped or deleted: its reader names it or falls back "
+                  "to the previous complete version, and never serves a changed answer",
+            figure=f"{files} files x {len(DAMAGES)} damages; "
+                   + "; ".join(f"{reader}: " + ", ".join(f"{n} {o}" for o, n in t.items() if n)
+                               for reader, t in tallies.items())
+                   + (f"; undetected: {', '.join(undetected)}" if undetected else "")
+                   + (f"; answers changed: {changed}" if any("answer_changed" in r for _, _, r in mine) else ""))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -188,6 +211,7 @@ def main() -> int:
         changed += bool(result.get("answer_changed"))
         print(f"| {artifact} | {name} | {how} | " + ", ".join(f"{k}: {v}" for k, v in outcomes.items()) + " |")
     print("\nstage minutes: " + stage.minutes())
+    write_artifact_records(rows)
     result_records.write(
         "corruption-matrix", area="Crash consistency and load", order=12,
         verdict="holds" if tally["crash"] == 0 and changed == 0 else "open",

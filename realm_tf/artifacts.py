@@ -40,6 +40,7 @@ INDEX = "index.json"  # a MIPS index version: embeddings.npy + searcher/
 OPEN_QA_EXPORT = "realm_qa.json"  # the serving SavedModel of the Open-QA system
 RETRO_EXPORT = "retro_lm.json"  # the SavedModel of a RETRO / baseline decoder (scoring and generation)
 JOB_MANIFEST = "manifest.json"  # a Beam job's output directory (counts, shards, config)
+REALM_IMPORT = "import.json"  # a run imported from Google's release (import-realm)
 STAGING_PREFIX = ".staging-"
 REPLACED_PREFIX = ".replaced-"  # a published directory moved aside while its replacement is committed
 #: In a marker: ``{relative path: {"bytes": n, "sha256": hex}}`` of every file the artifact holds. Readers check
@@ -50,7 +51,7 @@ REPLACED_PREFIX = ".replaced-"  # a published directory moved aside while its re
 FILES = "files"
 #: Files up to this size have their SHA-256 checked on every load (a few milliseconds each).
 LOAD_DIGEST_BYTES = 16 << 20
-MARKERS = (RETRIEVER_EXPORT, INDEX, OPEN_QA_EXPORT, RETRO_EXPORT, JOB_MANIFEST)
+MARKERS = (RETRIEVER_EXPORT, INDEX, OPEN_QA_EXPORT, RETRO_EXPORT, JOB_MANIFEST, REALM_IMPORT)
 
 
 class Staging:
@@ -244,12 +245,17 @@ def sha256_of(path: str, chunk_bytes: int = 8 << 20) -> str:
 
 def file_checksums(directory: str, exclude: Collection[str] = (), recursive: bool = True) -> dict[str, dict[str, Any]]:
     """``{relative path: {"bytes", "sha256"}}`` of the files under ``directory`` (only its own files unless
-    ``recursive``), hidden ones (``.name``) and ``exclude`` left out; the content of a marker's :data:`FILES`."""
+    ``recursive``), hidden ones (``.name``) and ``exclude`` left out; the content of a marker's :data:`FILES`.
+    A subdirectory that is an artifact of its own (it holds one of :data:`MARKERS`, e.g. an imported run's blocks
+    and index versions) is left out too: its own marker lists and checks its files."""
     out: dict[str, dict[str, Any]] = {}
     for parent, subdirs, names in tf.io.gfile.walk(directory):
         relative_parent = os.path.relpath(parent, directory)
         if not recursive:
             subdirs[:] = []
+        if relative_parent != "." and any(marker in names for marker in MARKERS):
+            subdirs[:] = []
+            continue
         if any(part.startswith(".") for part in relative_parent.split(os.sep) if part != "."):
             continue
         for name in names:

@@ -264,3 +264,17 @@ def test_a_replacement_swaps_the_directories_in_one_step(tmp_path):
         (pathlib.Path(staging.path) / "a.txt").write_text("newer")
         staging.metadata = {"v": 3}
     assert (final / "a.txt").read_text() == "newer" and sorted(p.name for p in tmp_path.iterdir()) == ["new", "out"]
+
+
+def test_a_nested_artifact_is_left_to_its_own_marker(tmp_path):
+    """An artifact holding another (an imported run with its blocks and index versions): the outer marker lists
+    only its own files; the inner one lists and checks its files."""
+    with artifacts.staged(str(tmp_path / "run"), artifacts.REALM_IMPORT) as staging:
+        (pathlib.Path(staging.path) / "params.yaml").write_text("model: {}\n")
+        _published(pathlib.Path(staging.path) / "index", name="0")
+        staging.metadata = {"kind": "embedder"}
+    outer = json.loads((tmp_path / "run" / "import.json").read_text())["files"]
+    assert sorted(outer) == ["params.yaml"]
+    inner = json.loads((tmp_path / "run" / "index" / "0" / "index.json").read_text())["files"]
+    assert sorted(inner) == ["embeddings.npy", os.path.join("searcher", "tree.bin")]
+    assert artifacts.verify(str(tmp_path / "run")) == [(str(tmp_path / "run"), [])]

@@ -19,7 +19,9 @@ the matching stage here writes, so every later stage reads it as it reads its ow
 The output directory holds ``checkpoints/ckpt-0``, ``vocab.txt`` (the module's ``assets/vocab.txt``),
 ``params.yaml`` (the ``--config`` given, e.g. ``configs/base.yaml``, with the imported architecture: the tanh
 GELU, the embedder's pooled output, ORQA's span LayerNorm and title-less reader input; and the paths below) and
-``import.json`` (every variable assigned, and every one ignored with its reason). With ``--blocks``, ORQA's
+``import.json`` (every variable assigned, and every one ignored with its reason; the marker of a complete
+import, written last with every file's SHA-256: the run is written whole in a staging directory and published
+at once, so a crash leaves nothing at the output and a rerun starts afresh). With ``--blocks``, ORQA's
 corpus (``blocks.tfr``, ``titles.tfr`` next to it, and ``block_emb`` of ``<embedder>/encoded/encoded.ckpt``)
 becomes ``blocks/`` and a published ``index/`` version (:mod:`realm_tf.release.corpus_import`), and
 ``params.yaml``'s ``data.blocks_dir`` / ``index.index_dir`` point there.
@@ -35,6 +37,7 @@ from typing import Any, Sequence
 
 import tensorflow as tf
 
+from realm_tf import artifacts
 from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.core import warm_start
@@ -48,7 +51,7 @@ from realm_tf.release import corpus_import
 logger = logging.getLogger(__name__)
 
 KINDS = ("embedder", "bert", "openqa")
-IMPORT_JSON = "import.json"
+IMPORT_JSON = "import.json"  # artifacts.REALM_IMPORT: the marker of a complete import
 VOCAB = "vocab.txt"
 #: ORQA's ``params.json`` keys (``orqa_experiment.py`` flags) → our settings.
 _ORQA_PARAMS = {"reader_beam_size": "model.reader_beam_size", "max_span_width": "model.max_span_width",
@@ -70,8 +73,10 @@ def _check_request(kind: str, src: str, out: str, embedder: str | None,
     retriever, ORQA without its embedder); returns the embedder module and ORQA's ``params.json`` (openqa)."""
     if kind not in KINDS:
         raise errors.UserError(f"unknown kind {kind!r}: one of {', '.join(KINDS)}")
-    if tf.train.latest_checkpoint(os.path.join(out, "checkpoints")):
-        raise errors.UserError(f"{out}: already holds a run; choose another --out or delete it")
+    if tf.io.gfile.exists(out) and (not tf.io.gfile.isdir(out) or tf.io.gfile.listdir(out)):
+        raise errors.UserError(f"{out}: already holds "
+                               + ("an import" if artifacts.is_complete(out, artifacts.REALM_IMPORT) else "files")
+                               + "; choose another --out or delete it")
     if kind == "bert" and blocks:
         raise errors.UserError("--blocks needs a retriever: import the corpus with --kind embedder or openqa")
     if kind != "openqa":
@@ -111,39 +116,62 @@ def import_realm(kind: str, src: str, out: str, cfg: config_lib.ExperimentConfig
     start = time.time()
     out = out.rstrip("/")
     embedder, orqa_params = _check_request(kind, src, out, embedder, blocks)
-    module = embedder if kind == "openqa" else src
+    module = (embedder if kind == "openqa" else src).rstrip("/")
     extra_ignores = {pattern: "ignored on the command line (--ignore-variables)" for pattern in ignore}
     imp = ckpt_import.Tf1CheckpointImport(src, extra_ignores)
-    tf.io.gfile.makedirs(out)
-    vocab_path, lower_case = _copy_vocab(vocab or f"{module.rstrip('/')}/assets/vocab.txt", out)
-    # The original architecture (REALM fine-tuned with ORQA's reader), whatever --config says.
-    cfg = _apply(cfg, {"model.init_checkpoint": "", "model.vocab_file": vocab_path, "model.lower_case": lower_case,
-                       "model.pooling": "pooled", "model.share_embedders": kind == "embedder",
-                       "model.span_layer_norm": True, "model.reader_block_title": False,
-                       "model.retrieval_temperature": 1.0,
-                       **{key: orqa_params[name] for name, key in _ORQA_PARAMS.items() if name in orqa_params}})
-
-    if kind == "openqa":
-        doc_imp = ckpt_import.Tf1CheckpointImport(embedder, extra_ignores)
-        cfg, items, reports = _import_open_qa(imp, doc_imp, cfg, num_attention_heads)
-    else:
-        cfg, items, reports = (_import_embedder if kind == "embedder" else _import_bert)(imp, cfg, num_attention_heads)
-    _check_vocabulary(vocab_path, cfg.model.encoder.vocab_size)
-    corpus: dict[str, Any] = {}
-    if blocks:
-        cfg = _apply(cfg, {"data.blocks_dir": f"{out}/blocks", "index.index_dir": f"{out}/index"})
-        corpus = _import_corpus(cfg, blocks, titles, block_emb or f"{module.rstrip('/')}/encoded/encoded.ckpt")
-    run_keys = {"embedder": "model.retriever_checkpoint", "bert": "qa.reader_checkpoint",
-                "openqa": "finetune.model_dir"}
-    cfg = _apply(cfg, {run_keys[kind]: out})
-    prefix = warm_start.write_checkpoint(out, **items)
-    config_lib.save_params(cfg, out)
-    report = {"kind": kind, "source": src, "embedder": embedder if kind == "openqa" else None,
-              "checkpoint": prefix, "vocab": vocab_path, "lower_case": lower_case,
-              "model": config_lib.to_dict(cfg.model), "imports": reports, "corpus": corpus,
-              "seconds": round(time.time() - start, 1)}
-    config_lib.atomic_write_text(os.path.join(out, IMPORT_JSON), json.dumps(report, indent=2, sort_keys=True) + "\n")
+    # Written whole into a staging directory, then published as ``out`` (import.json, with every file's checksum,
+    # last): a crash leaves nothing at ``out`` and a rerun starts afresh.
+    with artifacts.staged(out, artifacts.REALM_IMPORT) as staging:
+        work = staging.path
+        source_vocab = vocab or f"{module}/assets/vocab.txt"
+        vocab_path, lower_case = _copy_vocab(source_vocab, work)
+        # The original architecture (REALM fine-tuned with ORQA's reader), whatever --config says.
+        cfg = _apply(cfg, {"model.init_checkpoint": "", "model.vocab_file": vocab_path,
+                           "model.lower_case": lower_case, "model.pooling": "pooled",
+                           "model.share_embedders": kind == "embedder", "model.span_layer_norm": True,
+                           "model.reader_block_title": False, "model.retrieval_temperature": 1.0,
+                           **{key: orqa_params[name] for name, key in _ORQA_PARAMS.items() if name in orqa_params}})
+        if kind == "openqa":
+            doc_imp = ckpt_import.Tf1CheckpointImport(embedder, extra_ignores)
+            cfg, items, reports = _import_open_qa(imp, doc_imp, cfg, num_attention_heads)
+        else:
+            cfg, items, reports = (_import_embedder if kind == "embedder" else _import_bert)(imp, cfg,
+                                                                                             num_attention_heads)
+        _check_vocabulary(vocab_path, cfg.model.encoder.vocab_size)
+        corpus: dict[str, Any] = {}
+        if blocks:
+            cfg = _apply(cfg, {"data.blocks_dir": f"{work}/blocks", "index.index_dir": f"{work}/index"})
+            corpus = _import_corpus(cfg, blocks, titles, block_emb or f"{module}/encoded/encoded.ckpt", source_vocab)
+        cfg = _apply(cfg, {_RUN_KEYS[kind]: work})
+        warm_start.write_checkpoint(work, **items)
+        cfg = _relocated(cfg, work, out, kind, bool(blocks))
+        config_lib.save_params(cfg, work)
+        staging.metadata = report = {
+            "kind": kind, "source": src, "embedder": embedder if kind == "openqa" else None,
+            "checkpoint": os.path.join(out, "checkpoints", "ckpt-0"), "vocab": cfg.model.vocab_file,
+            "lower_case": lower_case, "model": config_lib.to_dict(cfg.model), "imports": reports,
+            "corpus": corpus, "seconds": round(time.time() - start, 1)}
     return report
+
+
+#: The setting that names the run an import becomes, by kind.
+_RUN_KEYS = {"embedder": "model.retriever_checkpoint", "bert": "qa.reader_checkpoint", "openqa": "finetune.model_dir"}
+
+
+def _relocated(cfg: config_lib.ExperimentConfig, work: str, out: str, kind: str,
+               corpus: bool) -> config_lib.ExperimentConfig:
+    """``cfg`` with the paths into the staging directory ``work`` pointing into ``out``, where it is published."""
+    keys = ["model.vocab_file", _RUN_KEYS[kind], *(["data.blocks_dir", "index.index_dir"] if corpus else [])]
+    values = {}
+    for key in keys:
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        for before, after in ((os.path.abspath(work), os.path.abspath(out)), (work, out)):
+            if value.startswith(before):
+                value = after + value[len(before):]
+                break
+        values[key] = value
+    return _apply(cfg, values)
 
 
 def summarize(report: dict[str, Any]) -> str:
@@ -233,9 +261,10 @@ def _check_same(cfg: config_lib.ExperimentConfig, other: config_lib.ExperimentCo
                                    f"{getattr(cfg.model, key)}: the two towers must share one architecture")
 
 
-def _import_corpus(cfg: config_lib.ExperimentConfig, blocks: str, titles: str | None,
-                   block_emb: str) -> dict[str, Any]:
-    """ORQA's blocks and block embeddings into ``data.blocks_dir`` and a new version of ``index.index_dir``."""
+def _import_corpus(cfg: config_lib.ExperimentConfig, blocks: str, titles: str | None, block_emb: str,
+                   vocab: str) -> dict[str, Any]:
+    """ORQA's blocks and block embeddings into ``data.blocks_dir`` and a new version of ``index.index_dir``,
+    tokenized with ``vocab`` (the release's own file: the blocks' manifest names it)."""
     if titles is None:
         sibling = f"{os.path.dirname(blocks.rstrip('/'))}/titles.tfr"
         titles = sibling if tf.io.gfile.exists(sibling) else None
@@ -244,7 +273,7 @@ def _import_corpus(cfg: config_lib.ExperimentConfig, blocks: str, titles: str | 
     if dim != cfg.model.projection_size:
         raise errors.UserError(f"{block_emb}: block_emb is {dim} wide, the retriever projects to "
                                f"{cfg.model.projection_size}: not the embeddings of this retriever")
-    tokenizer = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, cfg.model.lower_case)
+    tokenizer = bert_tokenizer.BertTokenizer(vocab, cfg.model.lower_case)
     manifest = corpus_import.import_blocks(blocks, cfg.data.blocks_dir, tokenizer,
                                                     cfg.data.max_block_length, titles_path=titles)
     index = corpus_import.import_block_embeddings(block_emb, cfg.index.index_dir, cfg.index,

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from realm_tf import artifacts
 from realm_tf import cli
 from realm_tf import config
 from realm_tf import resources
@@ -167,8 +168,17 @@ def test_bad_invocations_are_clear(released, tmp_path, capsys):
                      "--embedder", released["embedder"], "--config", TINY, *HEADS]) == 2
     assert "expected one BERT (<scope>bert/embeddings/word_embeddings with <scope> matching 'reader/" in (
         capsys.readouterr().err)  # a retriever module is not a fine-tuned ORQA model: it has no reader
+    assert os.listdir(tmp_path) == ["vocab.txt"]  # the failed imports left nothing (no run, no staging directory)
     assert cli.main(["import-realm", "--kind", "embedder", "--src", released["embedder"], "--out", out,
                      "--config", TINY, *HEADS]) == 0
+    marker = json.load(open(os.path.join(out, model_import.IMPORT_JSON)))
+    assert "params.yaml" in marker["files"] and artifacts.verify(out) == [(out, [])]  # published whole, checksummed
     assert cli.main(["import-realm", "--kind", "embedder", "--src", released["embedder"], "--out", out,
                      "--config", TINY, *HEADS]) == 2
-    assert "already holds a run" in capsys.readouterr().err
+    assert "already holds an import" in capsys.readouterr().err
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("a user's file")
+    assert cli.main(["import-realm", "--kind", "embedder", "--src", released["embedder"],
+                     "--out", str(tmp_path / "other"), "--config", TINY, *HEADS]) == 2
+    assert "already holds files" in capsys.readouterr().err
+    assert (tmp_path / "other" / "notes.txt").read_text() == "a user's file"  # never replaced
