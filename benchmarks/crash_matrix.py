@@ -363,11 +363,15 @@ def writers(base: str) -> list[Writer]:
 
         answerer.Answerer(os.path.join(trial, "served"))
 
-    def read_checkpoint(name: str) -> Callable[[str], None]:
+    def read_checkpoint(name: str, seeded: bool = True) -> Callable[[str], None]:
+        """The latest checkpoint of run ``name`` loads; ``seeded``: the trial started from a run holding one (else
+        a run killed before its first checkpoint has nothing to read, which is no violation)."""
         def read(trial: str) -> None:
             import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
             path = tf.train.latest_checkpoint(os.path.join(trial, name, "checkpoints"))
+            if path is None and not seeded:
+                return
             if path is None:
                 raise FileNotFoundError(f"{trial}/{name}: no checkpoint")
             reader = tf.train.load_checkpoint(path)
@@ -480,7 +484,7 @@ def writers(base: str) -> list[Writer]:
                lambda t: copy_retro(t, "chunks", "chunk_index"), read_chunks),
         Writer("train-retro", lambda t: cli(t, "train-retro", sets=retro + ("retro_trainer.steps=30",
                                                                              "retro_trainer.checkpoint_every_steps=5")),
-               lambda t: copy_retro(t, "chunks", "chunk_index"), read_checkpoint("retro_lm")),
+               lambda t: copy_retro(t, "chunks", "chunk_index"), read_checkpoint("retro_lm", seeded=False)),
         Writer("build-knn-datastore", lambda t: cli(t, "build-knn-datastore", "--progress_interval", "0",
                                                     sets=retro),
                lambda t: copy_retro(t, "chunks", "chunk_index", "retro_lm", "knn"), read_knn),

@@ -139,17 +139,28 @@ class TrainingLoop:
             return {k: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None) for k, v in logs.items()}
 
         train_step = self._train_step = tracing.trace_once(train_step, dataset)
-        last: dict[str, float] = {}
         total = self.cfg.steps if until_step is None else min(until_step, self.cfg.steps)
         bar = tqdm.tqdm(total=self.cfg.steps, initial=self.step, desc="train", unit="step", file=sys.stderr,
                         disable=not self.chief, dynamic_ncols=True, mininterval=2.0)
+        self._run_start = getattr(self, "_run_start", time.time())
+        stop = _StopOnSigterm()
+        try:  # the bar closed before an error is reported (its last line is then the error's)
+            last = self._loop(iterator, train_step, hooks, total, bar, stop)
+        finally:
+            bar.close()
+            stop.restore()
+        self._save_last_step()
+        return last
+
+    def _loop(self, iterator: Any, train_step: Callable[[Any], Mapping[str, tf.Tensor]], hooks: Iterable[Hook],
+              total: int, bar: tqdm.tqdm, stop: _StopOnSigterm) -> dict[str, float]:
+        """The steps of :meth:`run` up to ``total``; returns the last summary's logs."""
+        last: dict[str, float] = {}
         window_start, window_steps, window_wait = time.time(), 0, 0.0
         window_sums: dict[str, float] = {}
-        run_start = self._run_start = getattr(self, "_run_start", time.time())
-        stop = _StopOnSigterm()
         self.stopped_by = None
         while self.step < total:
-            self.stopped_by = self._stop_reason(stop, run_start)
+            self.stopped_by = self._stop_reason(stop, self._run_start)
             if self.stopped_by:
                 break
             waited = time.perf_counter()
@@ -175,9 +186,6 @@ class TrainingLoop:
             for hook in hooks:
                 hook(step, last)
             self.manager.save(checkpoint_number=self.global_step)  # no-op between checkpoint intervals
-        bar.close()
-        stop.restore()
-        self._save_last_step()
         return last
 
     def _save_last_step(self) -> None:

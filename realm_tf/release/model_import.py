@@ -125,12 +125,7 @@ def import_realm(kind: str, src: str, out: str, cfg: config_lib.ExperimentConfig
         work = staging.path
         source_vocab = vocab or f"{module}/assets/vocab.txt"
         vocab_path, lower_case = _copy_vocab(source_vocab, work)
-        # The original architecture (REALM fine-tuned with ORQA's reader), whatever --config says.
-        cfg = _apply(cfg, {"model.init_checkpoint": "", "model.vocab_file": vocab_path,
-                           "model.lower_case": lower_case, "model.pooling": "pooled",
-                           "model.share_embedders": kind == "embedder", "model.span_layer_norm": True,
-                           "model.reader_block_title": False, "model.retrieval_temperature": 1.0,
-                           **{key: orqa_params[name] for name, key in _ORQA_PARAMS.items() if name in orqa_params}})
+        cfg = _original_architecture(cfg, kind, vocab_path, lower_case, orqa_params)
         if kind == "openqa":
             doc_imp = ckpt_import.Tf1CheckpointImport(embedder, extra_ignores)
             cfg, items, reports = _import_open_qa(imp, doc_imp, cfg, num_attention_heads)
@@ -152,6 +147,17 @@ def import_realm(kind: str, src: str, out: str, cfg: config_lib.ExperimentConfig
             "lower_case": lower_case, "model": config_lib.to_dict(cfg.model), "imports": reports,
             "corpus": corpus, "seconds": round(time.time() - start, 1)}
     return report
+
+
+def _original_architecture(cfg: config_lib.ExperimentConfig, kind: str, vocab_path: str, lower_case: bool,
+                           orqa_params: dict[str, Any]) -> config_lib.ExperimentConfig:
+    """``cfg`` with the released model's architecture (REALM fine-tuned with ORQA's reader), whatever --config
+    says, and ORQA's own hyperparameters where its ``params.json`` gives them."""
+    return _apply(cfg, {"model.init_checkpoint": "", "model.vocab_file": vocab_path, "model.lower_case": lower_case,
+                        "model.pooling": "pooled", "model.share_embedders": kind == "embedder",
+                        "model.span_layer_norm": True, "model.reader_block_title": False,
+                        "model.retrieval_temperature": 1.0,
+                        **{key: orqa_params[name] for name, key in _ORQA_PARAMS.items() if name in orqa_params}})
 
 
 #: The setting that names the run an import becomes, by kind.

@@ -2,8 +2,10 @@
 import glob
 import os
 import signal
+import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 import tf_keras
 
@@ -87,3 +89,22 @@ def test_sigterm_checkpoints_stops_and_is_reported(tmp_path):
     again.run(_dataset(), step_fn)
     assert again.step == 8 and again.stopped_by is None
     assert command.training_exit_code({"stopped_by": again.stopped_by}) == 0
+
+
+def test_an_error_mid_run_closes_the_progress_bar_and_gives_back_sigterm(tmp_path, capsys):
+    """A step that fails (a full disk at a checkpoint, say): the bar is closed before the error reaches the
+    command line, so the error is the last line printed, and SIGTERM's handler is the one from before the run."""
+    loop, step_fn, _ = _loop(tmp_path, steps=8)
+    before = signal.getsignal(signal.SIGTERM)
+
+    def disk_full(step, logs):
+        if step == 3:
+            raise OSError(28, "No space left on device")
+
+    capsys.readouterr()
+    with pytest.raises(OSError):
+        loop.run(_dataset(), step_fn, hooks=(disk_full,))
+    print("the error line", file=sys.stderr)  # what the command line prints next
+    err = capsys.readouterr().err
+    assert err.rstrip().splitlines()[-1] == "the error line"  # no bar redrawn after it (closed, not collected)
+    assert "3/8" in err and signal.getsignal(signal.SIGTERM) is before
