@@ -12,9 +12,10 @@ that also holds the previous complete version where the artifact is versioned, t
 
 The outcome of each case is one of: ``named`` (exit code 2, the damaged file or its directory named, no
 traceback), ``fallback`` (exit code 0, the previous complete version used and a logged line naming the damaged
-one), ``undetected`` (exit code 0 and nothing said: the reader used the damaged data; for the served model the
-answers are compared with the good version's) or ``crash`` (anything else). The goal: no ``undetected`` case
-that changes an answer and no ``crash``. Resumable::
+one), ``warned`` (exit code 0, the data read unchecked, with a logged line naming the damage: a blocks directory
+that lost its manifest), ``undetected`` (exit code 0 and nothing said: the reader used the damaged data; for the
+served model the answers are compared with the good version's) or ``crash`` (anything else). The goal: no
+``undetected`` case that changes an answer and no ``crash``. Resumable::
 
     .venv/bin/python benchmarks/corruption_matrix.py --out runs/bench/corruption_matrix \
         --workspace runs/bench/crash_matrix/base
@@ -35,7 +36,7 @@ import result_records  # noqa: E402  (benchmarks/)
 import stages  # noqa: E402  (benchmarks/)
 
 DAMAGES = ("truncated", "flipped", "deleted")
-OUTCOMES = ("named", "fallback", "undetected", "crash")
+OUTCOMES = ("named", "fallback", "warned", "undetected", "crash")
 
 
 def damage(path: str, how: str) -> None:
@@ -76,8 +77,8 @@ def outcome(code: int, stdout: str, stderr: str, names: tuple[str, ...], fell_ba
     last = (stderr.strip().splitlines() or [""])[-1]
     if code == 2 and any(n in last for n in names) and "Traceback" not in stderr:
         return "named"
-    if code == 0 and fell_back and any(n in stderr for n in names):
-        return "fallback"
+    if code == 0 and any(n in stderr for n in names):
+        return "fallback" if fell_back else "warned"
     if code == 0:
         return "undetected"
     return "crash"
@@ -96,6 +97,15 @@ def cases(base: str, work: str) -> list[tuple[str, str, str, Callable[[], dict[s
     with open(os.path.join(base, "questions.jsonl"), encoding="utf-8") as f:
         question = json.loads(f.readline())["question"]
     evaluate = ["evaluate", "--config", params, "--questions", os.path.join(base, "questions.jsonl"), "--split", "dev"]
+    good: dict[str, Any] = {}
+
+    def changed(result: tuple[int, str, str]) -> bool:
+        """Whether an evaluation that exited 0 scored differently from the undamaged workspace's."""
+        if result[0] != 0:
+            return False
+        if not good:
+            good.update(_scores(run(evaluate)[1]))
+        return _scores(result[1]) != good
     out = []
 
     def served_case(name: str, how: str) -> dict[str, Any]:
@@ -131,7 +141,7 @@ def cases(base: str, work: str) -> list[tuple[str, str, str, Callable[[], dict[s
         damage(os.path.join(newer, name), how)
         result = run([*evaluate, "--index", root])
         fell_back = '"index_version": 0' in result[1]
-        return {"evaluate": outcome(*result, (newer,), fell_back)}
+        return {"evaluate": outcome(*result, (newer,), fell_back), "answer_changed": changed(result)}
 
     for name in files_of(os.path.join(base, "index", "0000000000"), "index.json"):
         for how in DAMAGES:
@@ -141,7 +151,9 @@ def cases(base: str, work: str) -> list[tuple[str, str, str, Callable[[], dict[s
         run_dir = damaged_copy(os.path.join(base, "finetune"), os.path.join(work, "finetune"),
                                os.path.join("checkpoints", name), how)
         result = run([*evaluate, "--model", run_dir])
-        return {"evaluate": outcome(*result, (os.path.join(run_dir, "checkpoints"), run_dir), False)}
+        fell_back = f'"checkpoint": "{os.path.join(run_dir, "checkpoints", "ckpt-1")}"' in result[1]
+        return {"evaluate": outcome(*result, (os.path.join(run_dir, "checkpoints"), run_dir), fell_back),
+                "answer_changed": changed(result) and not fell_back}  # the previous checkpoint scores as it does
 
     for name in ("ckpt-4.data-00000-of-00001", "ckpt-4.index", "checkpoint"):
         for how in DAMAGES:
@@ -150,12 +162,20 @@ def cases(base: str, work: str) -> list[tuple[str, str, str, Callable[[], dict[s
     def blocks_case(name: str, how: str) -> dict[str, Any]:
         blocks = damaged_copy(os.path.join(base, "blocks"), os.path.join(work, "blocks"), name, how)
         result = run([*evaluate, "--set", f"data.blocks_dir={blocks}"])
-        return {"evaluate": outcome(*result, (blocks,), False)}
+        return {"evaluate": outcome(*result, (blocks,), False), "answer_changed": changed(result)}
 
     for name in files_of(os.path.join(base, "blocks"), "manifest.json"):
         for how in DAMAGES:
             out.append(("blocks", name, how, lambda name=name, how=how: blocks_case(name, how)))
     return out
+
+
+def _scores(stdout: str) -> dict[str, Any]:
+    """The metrics line ``realm-tf evaluate`` prints, without what names the inputs (checkpoint, index version)."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("{"):
+            return {k: v for k, v in json.loads(line).items() if k not in ("checkpoint", "index_version")}
+    return {}
 
 
 def _answer(stdout: str) -> str:

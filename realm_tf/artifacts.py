@@ -215,10 +215,10 @@ def read_marker(directory: str, marker: str, what: str = "artifact") -> dict[str
     path = os.path.join(directory, marker)
     if not tf.io.gfile.exists(path):
         raise FileNotFoundError(f"{directory}: no {marker}: not a complete {what}")
-    with tf.io.gfile.GFile(path) as f:
-        text = f.read()
+    with tf.io.gfile.GFile(path, "rb") as f:
+        raw = f.read()
     try:
-        marker_value = json.loads(text)
+        marker_value = json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise errors.UserError(f"{path}: not valid JSON ({e}): this {what} is damaged. Rebuild it, or delete "
                                f"{directory} so that readers use the previous complete version") from e
@@ -380,6 +380,22 @@ def complete_versions(root: str, marker: str) -> dict[int, str]:
         if name.isdecimal() and tf.io.gfile.exists(os.path.join(path, marker)):
             found[int(name)] = path
     return dict(sorted(found.items()))
+
+
+def warn_incomplete_versions(root: str, marker: str, what: str) -> list[str]:
+    """Logs each numbered directory under ``root`` newer than its newest complete version that lacks ``marker``
+    (a version damaged, or copied in by hand and not finished: writers here publish whole versions, so none is
+    ever seen half-written) and returns them; readers skip them and serve the newest complete version."""
+    if not tf.io.gfile.isdir(root):
+        return []
+    complete = complete_versions(root, marker)
+    newest = max(complete, default=-1)
+    skipped = sorted((int(n.rstrip("/")), os.path.join(root, n.rstrip("/"))) for n in tf.io.gfile.listdir(root)
+                     if n.rstrip("/").isdecimal() and int(n.rstrip("/")) > newest)
+    for _, path in skipped:
+        logger.warning("%s: no %s: not a complete %s (damaged, or still being copied); skipped, the newest complete "
+                       "version is %s", path, marker, what, complete.get(newest, "none"))
+    return [path for _, path in skipped]
 
 
 def newest_complete(path: str, marker: str) -> str | None:

@@ -1,6 +1,7 @@
 """artifacts: a staged directory appears complete (marker last) or not at all; listing and pruning."""
 import hashlib
 import json
+import logging
 import os
 import pathlib
 import re
@@ -278,3 +279,15 @@ def test_a_nested_artifact_is_left_to_its_own_marker(tmp_path):
     inner = json.loads((tmp_path / "run" / "index" / "0" / "index.json").read_text())["files"]
     assert sorted(inner) == ["embeddings.npy", os.path.join("searcher", "tree.bin")]
     assert artifacts.verify(str(tmp_path / "run")) == [(str(tmp_path / "run"), [])]
+
+
+def test_a_numbered_version_without_its_marker_above_the_newest_complete_one_is_named(tmp_path, caplog):
+    _published(tmp_path, name="1")
+    (tmp_path / "2").mkdir()  # a version whose marker was lost (or a copy not finished)
+    (tmp_path / "0").mkdir()  # older than the newest complete one: not worth a word
+    with caplog.at_level(logging.WARNING):
+        skipped = artifacts.warn_incomplete_versions(str(tmp_path), artifacts.INDEX, "index version")
+    assert skipped == [str(tmp_path / "2")]
+    assert any(str(tmp_path / "2") in r.getMessage() and "skipped" in r.getMessage() and str(tmp_path / "1")
+               in r.getMessage() for r in caplog.records)
+    assert artifacts.warn_incomplete_versions(str(tmp_path / "missing"), artifacts.INDEX, "index version") == []

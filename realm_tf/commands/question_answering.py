@@ -76,15 +76,14 @@ def _cmd_export_retriever(args: argparse.Namespace) -> int:
     """Exports embed_query / embed_block from the config's init_checkpoint, or a trained model_dir (an ICT,
     REALM pre-training or Open-QA fine-tuning run: :func:`warm_start.restore_from_run` knows their layouts and
     fails if the retriever's variables are not all in the checkpoint)."""
-    import tensorflow as tf
-
+    from realm_tf.core import checkpoint_reading
     from realm_tf.core import warm_start
     from realm_tf.export import retriever_export
     from realm_tf.models import knowledge_retriever
 
     cfg = command.load(args)
     run_dir = args.model_dir or cfg.ict.model_dir
-    found = tf.train.latest_checkpoint(f"{run_dir}/checkpoints")
+    found = checkpoint_reading.newest_complete(f"{run_dir}/checkpoints")
     if args.model_dir and not found and not args.from_init:
         raise errors.UserError(f"--model_dir {args.model_dir}: no checkpoint in {args.model_dir}/checkpoints "
                                f"(--from-init exports model.init_checkpoint instead)")

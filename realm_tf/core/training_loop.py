@@ -21,6 +21,7 @@ import tensorflow as tf
 import tqdm
 
 from realm_tf import config as config_lib
+from realm_tf.core import checkpoint_reading
 from realm_tf.core import distribution
 from realm_tf.core import tracing
 
@@ -82,7 +83,15 @@ class TrainingLoop:
         self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=cfg.keep_checkpoints,
                                                   step_counter=self.global_step,
                                                   checkpoint_interval=cfg.checkpoint_every_steps)
-        self.restored_from = self.manager.restore_or_initialize()
+        newest = checkpoint_reading.newest_complete(directory)  # a damaged newest one skipped, with a warning
+        if newest is not None and newest != self.manager.latest_checkpoint:
+            checkpoint_reading.read(self.checkpoint, newest, resume=True)
+            self.restored_from: str | None = newest
+        else:
+            try:
+                self.restored_from = self.manager.restore_or_initialize()
+            except checkpoint_reading.DAMAGE_ERRORS as e:
+                raise checkpoint_reading.damaged(newest or directory, e) from e
         # Why the last ``run`` ended before its last step: "SIGTERM", "max_minutes", "input exhausted" or None.
         self.stopped_by: str | None = None
         self.writer = tf.summary.create_file_writer(os.path.join(cfg.model_dir, "train")) if self.chief \

@@ -13,6 +13,7 @@ import tf_keras
 
 from realm_tf import config as config_lib
 from realm_tf import errors
+from realm_tf.core import checkpoint_reading
 from realm_tf.models import knowledge_retriever
 
 
@@ -30,7 +31,8 @@ def restore_from_run(path: str, retriever: knowledge_retriever.KnowledgeRetrieve
     is restored whole, span MLP included, from a run that trained one; from REALM pre-training only its BERT
     (``reader.encoder``) is.
     """
-    checkpoint = tf.train.latest_checkpoint(os.path.join(path, "checkpoints")) or tf.train.latest_checkpoint(path)
+    checkpoint = (checkpoint_reading.newest_complete(os.path.join(path, "checkpoints"))
+                  or checkpoint_reading.newest_complete(path))
     if checkpoint is None and tf.io.gfile.exists(path + ".index"):
         checkpoint = path  # a checkpoint prefix
     if checkpoint is None:
@@ -62,7 +64,7 @@ def restore_from_run(path: str, retriever: knowledge_retriever.KnowledgeRetrieve
         if reader_bert is not None or reader is not None:
             raise errors.UserError(f"{checkpoint}: an ICT checkpoint has no reader (qa.reader_checkpoint)")
         tree = tf.train.Checkpoint(model=retriever)
-    tree.read(checkpoint).assert_existing_objects_matched().expect_partial()
+    checkpoint_reading.read(tree, checkpoint).assert_existing_objects_matched().expect_partial()
     return checkpoint
 
 

@@ -9,17 +9,35 @@ corpus would take ~10 GB; the bundled 11,567 take ~7 MB).
 """
 from __future__ import annotations
 
+import logging
+import os
 from typing import Sequence
 
 import numpy as np
 import tensorflow as tf
 
+from realm_tf import artifacts
 from realm_tf import errors
 from realm_tf.data import example_schemas
+
+logger = logging.getLogger(__name__)
 
 
 class BlockStoreError(errors.UserError, ValueError):
     """The block files are missing, unreadable or do not hold ids 0..N-1 exactly once."""
+
+
+def _check_manifest(directory: str) -> None:
+    """The blocks directory's manifest (the Beam job's marker, with every file's size and checksum) checked as
+    every published artifact is on load: a damaged file is a BlockStoreError naming it. A directory without one
+    (hand-made, or its manifest lost) is read unchecked, with a warning."""
+    try:
+        artifacts.read_marker(directory, artifacts.JOB_MANIFEST, "blocks directory")
+    except FileNotFoundError:
+        logger.warning("%s: no %s (not a complete output of realm-tf preprocess, or its manifest was lost): its "
+                       "records are read unchecked", directory, artifacts.JOB_MANIFEST)
+    except errors.UserError as e:
+        raise BlockStoreError(str(e)) from e
 
 
 class BlockStore:
@@ -56,6 +74,7 @@ class BlockStore:
         files = sorted(tf.io.gfile.glob(pattern))
         if not files:
             raise BlockStoreError(f"{pattern}: no block TFRecords match (run `realm-tf preprocess` first)")
+        _check_manifest(os.path.dirname(files[0]))
         spec = example_schemas.block_feature_spec()
         keep = {k: spec[k] for k in (example_schemas.BLOCK_ID, example_schemas.UID, example_schemas.TITLE,
                                      example_schemas.TEXT, example_schemas.TITLE_IDS, example_schemas.BODY_IDS,

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from realm_tf import artifacts
 from realm_tf import errors
 from realm_tf.data import block_store as block_store_lib
 from realm_tf.data import corpus_versions
@@ -117,6 +118,7 @@ class IndexLoader:
         self._last_check = float("-inf")
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
+        artifacts.warn_incomplete_versions(index_dir, artifacts.INDEX, "index version")
         self._refresh(raise_mismatch=True)
         if require_index and self._snapshot is None:
             raise self._not_found() from self.last_error

@@ -25,6 +25,7 @@ import tf_keras
 
 from realm_tf import config as config_lib
 from realm_tf import errors
+from realm_tf.core import checkpoint_reading
 from realm_tf.core import evaluation
 from realm_tf.data import document_files
 from realm_tf.retro import knn_datastore
@@ -73,7 +74,7 @@ def restore_decoder(task: retro_lm.RetroLmTask, model_dir: str) -> tf_keras.Mode
         task = retro_lm.RetroLmTask(dataclasses.replace(cfg, retro=dataclasses.replace(cfg.retro, retro_fit_from="")),
                                     retrieval=task.retrieval)
     model = task.build_model()
-    status = tf.train.Checkpoint(model=model).read(checkpoint)
+    status = checkpoint_reading.read(tf.train.Checkpoint(model=model), checkpoint)
     status.expect_partial()
     try:
         status.assert_existing_objects_matched()

@@ -23,6 +23,7 @@ import tf_keras
 from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.core import base_task
+from realm_tf.core import checkpoint_reading
 from realm_tf.data import block_store as block_store_lib
 from realm_tf.data import corpus_versions
 from realm_tf.index import index_loader
@@ -52,7 +53,8 @@ RETRO_FIT_VARIABLES = ("cca", "neighbour_encoder")
 
 def latest_checkpoint(model_dir: str) -> str | None:
     """The newest checkpoint of a ``train-retro`` run (``<model_dir>/checkpoints``), or of ``model_dir`` itself."""
-    return tf.train.latest_checkpoint(f"{model_dir}/checkpoints") or tf.train.latest_checkpoint(model_dir)
+    return (checkpoint_reading.newest_complete(f"{model_dir}/checkpoints")
+            or checkpoint_reading.newest_complete(model_dir))
 
 
 def own_neighbour_chunks(chunk_ids: np.ndarray, rate: float) -> np.ndarray:
@@ -357,7 +359,7 @@ class RetroLmTask(base_task.Task):
             checkpoint = latest_checkpoint(source)
             if checkpoint is None:
                 raise errors.UserError(f"retro.retro_fit_from={source}: no checkpoint of a baseline decoder there")
-            status = tf.train.Checkpoint(model=model).read(checkpoint)
+            status = checkpoint_reading.read(tf.train.Checkpoint(model=model), checkpoint)
             status.expect_partial()  # the checkpoint's optimizer slots and step are not wanted here
             try:
                 status.assert_nontrivial_match()

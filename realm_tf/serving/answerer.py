@@ -75,6 +75,7 @@ class Answerer:
             candidates = [export_path]
         else:
             self.base_path = export_path
+            artifacts.warn_incomplete_versions(export_path, artifacts.OPEN_QA_EXPORT, "Open-QA export")
             candidates = list(reversed(artifacts.complete_versions(export_path, artifacts.OPEN_QA_EXPORT).values()))
         if not candidates:
             raise errors.UserError(f"{export_path}: not a complete Open-QA export nor a model base path with one "

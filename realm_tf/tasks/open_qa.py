@@ -22,6 +22,7 @@ import tensorflow as tf
 from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.core import base_task
+from realm_tf.core import checkpoint_reading
 from realm_tf.core import evaluation
 from realm_tf.core import precision
 from realm_tf.core import training_loop
@@ -465,9 +466,10 @@ def load_finetuned(task: OpenQaTask, model: open_qa_model.OpenQaModel, model_dir
     come from this Embed_doc. Returns the checkpoint, or None when there is none (the model stays as initialised,
     e.g. zero-shot).
     """
-    checkpoint = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+    checkpoint = checkpoint_reading.newest_complete(os.path.join(model_dir, "checkpoints"))
     if checkpoint is not None:
-        tf.train.Checkpoint(retriever=model.retriever, reader=model.reader).read(checkpoint).expect_partial()
+        checkpoint_reading.read(tf.train.Checkpoint(retriever=model.retriever, reader=model.reader),
+                                checkpoint).expect_partial()
     if check_index and not task.cfg.qa.recompute_doc_embeddings:
         check_index_matches(task, model)
     return checkpoint
