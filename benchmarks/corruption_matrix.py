@@ -6,7 +6,8 @@ that also holds the previous complete version where the artifact is versioned, t
 
 * the served model (``realm-tf ask --model``): a base path with a good version 1 and the damaged version 2, and
   the damaged version alone;
-* the MIPS index (``realm-tf evaluate --index``): an index root with the good version and the damaged newer one;
+* the MIPS index (``realm-tf evaluate --index``): an index root with the good version and the damaged newer one,
+  brute force and ScaNN (its serialized tree and asymmetric-hashing assets);
 * the blocks (``realm-tf evaluate`` with ``data.blocks_dir`` the damaged corpus);
 * the fine-tuning checkpoint (``realm-tf evaluate --model`` a run whose newest checkpoint is damaged).
 
@@ -97,15 +98,15 @@ def cases(base: str, work: str) -> list[tuple[str, str, str, Callable[[], dict[s
     with open(os.path.join(base, "questions.jsonl"), encoding="utf-8") as f:
         question = json.loads(f.readline())["question"]
     evaluate = ["evaluate", "--config", params, "--questions", os.path.join(base, "questions.jsonl"), "--split", "dev"]
-    good: dict[str, Any] = {}
+    good: dict[tuple[str, ...], dict[str, Any]] = {}
 
-    def changed(result: tuple[int, str, str]) -> bool:
+    def changed(result: tuple[int, str, str], sets: tuple[str, ...] = ()) -> bool:
         """Whether an evaluation that exited 0 scored differently from the undamaged workspace's."""
         if result[0] != 0:
             return False
-        if not good:
-            good.update(_scores(run(evaluate)[1]))
-        return _scores(result[1]) != good
+        if sets not in good:
+            good[sets] = _scores(run([*evaluate, *sets])[1])
+        return _scores(result[1]) != good[sets]
     out = []
 
     def served_case(name: str, how: str) -> dict[str, Any]:
@@ -127,10 +128,10 @@ def cases(base: str, work: str) -> list[tuple[str, str, str, Callable[[], dict[s
         for how in DAMAGES:
             out.append(("served model", name, how, lambda name=name, how=how: served_case(name, how)))
 
-    def index_case(name: str, how: str) -> dict[str, Any]:
+    def index_case(name: str, how: str, index: str = "index", sets: tuple[str, ...] = ()) -> dict[str, Any]:
         root = os.path.join(work, "index")
         shutil.rmtree(root, ignore_errors=True)
-        source = os.path.join(base, "index", "0000000000")
+        source = os.path.join(base, index, "0000000000")
         shutil.copytree(source, os.path.join(root, "0000000000"))
         newer = os.path.join(root, "0000000001")
         shutil.copytree(source, newer)
@@ -139,13 +140,17 @@ def cases(base: str, work: str) -> list[tuple[str, str, str, Callable[[], dict[s
         with open(os.path.join(newer, "index.json"), "w", encoding="utf-8") as f:
             json.dump({**meta, "version": 1}, f)
         damage(os.path.join(newer, name), how)
-        result = run([*evaluate, "--index", root])
+        result = run([*evaluate, "--index", root, *sets])
         fell_back = '"index_version": 0' in result[1]
-        return {"evaluate": outcome(*result, (newer,), fell_back), "answer_changed": changed(result)}
+        return {"evaluate": outcome(*result, (newer,), fell_back), "answer_changed": changed(result, sets)}
 
     for name in files_of(os.path.join(base, "index", "0000000000"), "index.json"):
         for how in DAMAGES:
             out.append(("index version", name, how, lambda name=name, how=how: index_case(name, how)))
+    for name in files_of(os.path.join(base, SCANN_INDEX, "0000000000"), "index.json"):
+        for how in DAMAGES:
+            out.append(("ScaNN index version", name, how,
+                        lambda name=name, how=how: index_case(name, how, SCANN_INDEX, SCANN_SETS)))
 
     def checkpoint_case(name: str, how: str) -> dict[str, Any]:
         run_dir = damaged_copy(os.path.join(base, "finetune"), os.path.join(work, "finetune"),
@@ -168,6 +173,21 @@ def cases(base: str, work: str) -> list[tuple[str, str, str, Callable[[], dict[s
         for how in DAMAGES:
             out.append(("blocks", name, how, lambda name=name, how=how: blocks_case(name, how)))
     return out
+
+
+#: A ScaNN index version of the workspace's blocks (tree + asymmetric hashing: the assets ScaNN serializes), and
+#: the settings that read it.
+SCANN_INDEX = "index_scann"
+SCANN_SETS = ("--set", "index.kind=scann", "--set", "index.num_leaves=4", "--set", "index.num_leaves_to_search=4")
+
+
+def build_scann_index(base: str) -> None:
+    """``<base>/index_scann``: the workspace's blocks embedded by its retriever export into a ScaNN index."""
+    code, _, stderr = run(["embed-blocks", "--config", os.path.join(base, "params.yaml"), "--index_dir",
+                           os.path.join(base, SCANN_INDEX), "--export_dir", os.path.join(base, "export"),
+                           "--progress_interval", "0", *SCANN_SETS])
+    if code != 0:
+        raise RuntimeError(f"embed-blocks (ScaNN) failed: {stderr[-2000:]}")
 
 
 def _scores(stdout: str) -> dict[str, Any]:
@@ -214,6 +234,7 @@ def main() -> int:
     out = args.out.rstrip("/")
     stage = stages.Stages(out)
     work = os.path.join(out, "work")
+    stage("scann_index", lambda: build_scann_index(args.workspace))
     rows = []
     for artifact, name, how, fn in cases(args.workspace, work):
         result = stage(f"{artifact}|{name}|{how}", fn)
