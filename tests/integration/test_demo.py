@@ -1,5 +1,5 @@
 """``realm-tf demo``: the whole loop (corpus, data jobs, pre-training, index, reader, fine-tuning, evaluation,
-export, questions) on the tiny config, in a separate process."""
+export, questions) on the tiny config, in a separate process (its stages in that one process)."""
 import json
 import os
 import subprocess
@@ -19,8 +19,11 @@ def _run(*args):
 @pytest.mark.slow
 def test_demo_runs_the_whole_loop_on_the_tiny_config(tmp_path):
     work = tmp_path / "demo"
+    # --one-process: the same stages, called in this child instead of one child each (a TensorFlow start each);
+    # the child-process runner make demo uses is tested in tests/test_cli.py.
     result = _run("demo", "--config", "configs/tiny.yaml", "--workdir", str(work), "--questions", "40",
-                  "--pretrain-steps", "2", "--finetune-steps", "4", "--reader-steps", "2", "--squad-paragraphs", "4")
+                  "--pretrain-steps", "2", "--finetune-steps", "4", "--reader-steps", "2", "--squad-paragraphs", "4",
+                  "--one-process")
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]
     for name in ("corpus", "preprocess", "pretraining-data", "init-retriever", "index", "pretrain", "train-reader",
                  "finetune", "evaluate", "export", "ask"):
