@@ -117,6 +117,7 @@ def newest_version(index_dir: str, vocab_hash: str) -> tuple[str, dict[str, Any]
     Raises:
       UserError: there is none, or it was embedded with another vocabulary than ``vocab_hash``.
     """
+    artifacts.warn_incomplete_versions(index_dir, artifacts.INDEX, "index version")
     versions = complete_versions(index_dir)
     if not versions:
         raise errors.UserError(f"{index_dir}: no index (run `realm-tf embed-blocks` with a retriever export)")

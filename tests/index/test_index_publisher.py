@@ -1,5 +1,6 @@
 """index_publisher: staging + index.json last + atomic rename, immutable versions, keep-N garbage collection."""
 import json
+import logging
 import os
 
 import numpy as np
@@ -187,3 +188,14 @@ def test_a_garbled_index_json_is_named_with_what_to_do(tmp_path):
         f.write("[1, 2]")
     with pytest.raises(errors.UserError, match=r"index\.json: not a JSON object"):
         index_publisher.read_index_json(path)
+
+
+def test_a_version_that_lost_its_index_json_is_named_and_the_previous_one_used(tmp_path, caplog):
+    embeddings, index = _index()
+    index_publisher.publish(str(tmp_path), 1, embeddings, index, META, 3)
+    newer = index_publisher.publish(str(tmp_path), 2, embeddings, index, META, 3)
+    os.remove(os.path.join(newer, "index.json"))
+    with caplog.at_level(logging.WARNING):
+        path, meta = index_publisher.newest_version(str(tmp_path), META["vocab_hash"])
+    assert meta["version"] == 1 and path == index_publisher.version_dir(str(tmp_path), 1)
+    assert any(newer in r.getMessage() and "no index.json" in r.getMessage() for r in caplog.records)
