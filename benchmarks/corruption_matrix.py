@@ -38,6 +38,9 @@ import stages  # noqa: E402  (benchmarks/)
 
 DAMAGES = ("truncated", "flipped", "deleted")
 OUTCOMES = ("named", "fallback", "warned", "undetected", "crash")
+#: Words of the lines in which a reader says what it found damaged (a line that merely names the directory, such
+#: as where the predictions went, does not count).
+WARNINGS = ("damaged", "missing", "cannot be read", "skipped", "unchecked", "previous", "not a complete")
 
 
 def damage(path: str, how: str) -> None:
@@ -78,7 +81,8 @@ def outcome(code: int, stdout: str, stderr: str, names: tuple[str, ...], fell_ba
     last = (stderr.strip().splitlines() or [""])[-1]
     if code == 2 and any(n in last for n in names) and "Traceback" not in stderr:
         return "named"
-    if code == 0 and any(n in stderr for n in names):
+    said = [line for line in stderr.splitlines() if any(n in line for n in names) and any(w in line for w in WARNINGS)]
+    if code == 0 and said:
         return "fallback" if fell_back else "warned"
     if code == 0:
         return "undetected"
