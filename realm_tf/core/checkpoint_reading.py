@@ -50,7 +50,7 @@ def _listed(directory: str) -> list[str]:
     paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
     if state.model_checkpoint_path and state.model_checkpoint_path not in paths:
         paths.append(state.model_checkpoint_path)
-    return [p if os.path.isabs(p) or "://" in p else os.path.join(directory, p) for p in reversed(paths)]
+    return list(reversed(paths))  # TensorFlow has joined relative entries to ``directory`` already
 
 
 def newest_complete(directory: str) -> str | None:

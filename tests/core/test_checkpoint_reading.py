@@ -2,6 +2,7 @@
 damaged file is an error naming the checkpoint, and a run without checkpoints reads as None."""
 import logging
 import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -39,16 +40,18 @@ def test_the_newest_complete_checkpoint_is_read(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["index_deleted", "data_deleted"])
-def test_a_newest_checkpoint_with_files_missing_is_skipped_with_a_warning(tmp_path, caplog, damage):
-    directory = _run(tmp_path)
+def test_a_newest_checkpoint_with_files_missing_is_skipped_with_a_warning(tmp_path, monkeypatch, caplog, damage):
+    monkeypatch.chdir(tmp_path)  # a relative run directory, as on the command line
+    directory = _run(pathlib.Path("run"))
     suffix = ".index" if damage == "index_deleted" else ".data-00000-of-00001"
     os.remove(os.path.join(directory, "ckpt-2" + suffix))
     assert tf.train.latest_checkpoint(directory) in (None, os.path.join(directory, "ckpt-2"))  # TF: none or bad
     with caplog.at_level(logging.WARNING):
         newest = checkpoint_reading.newest_complete(directory)
     assert newest == os.path.join(directory, "ckpt-1") and _value(newest) == 1.0
-    assert any(os.path.join(directory, "ckpt-2") in r.getMessage() and "previous" in r.getMessage()
-               for r in caplog.records)
+    messages = [r.getMessage() for r in caplog.records if r.name == checkpoint_reading.__name__]
+    assert any(m.startswith(os.path.join(directory, "ckpt-2") + ":") and "previous" in m for m in messages)
+    assert len(messages) == 1, messages  # ckpt-1, as listed, is complete: no other warning
 
 
 @pytest.mark.parametrize("damage", ["garbled", "deleted"])
