@@ -60,6 +60,11 @@ def damage(path: str, how: str) -> None:
         f.write(bytes([byte[0] ^ 0xFF]) if byte else b"\0")
 
 
+def damages(path: str) -> tuple[str, ...]:
+    """The damages that change ``path`` (an empty file cannot be truncated)."""
+    return tuple(how for how in DAMAGES if not (how == "truncated" and os.path.getsize(path) == 0))
+
+
 def damaged_copy(source: str, target: str, relative: str, how: str) -> str:
     """A fresh copy of the directory ``source`` at ``target`` with its file ``relative`` damaged; returns
     ``target``."""
@@ -129,7 +134,7 @@ def cases(base: str, work: str) -> list[tuple[str, str, str, Callable[[], dict[s
                 "answer_changed": changed}
 
     for name in files_of(os.path.join(base, "served"), "realm_qa.json"):
-        for how in DAMAGES:
+        for how in damages(os.path.join(base, "served", name)):
             out.append(("served model", name, how, lambda name=name, how=how: served_case(name, how)))
 
     def index_case(name: str, how: str, index: str = "index", sets: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -149,10 +154,10 @@ def cases(base: str, work: str) -> list[tuple[str, str, str, Callable[[], dict[s
         return {"evaluate": outcome(*result, (newer,), fell_back), "answer_changed": changed(result, sets)}
 
     for name in files_of(os.path.join(base, "index", "0000000000"), "index.json"):
-        for how in DAMAGES:
+        for how in damages(os.path.join(base, "index", "0000000000", name)):
             out.append(("index version", name, how, lambda name=name, how=how: index_case(name, how)))
     for name in files_of(os.path.join(base, SCANN_INDEX, "0000000000"), "index.json"):
-        for how in DAMAGES:
+        for how in damages(os.path.join(base, SCANN_INDEX, "0000000000", name)):
             out.append(("ScaNN index version", name, how,
                         lambda name=name, how=how: index_case(name, how, SCANN_INDEX, SCANN_SETS)))
 
@@ -165,7 +170,7 @@ def cases(base: str, work: str) -> list[tuple[str, str, str, Callable[[], dict[s
                 "answer_changed": changed(result) and not fell_back}  # the previous checkpoint scores as it does
 
     for name in ("ckpt-4.data-00000-of-00001", "ckpt-4.index", "checkpoint"):
-        for how in DAMAGES:
+        for how in damages(os.path.join(base, "finetune", "checkpoints", name)):
             out.append(("checkpoint", name, how, lambda name=name, how=how: checkpoint_case(name, how)))
 
     def blocks_case(name: str, how: str) -> dict[str, Any]:
@@ -174,7 +179,7 @@ def cases(base: str, work: str) -> list[tuple[str, str, str, Callable[[], dict[s
         return {"evaluate": outcome(*result, (blocks,), False), "answer_changed": changed(result)}
 
     for name in files_of(os.path.join(base, "blocks"), "manifest.json"):
-        for how in DAMAGES:
+        for how in damages(os.path.join(base, "blocks", name)):
             out.append(("blocks", name, how, lambda name=name, how=how: blocks_case(name, how)))
     return out
 
