@@ -227,7 +227,8 @@ def write_artifact_records(rows: list[tuple[str, str, str, dict[str, Any]]]) -> 
             order=12, verdict="holds" if all(t["crash"] == 0 for t in tallies.values()) and not changed else "open",
             claim=f"Each file of the {artifact} truncated, bit-flipped or deleted: its reader names it or falls back "
                   "to the previous complete version, and never serves a changed answer",
-            figure=f"{files} files x {len(DAMAGES)} damages; "
+            figure=f"{len(mine)} damaged copies ({files} files truncated, bit-flipped or deleted; an empty file is not "
+                   "truncated); "
                    + "; ".join(f"{reader}: " + ", ".join(f"{n} {o}" for o, n in t.items() if n)
                                for reader, t in tallies.items())
                    + (f"; undetected: {', '.join(undetected)}" if undetected else "")
