@@ -90,9 +90,11 @@ def f1(prediction: str, answers: Iterable[str]) -> float:
 
 
 def exact_match(prediction: str, answers: Iterable[str]) -> bool:
-    """SQuAD exact match: equal after ``normalize_answer``, against any answer."""
+    """SQuAD exact match: equal after ``normalize_answer``, against any answer. A reference that normalises to
+    nothing (empty, or only punctuation and articles) is no answer: a prediction of "the" does not match it."""
     norm = answer_normalization.normalize_answer(prediction)
-    return any(norm == answer_normalization.normalize_answer(a) for a in answers)
+    references = (answer_normalization.normalize_answer(a) for a in answers)
+    return any(norm == r for r in references if r)
 
 
 def regex_match(prediction: str, patterns: Iterable[str]) -> bool:

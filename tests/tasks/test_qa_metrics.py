@@ -34,3 +34,18 @@ def test_matches_brute_force_reference():
             gold += any(doc_ids[r] in gold_ids for r in rows)
         assert got[f"accuracy@{k}"] == acc / 50 and got[f"gold_recall@{k}"] == gold / 50
     assert got["num_questions"] == 50
+
+
+def test_exact_match_needs_a_reference_with_words_and_agrees_with_the_error_table():
+    from realm_tf.tasks import answer_errors
+
+    assert qa_metrics.exact_match("The 1973 oil crisis!", ["1973 oil crisis"])
+    assert not qa_metrics.exact_match("1973", ["1973 oil crisis"])
+    # "the" normalises to nothing, as do "", "." and "a": no answer, so nothing matches them
+    for prediction, answers in (("the", ["", "Army"]), (".", ["a."]), ("", ["", " "])):
+        assert not qa_metrics.exact_match(prediction, answers)
+        record = {"prediction": prediction, "answers": answers, "predicted_block": 0, "read_blocks_with_answer": []}
+        assert answer_errors.outcome(record) != "correct"
+    record = {"prediction": "Army.", "answers": ["", "army"], "predicted_block": 0, "read_blocks_with_answer": [0]}
+    assert qa_metrics.exact_match(record["prediction"], record["answers"])
+    assert answer_errors.outcome(record) == "correct"
