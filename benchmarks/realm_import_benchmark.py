@@ -165,46 +165,157 @@ def measure(workdir: str, num_blocks: int, words: int) -> list[tuple[str, dict]]
     return rows
 
 
+def served_components(served: str) -> dict[str, float]:
+    """MiB of the served model's variables by what they hold: Embed_doc rows, ScaNN's searcher, block text, block
+    wordpieces, wordpiece byte offsets, and the networks' weights (a string tensor counts its bytes)."""
+    import collections
+
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+    reader = tf.train.load_checkpoint(os.path.join(served, "variables", "variables"))
+    graph = trackable_object_graph_pb2.TrackableObjectGraph.FromString(
+        reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    paths: dict[str, str] = {}  # checkpoint key -> its object path below the root's "corpus"
+    queue = collections.deque((c.node_id, "corpus") for c in graph.nodes[0].children if c.local_name == "corpus")
+    seen = {node_id for node_id, _ in queue}
+    while queue:
+        node_id, path = queue.popleft()
+        for attribute in graph.nodes[node_id].attributes:
+            if attribute.name == "VARIABLE_VALUE":
+                paths.setdefault(attribute.checkpoint_key, path)
+        for child in graph.nodes[node_id].children:
+            if child.node_id not in seen:
+                seen.add(child.node_id)
+                queue.append((child.node_id, f"{path}/{child.local_name}"))
+    groups = {"embeddings": 0, "scann": 0, "text": 0, "wordpieces": 0, "offsets": 0, "weights": 0}
+    dtypes = reader.get_variable_to_dtype_map()
+    for name, shape in reader.get_variable_to_shape_map().items():
+        if name == "_CHECKPOINTABLE_OBJECT_GRAPH":
+            continue
+        if dtypes[name] == tf.string:
+            size = sum(len(v) for v in np.ravel(reader.get_tensor(name)))
+        else:
+            size = int(np.prod(shape)) * dtypes[name].size
+        path, leaf = paths.get(name, ""), paths.get(name, "").rsplit("/", 1)[-1]
+        key = ("weights" if "corpus" not in path else "scann" if "searcher" in path
+               else "embeddings" if leaf == "embeddings" else "text" if leaf in ("titles", "texts")
+               else "wordpieces" if leaf.endswith(("_values", "_splits"))
+               else "offsets" if leaf.endswith(("_starts", "_ends")) else "weights")
+        groups[key] += size
+    return {k: round(v / 2 ** 20, 1) for k, v in groups.items()}
+
+
+def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """(constant, per block) of a least-squares line through ``(blocks, value)`` points."""
+    import numpy as np
+
+    x, y = np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
+    per_block, constant = np.polyfit(x, y, 1)
+    return float(constant), float(per_block)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--num-blocks", type=int, nargs=2, default=(100_000, 1_000_000),
-                        help="two corpus sizes: each stage's time and peak RSS are fitted as a + b * blocks")
-    parser.add_argument("--words", type=int, default=45, help="words a block (~60 wordpieces with the title)")
+    parser.add_argument("--num-blocks", type=int, nargs="+", default=(100_000, 1_000_000),
+                        help="corpus sizes (two or more): each stage's time and peak RSS are fitted as a + b * blocks")
+    parser.add_argument("--words", type=int, default=45,
+                        help="words a block: 45 gives ~60 wordpieces with the title; 200 gives ~260, REALM's blocks "
+                             "of up to 288")
     parser.add_argument("--workdir", default=os.path.join(REPO, "runs", "bench", "realm_import"))
     parser.add_argument("--target-blocks", type=int, default=13_353_718, help="extrapolate to this many blocks")
+    parser.add_argument("--model-record", default="",
+                        help="write the memory model (every size, stage and component) as this result record")
     args = parser.parse_args()
-    small, large = args.num_blocks
-    measured = {n: dict(measure(os.path.join(args.workdir, str(n)), n, args.words)) for n in (small, large)}
-    print(f"linear fit a + b * blocks through {small:,} and {large:,} blocks, at {args.target_blocks:,}:")
-    extrapolated: dict[str, tuple[float, float]] = {}  # stage -> (minutes, GB of peak RSS)
-    for name in measured[large]:
-        fitted = []
-        for key in ("seconds", "peak_rss_mib"):
-            b = (measured[large][name][key] - measured[small][name][key]) / (large - small)
-            fitted.append(measured[large][name][key] + b * (args.target_blocks - large))
-        print(f"  {name:<7} ~{fitted[0] / 60:>7.1f} min   peak RSS ~{fitted[1] / 1024:>6.1f} GiB")
-        extrapolated[name] = (fitted[0] / 60, fitted[1] * 2 ** 20 / 1e9)
-    if large == 1_000_000:
-        m = measured[large]
-        result_records.write(
-            "google-release-import-1m", area="Google's release", order=10,
-            claim="A release-shaped REALM-NQ (synthetic blocks and block_emb, tiny networks) is imported, exported and "
-                  "served in minutes at a million blocks.",
-            figure=f"{large:,} blocks: import {m['import']['seconds']:.1f} s, {m['import']['peak_rss_mib']:,} MiB peak "
-                   f"RSS; export {m['export']['seconds']:.1f} s, {m['export']['peak_rss_mib']:,} MiB; ask "
-                   f"{m['ask']['seconds']:.1f} s, {m['ask']['peak_rss_mib']:,} MiB")
+    sizes = sorted(args.num_blocks)
+    if len(sizes) < 2:
+        parser.error("--num-blocks needs two sizes or more")
+    measured = {}
+    for n in sizes:
+        rows = dict(measure(os.path.join(args.workdir, f"{n}-w{args.words}"), n, args.words))
+        rows["served_mib"] = served_components(os.path.join(args.workdir, f"{n}-w{args.words}", "served"))
+        print(f"served model variables (MiB): {rows['served_mib']}", flush=True)
+        measured[n] = rows
+    extrapolated = report_model(measured, args.target_blocks)
+    if args.model_record:
+        write_model_record(args, measured, extrapolated)
+        return
+    if sizes == [100_000, 1_000_000] and args.words == 45:  # the records of the default run
+        write_release_records(measured, extrapolated, args.target_blocks)
+
+
+def report_model(measured: dict, target: int) -> dict[str, dict[str, float]]:
+    """Prints each stage's least-squares model (seconds, peak RSS) beside every measured point and at ``target``
+    blocks; returns ``{stage: {seconds_constant, seconds_per_block, rss_constant_mib, rss_per_block_bytes,
+    target_minutes, target_gb}}``."""
+    sizes = sorted(measured)
+    print(f"least-squares a + b * blocks through {', '.join(f'{n:,}' for n in sizes)} blocks:")
+    model = {}
+    for stage in ("import", "export", "ask"):
+        seconds = fit([(n, measured[n][stage]["seconds"]) for n in sizes])
+        rss = fit([(n, measured[n][stage]["peak_rss_mib"]) for n in sizes])
+        for n in sizes:
+            predicted = rss[0] + rss[1] * n
+            print(f"  {stage:<7} {n:>11,} blocks: peak RSS {measured[n][stage]['peak_rss_mib']:>7,} MiB measured, "
+                  f"{predicted:>9,.0f} predicted ({100 * (predicted / measured[n][stage]['peak_rss_mib'] - 1):+.1f}%)")
+        at_target = rss[0] + rss[1] * target
+        model[stage] = {"seconds_constant": round(seconds[0], 1), "seconds_per_block": seconds[1],
+                        "rss_constant_mib": round(rss[0]), "rss_per_block_bytes": round(rss[1] * 2 ** 20, 1),
+                        "target_minutes": round((seconds[0] + seconds[1] * target) / 60, 1),
+                        "target_gb": round(at_target * 2 ** 20 / 1e9, 1)}
+        print(f"  {stage:<7} {rss[1] * 2 ** 20:,.0f} bytes a block + {rss[0]:,.0f} MiB: at {target:,} blocks "
+              f"~{model[stage]['target_gb']} GB, ~{model[stage]['target_minutes']} min")
+    for group in measured[sizes[0]]["served_mib"]:
+        per_block = fit([(n, measured[n]["served_mib"][group]) for n in sizes])[1] * 2 ** 20
+        print(f"  served variables, {group:<10} {per_block:>8,.0f} bytes a block")
+    return model
+
+
+def write_model_record(args: argparse.Namespace, measured: dict, model: dict) -> None:
+    """The memory model as one result record: every measured point beside its prediction, and the target."""
+    sizes = sorted(measured)
+    cells = []
+    for stage in ("import", "export", "ask"):
+        m = model[stage]
+        points = "; ".join(f"{n / 1e6:g}M {measured[n][stage]['peak_rss_mib'] / 1024:.1f} GiB (model "
+                           f"{(m['rss_constant_mib'] + m['rss_per_block_bytes'] * n / 2 ** 20) / 1024:.1f})"
+                           for n in sizes)
+        cells.append(f"{stage}: {m['rss_per_block_bytes']:,.0f} B/block + {m['rss_constant_mib']:,} MiB; {points}; at "
+                     f"{args.target_blocks / 1e6:.2f}M ~{m['target_gb']} GB, ~{m['target_minutes']} min")
+    served = measured[sizes[-1]]["served_mib"]
+    cells.append(f"served variables at {sizes[-1] / 1e6:g}M (MiB): "
+                 + ", ".join(f"{k} {v:,.0f}" for k, v in served.items()))
+    result_records.write(
+        args.model_record, area="Google's release", order=30, verdict="open",
+        claim=f"Memory of import, export and serving grows linearly with the blocks; at REALM's "
+              f"{args.target_blocks:,} blocks of ~{args.words} words the served graph's per-block text, wordpieces "
+              "and offsets dominate.",
+        figure=" | ".join(cells))
+
+
+def write_release_records(measured: dict, model: dict, target: int) -> None:
+    """The default run's two records: the 1M-block stages, and the extrapolation to ``target`` blocks."""
+    large = max(measured)
+    m = measured[large]
+    result_records.write(
+        "google-release-import-1m", area="Google's release", order=10,
+        claim="A release-shaped REALM-NQ (synthetic blocks and block_emb, tiny networks) is imported, exported and "
+              "served in minutes at a million blocks.",
+        figure=f"{large:,} blocks: import {m['import']['seconds']:.1f} s, {m['import']['peak_rss_mib']:,} MiB peak "
+               f"RSS; export {m['export']['seconds']:.1f} s, {m['export']['peak_rss_mib']:,} MiB; ask "
+               f"{m['ask']['seconds']:.1f} s, {m['ask']['peak_rss_mib']:,} MiB")
     memory_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
-    (import_min, import_gb), (export_min, export_gb), (ask_min, ask_gb) = (
-        extrapolated[name] for name in ("import", "export", "ask"))
-    beyond = max(export_gb, ask_gb) > memory_gb
+    beyond = max(model["export"]["target_gb"], model["ask"]["target_gb"]) > memory_gb
     result_records.write(
         "google-release-full-scale", area="Google's release", order=20, verdict="open",
-        claim=f"At REALM's {args.target_blocks:,} blocks, exporting and serving the release would need "
+        claim=f"At REALM's {target:,} blocks, exporting and serving the release would need "
               f"{'more' if beyond else 'less'} memory than this machine's {memory_gb:.0f} GB (extrapolated, not "
               "measured: the real files cannot be downloaded here).",
-        figure=f"linear fit through {small:,} and {large:,} blocks: import ~{import_min:.0f} min, ~{import_gb:.0f} GB; "
-               f"export ~{export_min:.0f} min, ~{export_gb:.0f} GB; loading the served model ~{ask_min:.0f} min, "
-               f"~{ask_gb:.0f} GB")
+        figure=f"linear fit through {', '.join(f'{n:,}' for n in sorted(measured))} blocks: import "
+               f"~{model['import']['target_minutes']:.0f} min, ~{model['import']['target_gb']:.0f} GB; export "
+               f"~{model['export']['target_minutes']:.0f} min, ~{model['export']['target_gb']:.0f} GB; loading the "
+               f"served model ~{model['ask']['target_minutes']:.0f} min, ~{model['ask']['target_gb']:.0f} GB")
 
 
 if __name__ == "__main__":
