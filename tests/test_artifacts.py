@@ -147,6 +147,9 @@ def _published(root, name="3"):
             f.write(bytes(range(256)) * 40)
         with open(os.path.join(staging.path, "searcher", "tree.bin"), "wb") as f:
             f.write(b"tree" * 100)
+        os.makedirs(os.path.join(staging.path, "assets"))
+        with open(os.path.join(staging.path, "assets", "block_records-000000"), "wb") as f:
+            f.write(b"record" * 100)
         staging.metadata = {"version": int(name)}
     return root / name
 
@@ -154,7 +157,8 @@ def _published(root, name="3"):
 def test_the_marker_lists_every_file_with_its_size_and_sha256(tmp_path):
     version = _published(tmp_path)
     files = json.loads((version / "index.json").read_text())["files"]
-    assert sorted(files) == ["embeddings.npy", os.path.join("searcher", "tree.bin")]
+    assert sorted(files) == [os.path.join("assets", "block_records-000000"), "embeddings.npy",
+                             os.path.join("searcher", "tree.bin")]
     for relative, expected in files.items():  # against hashlib on the bytes on disk
         data = (version / relative).read_bytes()
         assert expected == {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
@@ -163,12 +167,16 @@ def test_the_marker_lists_every_file_with_its_size_and_sha256(tmp_path):
 
 
 @pytest.mark.parametrize("damage, found_on_load", [("truncate", True), ("delete", True), ("flip", True),
-                                                    ("flip_large", False)])
+                                                    ("flip_large", False), ("flip_records", False),
+                                                    ("truncate_records", True)])
 def test_a_damaged_file_is_named_on_load_or_by_verify(tmp_path, monkeypatch, damage, found_on_load):
     version = _published(tmp_path)
     if damage == "flip_large":  # a file above the load-time digest bound: its size is checked, its digest by verify
         monkeypatch.setattr(artifacts, "LOAD_DIGEST_BYTES", (version / "searcher" / "tree.bin").stat().st_size - 1)
     path = version / "searcher" / "tree.bin"
+    if damage.endswith("_records"):  # block records (small, but read on demand): sizes on load, digests by verify
+        path = version / "assets" / "block_records-000000"
+        damage = damage.split("_")[0]
     if damage == "truncate":
         path.write_bytes(path.read_bytes()[:50])
     elif damage == "delete":
@@ -277,7 +285,8 @@ def test_a_nested_artifact_is_left_to_its_own_marker(tmp_path):
     outer = json.loads((tmp_path / "run" / "import.json").read_text())["files"]
     assert sorted(outer) == ["params.yaml"]
     inner = json.loads((tmp_path / "run" / "index" / "0" / "index.json").read_text())["files"]
-    assert sorted(inner) == ["embeddings.npy", os.path.join("searcher", "tree.bin")]
+    assert sorted(inner) == [os.path.join("assets", "block_records-000000"), "embeddings.npy",
+                             os.path.join("searcher", "tree.bin")]
     assert artifacts.verify(str(tmp_path / "run")) == [(str(tmp_path / "run"), [])]
 
 

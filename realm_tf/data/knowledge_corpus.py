@@ -26,47 +26,23 @@ from realm_tf.data import block_store as block_store_lib
 from realm_tf.layers import bert_tokenizer
 
 
-class KnowledgeCorpus(tf.Module):
-    """Blocks, their embeddings and their text as graph variables.
+class SearchableCorpus(tf.Module):
+    """Embed_doc(z) of every block as a variable, and maximum inner product search over it: what every corpus of a
+    model shares, whether its blocks are in memory (:class:`KnowledgeCorpus`) or read from disk on demand
+    (``data/block_records.RecordCorpus``).
 
     Args:
       embeddings: ``float32[num_blocks, dim]`` Embed_doc of block i in row i.
-      blocks: the corpus (wordpieces, titles, texts) the rows refer to.
-      tokenizer: used once to compute the wordpieces' byte offsets in the title and body text.
     """
 
-    def __init__(self, embeddings: np.ndarray, blocks: block_store_lib.BlockStore,
-                 tokenizer: bert_tokenizer.BertTokenizer, name: str = "knowledge_corpus") -> None:
+    def __init__(self, embeddings: np.ndarray, name: str) -> None:
         super().__init__(name=name)
         embeddings = np.asarray(embeddings, np.float32)
-        if embeddings.ndim != 2 or embeddings.shape[0] != len(blocks):
-            raise ValueError(f"embeddings {embeddings.shape} do not cover the {len(blocks)} blocks of {blocks.source}")
-        if blocks.titles is None or blocks.texts is None:
-            raise ValueError(f"{blocks.source}: the block store has no text (load it with BlockStore.load)")
-        n = len(blocks)
+        if embeddings.ndim != 2:
+            raise ValueError(f"embeddings must be [num_blocks, dim], got {embeddings.shape}")
         self.dim = int(embeddings.shape[1])
-        var = lambda value, dtype, shape: tf.Variable(value, dtype=dtype, trainable=False, shape=shape)
-        self.embeddings = var(embeddings, tf.float32, [None, self.dim])  # [num_blocks, dim]
-        titles = [blocks.title_ids(i) for i in range(n)]
-        bodies = [blocks.body_ids(i) for i in range(n)]
-        title_starts, title_ends = _offsets(tokenizer, blocks.titles, titles)
-        body_starts, body_ends = _offsets(tokenizer, blocks.texts, bodies)
-        self.title_values, self.title_splits = (var(v, t, [None]) for v, t in
-                                                zip(_flat(titles), (tf.int32, tf.int64)))
-        self.body_values, self.body_splits = (var(v, t, [None]) for v, t in zip(_flat(bodies), (tf.int32, tf.int64)))
-        self.title_starts = var(np.concatenate(title_starts) if n else [], tf.int64, [None])  # byte offsets
-        self.title_ends = var(np.concatenate(title_ends) if n else [], tf.int64, [None])
-        self.body_starts = var(np.concatenate(body_starts) if n else [], tf.int64, [None])
-        self.body_ends = var(np.concatenate(body_ends) if n else [], tf.int64, [None])
-        self.titles = var(blocks.titles, tf.string, [None])  # [num_blocks]
-        self.texts = var(blocks.texts, tf.string, [None])  # [num_blocks]
-
-    @classmethod
-    def without_index(cls, blocks: block_store_lib.BlockStore,
-                      tokenizer: bert_tokenizer.BertTokenizer) -> "KnowledgeCorpus":
-        """The blocks alone, for a reader given the blocks to read (never searched: one zero column stands in for
-        the embeddings)."""
-        return cls(np.zeros([len(blocks), 1], np.float32), blocks, tokenizer)
+        self.embeddings = tf.Variable(embeddings, dtype=tf.float32, trainable=False,
+                                      shape=[None, self.dim])  # [num_blocks, dim]
 
     @property
     def num_blocks(self) -> tf.Tensor:
@@ -90,6 +66,62 @@ class KnowledgeCorpus(tf.Module):
     def block_embeddings(self, block_ids: tf.Tensor) -> tf.Tensor:
         """Rows of the embedding matrix: ``[..., dim]`` for ``block_ids [...]``."""
         return tf.gather(self.embeddings, block_ids)
+
+    def swap_embeddings(self, embeddings: np.ndarray | tf.Tensor) -> None:
+        """Replaces Embed_doc of every block (same number of blocks and dim), e.g. from a refreshed index."""
+        embeddings = tf.convert_to_tensor(embeddings, tf.float32)
+        if embeddings.shape[0] != int(self.num_blocks) or embeddings.shape[1] != self.dim:
+            raise ValueError(f"new embeddings {embeddings.shape} != [{int(self.num_blocks)}, {self.dim}]")
+        self.embeddings.assign(embeddings)
+
+
+class KnowledgeCorpus(SearchableCorpus):
+    """Blocks, their embeddings and their text as graph variables.
+
+    Args:
+      embeddings: ``float32[num_blocks, dim]`` Embed_doc of block i in row i.
+      blocks: the corpus (wordpieces, titles, texts) the rows refer to.
+      tokenizer: used once to compute the wordpieces' byte offsets in the title and body text.
+    """
+
+    def __init__(self, embeddings: np.ndarray, blocks: block_store_lib.BlockStore,
+                 tokenizer: bert_tokenizer.BertTokenizer, name: str = "knowledge_corpus") -> None:
+        super().__init__(embeddings, name=name)
+        if int(np.shape(embeddings)[0]) != len(blocks):
+            raise ValueError(f"embeddings {np.shape(embeddings)} do not cover the {len(blocks)} blocks of "
+                             f"{blocks.source}")
+        if blocks.titles is None or blocks.texts is None:
+            raise ValueError(f"{blocks.source}: the block store has no text (load it with BlockStore.load)")
+        n = len(blocks)
+        var = lambda value, dtype, shape: tf.Variable(value, dtype=dtype, trainable=False, shape=shape)
+        titles = [blocks.title_ids(i) for i in range(n)]
+        bodies = [blocks.body_ids(i) for i in range(n)]
+        title_starts, title_ends = byte_offsets(tokenizer, blocks.titles, titles)
+        body_starts, body_ends = byte_offsets(tokenizer, blocks.texts, bodies)
+        self.title_values, self.title_splits = (var(v, t, [None]) for v, t in
+                                                zip(_flat(titles), (tf.int32, tf.int64)))
+        self.body_values, self.body_splits = (var(v, t, [None]) for v, t in zip(_flat(bodies), (tf.int32, tf.int64)))
+        self.title_starts = var(np.concatenate(title_starts) if n else [], tf.int64, [None])  # byte offsets
+        self.title_ends = var(np.concatenate(title_ends) if n else [], tf.int64, [None])
+        self.body_starts = var(np.concatenate(body_starts) if n else [], tf.int64, [None])
+        self.body_ends = var(np.concatenate(body_ends) if n else [], tf.int64, [None])
+        self.titles = var(blocks.titles, tf.string, [None])  # [num_blocks]
+        self.texts = var(blocks.texts, tf.string, [None])  # [num_blocks]
+
+    @classmethod
+    def without_index(cls, blocks: block_store_lib.BlockStore,
+                      tokenizer: bert_tokenizer.BertTokenizer) -> "KnowledgeCorpus":
+        """The blocks alone, for a reader given the blocks to read (never searched: one zero column stands in for
+        the embeddings)."""
+        return cls(np.zeros([len(blocks), 1], np.float32), blocks, tokenizer)
+
+    def title_text(self, block_ids: tf.Tensor) -> tf.Tensor:
+        """Titles ``string[...]`` of ``block_ids int[...]``."""
+        return tf.gather(self.titles, block_ids)
+
+    def body_text(self, block_ids: tf.Tensor) -> tf.Tensor:
+        """Body texts ``string[...]`` of ``block_ids int[...]``."""
+        return tf.gather(self.texts, block_ids)
 
     def title_ids(self, block_ids: tf.Tensor) -> tf.RaggedTensor:
         """Title wordpieces ``int32[n, (len)]`` of ``block_ids int[n]``."""
@@ -121,13 +153,6 @@ class KnowledgeCorpus(tf.Module):
         starts = tf.clip_by_value(starts, 0, size)  # [n]
         return tf.strings.substr(text, starts, tf.clip_by_value(ends - starts, 0, size - starts))
 
-    def swap_embeddings(self, embeddings: np.ndarray | tf.Tensor) -> None:
-        """Replaces Embed_doc of every block (same number of blocks and dim), e.g. from a refreshed index."""
-        embeddings = tf.convert_to_tensor(embeddings, tf.float32)
-        if embeddings.shape[0] != int(self.num_blocks) or embeddings.shape[1] != self.dim:
-            raise ValueError(f"new embeddings {embeddings.shape} != [{int(self.num_blocks)}, {self.dim}]")
-        self.embeddings.assign(embeddings)
-
     @staticmethod
     def _ragged(values: tf.Variable, splits: tf.Variable) -> tf.RaggedTensor:
         return tf.RaggedTensor.from_row_splits(tf.convert_to_tensor(values), tf.convert_to_tensor(splits),
@@ -141,8 +166,8 @@ def _flat(rows: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     return values, splits
 
 
-def _offsets(tokenizer: bert_tokenizer.BertTokenizer, texts: list[str],
-             stored: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def byte_offsets(tokenizer: bert_tokenizer.BertTokenizer, texts: list[str],
+                 stored: list[np.ndarray]) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """Byte offsets of each stored wordpiece in its text; where re-tokenizing the text does not give the
     stored wordpieces, offsets are spread proportionally so an answer is still cut from real text."""
     starts_out: list[np.ndarray] = []

@@ -42,6 +42,7 @@ from tensorflow.core.protobuf import trackable_object_graph_pb2
 from realm_tf import artifacts
 from realm_tf import config as config_lib
 from realm_tf import errors
+from realm_tf.data import block_records
 from realm_tf.data import block_store
 from realm_tf.data import corpus_versions
 from realm_tf.data import knowledge_corpus
@@ -92,8 +93,8 @@ class OpenQaExportModule(tf.Module):
             "answer": tf.where(empty, tf.constant(""), decoded["answer"]),  # [B]
             "score": tf.where(empty, 0.0, decoded["score"]),  # [B]
             "block_id": block_ids,  # [B, k]
-            "block_title": tf.gather(self.model.corpus.titles, block_ids),  # [B, k]
-            "block_text": tf.gather(self.model.corpus.texts, block_ids),  # [B, k]
+            "block_title": self.model.corpus.title_text(block_ids),  # [B, k]
+            "block_text": self.model.corpus.body_text(block_ids),  # [B, k]
             "block_score": outputs["retrieval_logits"],  # [B, k]
         }
 
@@ -131,8 +132,11 @@ def export_open_qa(cfg: config_lib.ExperimentConfig, model: open_qa_model.OpenQa
     with artifacts.staged(out, artifacts.OPEN_QA_EXPORT) as staging:
         tf.saved_model.save(module, staging.path, signatures={
             "serving_default": module.answer, "embed_query": module.embed_query, "embed_block": module.embed_block})
-        titles = tf.gather(model.corpus.titles, serving_warmup.spread(int(model.corpus.num_blocks),
-                                                                      cfg.qa.serving_warmup_requests)).numpy()
+        titles = model.corpus.title_text(serving_warmup.spread(int(model.corpus.num_blocks),
+                                                               cfg.qa.serving_warmup_requests)).numpy()
+        records = getattr(model.corpus, "records", None)
+        if records is not None:  # the blocks read on demand: shard 0 is the asset, the others go beside it
+            records.copy_shards(os.path.join(staging.path, "assets"), move=True)
         questions = serving_warmup.warmup_questions([t.decode("utf-8", "replace") for t in titles],
                                                     cfg.qa.question_seq_length)
         if questions:
@@ -184,14 +188,21 @@ def publish_corpus_update(cfg: config_lib.ExperimentConfig, base_path: str, inde
     corpus_version = index_publisher.corpus_version(meta)
     blocks = block_store.BlockStore.load(corpus_versions.blocks_pattern(blocks_dir or cfg.data.blocks_dir,
                                                                         corpus_version))
-    corpus = knowledge_corpus.KnowledgeCorpus(index_publisher.read_embeddings(index_path), blocks, tokenizer)
-    if info.get("searcher") == "scann":
-        if meta.get("kind") != "scann":
-            raise errors.UserError(f"{previous} searches with ScaNN but {index_path} is a {meta.get('kind')} index")
-        corpus.use_searcher(in_graph_scann.InGraphScannSearcher(os.path.join(index_path, meta["searcher"])))
+    if info.get("searcher") == "scann" and meta.get("kind") != "scann":
+        raise errors.UserError(f"{previous} searches with ScaNN but {index_path} is a {meta.get('kind')} index")
+    records = info.get("corpus_storage") == "records"  # the blocks read on demand from the version's assets
     out = artifacts.next_version_dir(base_path, artifacts.OPEN_QA_EXPORT)
     with artifacts.staged(out, artifacts.OPEN_QA_EXPORT, pause_before_commit=pause_before_commit) as staging:
-        _copy_graph(previous, staging.path)
+        _copy_graph(previous, staging.path, skip=block_records.SHARD_PREFIX if records else None)
+        embeddings = index_publisher.read_embeddings(index_path)  # [num_blocks, dim]
+        if records:
+            assets = os.path.join(staging.path, "assets")
+            starts, lengths = block_records.write_records(blocks, tokenizer, assets)
+            corpus = block_records.RecordCorpus(embeddings, block_records.BlockRecords(assets, starts, lengths))
+        else:
+            corpus = knowledge_corpus.KnowledgeCorpus(embeddings, blocks, tokenizer)
+        if info.get("searcher") == "scann":
+            corpus.use_searcher(in_graph_scann.InGraphScannSearcher(os.path.join(index_path, meta["searcher"])))
         with _corpus_checkpoint(corpus) as fresh:
             _write_variables(previous, fresh, staging.path)
         staging.metadata = {
@@ -203,8 +214,9 @@ def publish_corpus_update(cfg: config_lib.ExperimentConfig, base_path: str, inde
     return out
 
 
-def _copy_graph(previous: str, staging: str) -> None:
-    """Copies the SavedModel's graph and assets (not its variables), renaming its ScaNN searcher resources."""
+def _copy_graph(previous: str, staging: str, skip: str | None = None) -> None:
+    """Copies the SavedModel's graph and assets (not its variables, nor files whose names start with ``skip``),
+    renaming its ScaNN searcher resources."""
     for parent, _, files in tf.io.gfile.walk(previous):
         rel = os.path.relpath(parent, previous)
         if rel.split(os.sep)[0] == VARIABLES:
@@ -213,6 +225,8 @@ def _copy_graph(previous: str, staging: str) -> None:
         tf.io.gfile.makedirs(target)
         for name in files:
             if rel == "." and name in (SAVED_MODEL_PB, FINGERPRINT_PB, artifacts.OPEN_QA_EXPORT):
+                continue
+            if skip is not None and name.startswith(skip):
                 continue
             tf.io.gfile.copy(os.path.join(parent, name), os.path.join(target, name), overwrite=True)
     saved_model = saved_model_pb2.SavedModel()

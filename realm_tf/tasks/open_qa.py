@@ -19,6 +19,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
+from realm_tf import artifacts
 from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.core import base_task
@@ -27,11 +28,13 @@ from realm_tf.core import evaluation
 from realm_tf.core import precision
 from realm_tf.core import training_loop
 from realm_tf.core import warm_start
+from realm_tf.data import block_records
 from realm_tf.data import block_store as block_store_lib
 from realm_tf.data import corpus_versions
 from realm_tf.data import knowledge_corpus
 from realm_tf.data import question_split
 from realm_tf.data import questions
+from realm_tf.export import open_qa_export
 from realm_tf.index import index_publisher
 from realm_tf.layers import bert_tokenizer
 from realm_tf.models import knowledge_retriever
@@ -70,10 +73,11 @@ def select_split(examples: Sequence[questions.QaExample], split: str,
 
 
 def load_corpus(cfg: config_lib.ExperimentConfig, tokenizer: bert_tokenizer.BertTokenizer,
-                index_dir: str | None = None) -> tuple[knowledge_corpus.KnowledgeCorpus, block_store_lib.BlockStore,
-                                                       dict]:
-    """The in-graph corpus from the newest complete index version's ``embeddings.npy`` and the blocks of the
-    corpus version it was built over (``index.json``: ``corpus_version``)."""
+                index_dir: str | None = None, records_dir: str | None = None
+                ) -> tuple[knowledge_corpus.SearchableCorpus, block_store_lib.BlockStore, dict]:
+    """The corpus from the newest complete index version's ``embeddings.npy`` and the blocks of the corpus version
+    it was built over (``index.json``: ``corpus_version``): in graph variables, or with ``records_dir`` written
+    there as block records that the graph reads on demand (``data/block_records``: a served model's)."""
     path, meta = index_publisher.newest_version(index_dir or cfg.index.index_dir, tokenizer.vocab_hash)
     embeddings = index_publisher.read_embeddings(path)  # [num_blocks, dim]
     corpus = corpus_versions.version_dir(cfg.data.blocks_dir, index_publisher.corpus_version(meta))
@@ -81,6 +85,10 @@ def load_corpus(cfg: config_lib.ExperimentConfig, tokenizer: bert_tokenizer.Bert
     if len(blocks) != embeddings.shape[0]:
         raise errors.UserError(f"{path}: {embeddings.shape[0]} embeddings but {len(blocks)} blocks in "
                                f"{corpus}: the index was built from another corpus")
+    if records_dir is not None:
+        starts, lengths = block_records.write_records(blocks, tokenizer, records_dir)
+        return block_records.RecordCorpus(embeddings, block_records.BlockRecords(records_dir, starts, lengths)), \
+            blocks, meta
     return knowledge_corpus.KnowledgeCorpus(embeddings, blocks, tokenizer), blocks, meta
 
 
@@ -556,12 +564,29 @@ def _blocks_given(cfg: config_lib.ExperimentConfig, retriever: str, examples: li
     return examples, None, None, {}
 
 
+def export_for_serving(cfg: config_lib.ExperimentConfig, out: str, model_dir: str | None = None,
+                       index_dir: str | None = None) -> str:
+    """``realm-tf export``: the fine-tuned model over the newest index version (:func:`load_for_serving`) as the
+    serving SavedModel ``out`` (``export/open_qa_export``), its blocks read on demand from block records in its
+    ``assets/``. The records are written beside ``out`` under a staging directory's name (removed by the next
+    export to ``out`` if this process dies) and moved into the export. Returns ``out``."""
+    out = open_qa_export.check_destination(out)
+    records = os.path.join(os.path.dirname(out) or ".", artifacts.transient_name(artifacts.STAGING_PREFIX, out))
+    try:
+        _, model, info = load_for_serving(cfg, model_dir=model_dir, index_dir=index_dir, records_dir=records)
+        return open_qa_export.export_open_qa(cfg, model, out, info)
+    finally:
+        artifacts.remove_quietly(records)
+
+
 def load_for_serving(cfg: config_lib.ExperimentConfig, model_dir: str | None = None, index_dir: str | None = None,
-                     in_graph_scann: bool = True) -> tuple[OpenQaTask, open_qa_model.OpenQaModel, dict[str, Any]]:
+                     in_graph_scann: bool = True, records_dir: str | None = None
+                     ) -> tuple[OpenQaTask, open_qa_model.OpenQaModel, dict[str, Any]]:
     """The fine-tuned Open-QA model (``finetune.model_dir``) over the newest index version, searching with
-    ScaNN's TF op when that index is a ScaNN index (and ``in_graph_scann``)."""
+    ScaNN's TF op when that index is a ScaNN index (and ``in_graph_scann``); its blocks read on demand from block
+    records written to ``records_dir`` when given (:func:`load_corpus`)."""
     task = OpenQaTask(cfg)
-    corpus, _, meta = load_corpus(cfg, task.tokenizer, index_dir)
+    corpus, _, meta = load_corpus(cfg, task.tokenizer, index_dir, records_dir)
     model = task.build_model(corpus)
     model_dir = model_dir or cfg.finetune.model_dir
     checkpoint = load_finetuned(task, model, model_dir)
@@ -573,5 +598,6 @@ def load_for_serving(cfg: config_lib.ExperimentConfig, model_dir: str | None = N
         corpus.use_searcher(scann_lib.InGraphScannSearcher(os.path.join(path, meta["searcher"])))
         searcher = "scann"
     return task, model, {"checkpoint": checkpoint or "", "index_version": meta["version"], "searcher": searcher,
+                         "corpus_storage": "records" if records_dir is not None else "graph",
                          "corpus_version": index_publisher.corpus_version(meta),
                          "export_step": index_publisher.export_step(meta)}

@@ -50,10 +50,12 @@ def exported(tmp_path_factory, pretraining_workspace):
 
 
 def _export(cfg, out):
-    """What `realm-tf export` does: the fine-tuned model loaded anew (ScaNN in the graph), then saved."""
-    _, model, info = open_qa.load_for_serving(cfg)
-    assert info["searcher"] == "scann" and info["checkpoint"]
-    return open_qa_export.export_open_qa(cfg, model, out, info)
+    """`realm-tf export`: the fine-tuned model loaded anew (ScaNN in the graph, the blocks as records), then saved."""
+    path = open_qa.export_for_serving(cfg, out)
+    meta = artifacts.read_marker(path, artifacts.OPEN_QA_EXPORT)
+    assert meta["searcher"] == "scann" and meta["checkpoint"] and meta["corpus_storage"] == "records"
+    assert not [n for n in os.listdir(os.path.dirname(path)) if n.startswith(".")]  # the records' scratch is gone
+    return path
 
 
 def _keras_answers(task, model, questions):
