@@ -167,7 +167,8 @@ def measure(workdir: str, num_blocks: int, words: int) -> list[tuple[str, dict]]
 
 def served_components(served: str) -> dict[str, float]:
     """MiB of the served model's variables by what they hold: Embed_doc rows, ScaNN's searcher, block text, block
-    wordpieces, wordpiece byte offsets, and the networks' weights (a string tensor counts its bytes)."""
+    wordpieces, wordpiece byte offsets, the block records' index, and the networks' weights (a string tensor counts
+    its bytes); and ``records_on_disk``, the block records' shards (read on demand, not held)."""
     import collections
 
     import numpy as np
@@ -189,7 +190,8 @@ def served_components(served: str) -> dict[str, float]:
             if child.node_id not in seen:
                 seen.add(child.node_id)
                 queue.append((child.node_id, f"{path}/{child.local_name}"))
-    groups = {"embeddings": 0, "scann": 0, "text": 0, "wordpieces": 0, "offsets": 0, "weights": 0}
+    groups = {"embeddings": 0, "scann": 0, "text": 0, "wordpieces": 0, "offsets": 0, "record_index": 0,
+              "weights": 0}
     dtypes = reader.get_variable_to_dtype_map()
     for name, shape in reader.get_variable_to_shape_map().items():
         if name == "_CHECKPOINTABLE_OBJECT_GRAPH":
@@ -200,10 +202,14 @@ def served_components(served: str) -> dict[str, float]:
             size = int(np.prod(shape)) * dtypes[name].size
         path, leaf = paths.get(name, ""), paths.get(name, "").rsplit("/", 1)[-1]
         key = ("weights" if "corpus" not in path else "scann" if "searcher" in path
+               else "record_index" if "/records" in path
                else "embeddings" if leaf == "embeddings" else "text" if leaf in ("titles", "texts")
                else "wordpieces" if leaf.endswith(("_values", "_splits"))
                else "offsets" if leaf.endswith(("_starts", "_ends")) else "weights")
         groups[key] += size
+    assets = os.path.join(served, "assets")  # block records read on demand (data/block_records): disk, not memory
+    groups["records_on_disk"] = sum(os.path.getsize(os.path.join(assets, name)) for name in os.listdir(assets)
+                                    if name.startswith("block_records-")) if os.path.isdir(assets) else 0
     return {k: round(v / 2 ** 20, 1) for k, v in groups.items()}
 
 
