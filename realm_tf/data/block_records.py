@@ -178,6 +178,16 @@ class RecordCorpus(knowledge_corpus.SearchableCorpus):
         """Title wordpieces ``int32[n, (len)]`` of ``block_ids int[n]``."""
         return self.records.read(block_ids)["title_ids"]
 
+    def wordpieces(self, block_ids: tf.Tensor) -> tuple[tf.RaggedTensor, tf.RaggedTensor]:
+        """``(title_ids, body_ids)`` of ``block_ids int[n]``, each ``int32[n, (len)]``: one read of the records."""
+        read = self.records.read(block_ids)
+        return read["title_ids"], read["body_ids"]
+
+    def title_and_text(self, block_ids: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """``(titles, body texts)`` ``string[...]`` of ``block_ids int[...]``: one read of the records."""
+        read = self.records.read(block_ids)
+        return tf.reshape(read["title"], tf.shape(block_ids)), tf.reshape(read["text"], tf.shape(block_ids))
+
     def body_ids(self, block_ids: tf.Tensor) -> tf.RaggedTensor:
         """Body wordpieces ``int32[n, (len)]`` of ``block_ids int[n]``."""
         return self.records.read(block_ids)["body_ids"]

@@ -127,6 +127,14 @@ class KnowledgeCorpus(SearchableCorpus):
         """Title wordpieces ``int32[n, (len)]`` of ``block_ids int[n]``."""
         return tf.gather(self._ragged(self.title_values, self.title_splits), block_ids)
 
+    def wordpieces(self, block_ids: tf.Tensor) -> tuple[tf.RaggedTensor, tf.RaggedTensor]:
+        """``(title_ids, body_ids)`` of ``block_ids int[n]``, each ``int32[n, (len)]``."""
+        return self.title_ids(block_ids), self.body_ids(block_ids)
+
+    def title_and_text(self, block_ids: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        """``(titles, body texts)`` ``string[...]`` of ``block_ids int[...]``."""
+        return self.title_text(block_ids), self.body_text(block_ids)
+
     def body_ids(self, block_ids: tf.Tensor) -> tf.RaggedTensor:
         """Body wordpieces ``int32[n, (len)]`` of ``block_ids int[n]``."""
         return tf.gather(self._ragged(self.body_values, self.body_splits), block_ids)

@@ -89,12 +89,13 @@ class OpenQaExportModule(tf.Module):
         decoded = self.model.decode(outputs, self._retrieval_weight, self._aggregate_spans)
         empty = tf.equal(ids.row_lengths(), 0)  # [B]
         block_ids = outputs["block_ids"]  # [B, k]
+        titles, texts = self.model.corpus.title_and_text(block_ids)  # [B, k], [B, k]
         return {
             "answer": tf.where(empty, tf.constant(""), decoded["answer"]),  # [B]
             "score": tf.where(empty, 0.0, decoded["score"]),  # [B]
             "block_id": block_ids,  # [B, k]
-            "block_title": self.model.corpus.title_text(block_ids),  # [B, k]
-            "block_text": self.model.corpus.body_text(block_ids),  # [B, k]
+            "block_title": titles,  # [B, k]
+            "block_text": texts,  # [B, k]
             "block_score": outputs["retrieval_logits"],  # [B, k]
         }
 

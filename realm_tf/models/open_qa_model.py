@@ -114,8 +114,7 @@ class OpenQaModel(tf_keras.Model):
         batch = tf.shape(block_ids)[0]
         k = tf.shape(block_ids)[1]  # fewer when the corpus is smaller than the beam
         flat_ids = tf.reshape(block_ids, [-1])  # [batch * k]
-        titles = self.corpus.title_ids(flat_ids)  # [batch * k, (title_len)]
-        bodies = self.corpus.body_ids(flat_ids)  # [batch * k, (body_len)]
+        titles, bodies = self.corpus.wordpieces(flat_ids)  # [batch * k, (title_len)], [batch * k, (body_len)]
         if given is not None:
             retrieval_logits = tf.zeros(tf.shape(block_ids), tf.float32)  # [batch, k]: no retriever prior
         else:

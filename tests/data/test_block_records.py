@@ -51,9 +51,13 @@ def test_records_read_as_the_in_memory_corpus(corpora):
     ids = tf.constant([5, 0, 3, 3, 2, 4, 1], tf.int32)  # any order, repeats, both shards, empty title and body
     for method in ("title_ids", "body_ids"):
         assert getattr(recorded, method)(ids).to_list() == getattr(memory, method)(ids).to_list(), method
+    for got, want in zip(recorded.wordpieces(ids), memory.wordpieces(ids)):  # both from one read
+        assert got.to_list() == want.to_list()
     grid = tf.constant([[5, 0], [3, 2]])  # [2, 2]: the shape is kept
     for method in ("title_text", "body_text"):
         np.testing.assert_array_equal(getattr(recorded, method)(grid).numpy(), getattr(memory, method)(grid).numpy())
+    for got, want in zip(recorded.title_and_text(grid), memory.title_and_text(grid)):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
     queries = tf.random.stateless_normal([3, 4], seed=[1, 2])
     for got, want in zip(recorded.search(queries, 2), memory.search(queries, 2)):
         np.testing.assert_array_equal(got.numpy(), want.numpy())
