@@ -160,10 +160,7 @@ class RecordCorpus(knowledge_corpus.SearchableCorpus):
     """
 
     def __init__(self, embeddings: np.ndarray, records: BlockRecords, name: str = "knowledge_corpus") -> None:
-        super().__init__(embeddings, name=name)
-        if int(np.shape(embeddings)[0]) != int(records.num_blocks):
-            raise ValueError(f"embeddings {np.shape(embeddings)} do not cover the {int(records.num_blocks)} blocks of "
-                             f"{records.directory}")
+        super().__init__(embeddings, int(records.num_blocks), records.directory, name=name)
         self.records = records
 
     def title_text(self, block_ids: tf.Tensor) -> tf.Tensor:

@@ -33,13 +33,14 @@ class SearchableCorpus(tf.Module):
 
     Args:
       embeddings: ``float32[num_blocks, dim]`` Embed_doc of block i in row i.
+      num_blocks: the blocks the rows must cover; ``source`` names them in the error.
     """
 
-    def __init__(self, embeddings: np.ndarray, name: str) -> None:
+    def __init__(self, embeddings: np.ndarray, num_blocks: int, source: str, name: str) -> None:
         super().__init__(name=name)
         embeddings = np.asarray(embeddings, np.float32)
-        if embeddings.ndim != 2:
-            raise ValueError(f"embeddings must be [num_blocks, dim], got {embeddings.shape}")
+        if embeddings.ndim != 2 or embeddings.shape[0] != num_blocks:
+            raise ValueError(f"embeddings {embeddings.shape} do not cover the {num_blocks} blocks of {source}")
         self.dim = int(embeddings.shape[1])
         self.embeddings = tf.Variable(embeddings, dtype=tf.float32, trainable=False,
                                       shape=[None, self.dim])  # [num_blocks, dim]
@@ -86,10 +87,7 @@ class KnowledgeCorpus(SearchableCorpus):
 
     def __init__(self, embeddings: np.ndarray, blocks: block_store_lib.BlockStore,
                  tokenizer: bert_tokenizer.BertTokenizer, name: str = "knowledge_corpus") -> None:
-        super().__init__(embeddings, name=name)
-        if int(np.shape(embeddings)[0]) != len(blocks):
-            raise ValueError(f"embeddings {np.shape(embeddings)} do not cover the {len(blocks)} blocks of "
-                             f"{blocks.source}")
+        super().__init__(embeddings, len(blocks), blocks.source, name=name)
         if blocks.titles is None or blocks.texts is None:
             raise ValueError(f"{blocks.source}: the block store has no text (load it with BlockStore.load)")
         n = len(blocks)

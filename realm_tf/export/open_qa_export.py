@@ -18,9 +18,10 @@ Requests are cleaned, not refused: invalid UTF-8 is replaced (U+FFFD), a questio
 and any batch size works (cost grows linearly: k readings per question). Loading needs ``tensorflow``,
 ``tensorflow_text`` and, for a ScaNN index, ``scann`` imported (its custom ops); nothing from realm_tf.
 
-**Versions** (TF Serving's model base path): :func:`export_version` writes ``<base>/<n>/``, the version after
-the newest; TF Serving, :class:`~realm_tf.serving.answerer.Answerer` and ``realm-tf ask`` serve the newest
-complete one, and a version appears complete or not at all (staged, ``realm_qa.json`` last). REALM's knowledge
+**Versions** (TF Serving's model base path): :func:`export_open_qa` to ``artifacts.next_version_dir(<base>)``
+writes ``<base>/<n>/``, the version after the newest; TF Serving, :class:`~realm_tf.serving.answerer.Answerer` and
+``realm-tf ask`` serve the newest complete one, and a version appears complete or not at all (staged,
+``realm_qa.json`` last). REALM's knowledge
 is its corpus (Guu et al., 2020, §1, §4), and every corpus tensor of the graph has an unknown number of rows,
 so a corpus update (``realm-tf update-corpus``) needs no new model: :func:`publish_corpus_update` copies the
 newest version's graph and weights and writes only the corpus variables anew (the blocks, their text and the
@@ -135,9 +136,8 @@ def export_open_qa(cfg: config_lib.ExperimentConfig, model: open_qa_model.OpenQa
             "serving_default": module.answer, "embed_query": module.embed_query, "embed_block": module.embed_block})
         titles = model.corpus.title_text(serving_warmup.spread(int(model.corpus.num_blocks),
                                                                cfg.qa.serving_warmup_requests)).numpy()
-        records = getattr(model.corpus, "records", None)
-        if records is not None:  # the blocks read on demand: shard 0 is the asset, the others go beside it
-            records.copy_shards(os.path.join(staging.path, "assets"), move=True)
+        if isinstance(model.corpus, block_records.RecordCorpus):  # shard 0 is the asset, the others go beside it
+            model.corpus.records.copy_shards(os.path.join(staging.path, "assets"), move=True)
         questions = serving_warmup.warmup_questions([t.decode("utf-8", "replace") for t in titles],
                                                     cfg.qa.question_seq_length)
         if questions:
@@ -147,12 +147,6 @@ def export_open_qa(cfg: config_lib.ExperimentConfig, model: open_qa_model.OpenQa
                             "warmup_requests": len(serving_warmup.warmup_batches(questions)),
                             "export_seconds": round(time.time() - start, 3)}
     return out
-
-
-def export_version(cfg: config_lib.ExperimentConfig, model: open_qa_model.OpenQaModel, base_path: str,
-                   info: Mapping[str, Any] | None = None) -> str:
-    """:func:`export_open_qa` as ``<base_path>/<n>``, the version after the newest (TF Serving's layout)."""
-    return export_open_qa(cfg, model, artifacts.next_version_dir(base_path, artifacts.OPEN_QA_EXPORT), info)
 
 
 def newest_version(path: str) -> str:
