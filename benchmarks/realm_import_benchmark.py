@@ -32,14 +32,21 @@ import realm_tf  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS before TensorFlow 
 # isort: split
 import result_records  # noqa: E402  (benchmarks/)
 
+#: The synthetic Embed_doc: a mixture of CENTRES topics in 128 dimensions, NOISE x N(0, 1) around each.
+CENTRES = 1000
+NOISE = 0.5
+#: Held-out query vectors (fresh mixture draws) of the recall@10 check, against exact search.
+RECALL_QUERIES = 1000
+
 STAGE_SCRIPT = """
 import json, resource, sys, time
 sys.argv = {argv!r}
 start = time.time()
 from realm_tf import cli
 code = cli.main(sys.argv[1:])
-peak = [int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:')][0] / 1024
-print('STAGE ' + json.dumps({{"code": code, "seconds": round(time.time() - start, 1), "peak_rss_mib": round(peak)}}))
+status = {{l.split(':')[0]: int(l.split()[1]) / 1024 for l in open('/proc/self/status') if l.startswith('Vm')}}
+print('STAGE ' + json.dumps({{"code": code, "seconds": round(time.time() - start, 1),
+                              "peak_rss_mib": round(status['VmHWM']), "end_rss_mib": round(status['VmRSS'])}}))
 """
 
 
@@ -77,7 +84,10 @@ def synthesize(workdir: str, num_blocks: int, words: int, seed: int = 0) -> dict
     packed = tok.join_bert(tok(tf.constant(titles)), tok(tf.constant(texts)), 288, pad_to_seq_length=False)
     first = release.embed(embedder_values, "module/module/", "LayerNorm", 1e-12,
                           *(packed[k].numpy() for k in ("input_word_ids", "input_mask", "input_type_ids")))
-    _write_block_emb(os.path.join(embedder, "encoded", "encoded.ckpt"), num_blocks, first.astype(np.float32), rng)
+    centres = rng.standard_normal([CENTRES, 128]).astype(np.float32)  # [CENTRES, 128]
+    np.save(os.path.join(workdir, "centres.npy"), centres)
+    _write_block_emb(os.path.join(embedder, "encoded", "encoded.ckpt"), num_blocks, first.astype(np.float32), rng,
+                     centres)
     orqa = os.path.join(workdir, "orqa_nq_model_from_realm")
     values = {**release.embedder_variables(rng, "module/module/module/", size=128, dims=dims),
               **release.bert_variables(rng, "reader/module/", dims),
@@ -89,15 +99,23 @@ def synthesize(workdir: str, num_blocks: int, words: int, seed: int = 0) -> dict
     return {"blocks": blocks_path, "orqa": orqa, "embedder": embedder}
 
 
-def _write_block_emb(prefix: str, num_blocks: int, first_rows, rng) -> None:
-    """``block_emb`` [num_blocks, 128] through a placeholder (no giant graph constant), rows 0..7 the real
-    embeddings of the first blocks (``realm-tf export`` checks those against Embed_doc), the rest unit-norm noise."""
+def mixture(centres, count: int, rng):
+    """``count`` vectors of the topical mixture: a random centre plus ``NOISE`` x standard normal noise."""
     import numpy as np
+
+    return (centres[rng.integers(0, len(centres), count)]
+            + NOISE * rng.standard_normal([count, centres.shape[1]], dtype=np.float32)).astype(np.float32)
+
+
+def _write_block_emb(prefix: str, num_blocks: int, first_rows, rng, centres) -> None:
+    """``block_emb`` [num_blocks, 128] through a placeholder (no giant graph constant), rows 0..7 the real
+    embeddings of the first blocks (``realm-tf export`` checks those against Embed_doc), the rest drawn from
+    :func:`mixture`: Embed_doc of a real corpus clusters by topic, isotropic noise would have no neighbourhoods
+    for ScaNN's tree to find."""
+    matrix = mixture(centres, num_blocks, rng)
+    matrix[:len(first_rows)] = first_rows
     import tensorflow as tf
 
-    matrix = rng.standard_normal([num_blocks, 128], dtype=np.float32)
-    matrix /= np.linalg.norm(matrix, axis=1, keepdims=True) / np.sqrt(128)
-    matrix[:len(first_rows)] = first_rows
     with tf.Graph().as_default():
         variable = tf.compat.v1.get_variable("block_emb", shape=matrix.shape, dtype=tf.float32)
         value = tf.compat.v1.placeholder(tf.float32, matrix.shape)
@@ -129,7 +147,7 @@ def _size_mib(path: str) -> float:
     return total / 2 ** 20
 
 
-def measure(workdir: str, num_blocks: int, words: int) -> list[tuple[str, dict]]:
+def measure(workdir: str, num_blocks: int, words: int, target_recall: float) -> list[tuple[str, dict]]:
     """Synthesizes a release of ``num_blocks`` blocks under ``workdir`` and runs the stages; prints a table."""
     shutil.rmtree(workdir, ignore_errors=True)
     os.makedirs(workdir)
@@ -141,7 +159,8 @@ def measure(workdir: str, num_blocks: int, words: int) -> list[tuple[str, dict]]
     out, served = os.path.join(workdir, "realm_nq"), os.path.join(workdir, "served")
     stages = [
         ("import", ["import-realm", "--kind", "openqa", "--src", paths["orqa"], "--out", out, "--blocks",
-                    paths["blocks"], "--config", "configs/base.yaml", "--num-attention-heads", "2"]),
+                    paths["blocks"], "--config", "configs/base.yaml", "--num-attention-heads", "2",
+                    "--set", f"index.target_recall={target_recall}"]),
         ("export", ["export", "--config", os.path.join(out, "params.yaml"), "--out", served]),
         ("ask", ["ask", "--model", served, "who designed the eiffel tower"]),
     ]
@@ -163,6 +182,24 @@ def measure(workdir: str, num_blocks: int, words: int) -> list[tuple[str, dict]]
           f"{_size_mib(os.path.join(out, 'index')):,.0f} MiB, served SavedModel {_size_mib(served):,.0f} MiB")
     print(f"answer (random tiny reader): {rows[-1][1]['stdout'][1]}", flush=True)
     return rows
+
+
+def recall_at_10(workdir: str) -> float:
+    """Recall@10 of the imported index (as served: its search settings, int8 re-ordering re-scored exactly) on
+    ``RECALL_QUERIES`` fresh draws of the synthetic mixture, against exact search over ``block_emb``."""
+    import numpy as np
+
+    from realm_tf.index import index_kinds
+    from realm_tf.index import index_publisher
+    from realm_tf.index import scann_tuning
+
+    path = index_publisher.version_dir(os.path.join(workdir, "realm_nq", "index"), 0)
+    meta = index_publisher.read_index_json(path)
+    index = index_kinds.load_index(meta["kind"], path, meta["searcher"])
+    queries = mixture(np.load(os.path.join(workdir, "centres.npy")), RECALL_QUERIES, np.random.default_rng(1))
+    rows, _ = index.search_batched(queries, 10)
+    exact = scann_tuning.exact_neighbours(index_publisher.map_embeddings(path), queries, 10)
+    return round(scann_tuning.recall_at_k(rows, exact), 4)
 
 
 def served_components(served: str) -> dict[str, float]:
@@ -208,8 +245,10 @@ def served_components(served: str) -> dict[str, float]:
                else "offsets" if leaf.endswith(("_starts", "_ends")) else "weights")
         groups[key] += size
     assets = os.path.join(served, "assets")  # block records read on demand (data/block_records): disk, not memory
-    groups["records_on_disk"] = sum(os.path.getsize(os.path.join(assets, name)) for name in os.listdir(assets)
-                                    if name.startswith("block_records-")) if os.path.isdir(assets) else 0
+    on_disk = lambda prefix: sum(os.path.getsize(os.path.join(assets, name)) for name in os.listdir(assets)
+                                 if name.startswith(prefix)) if os.path.isdir(assets) else 0
+    groups["records_on_disk"] = on_disk("block_records-")
+    groups["embedding_rows_on_disk"] = on_disk("block_embeddings-")
     return {k: round(v / 2 ** 20, 1) for k, v in groups.items()}
 
 
@@ -220,6 +259,37 @@ def fit(points: list[tuple[int, float]]) -> tuple[float, float]:
     x, y = np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
     per_block, constant = np.polyfit(x, y, 1)
     return float(constant), float(per_block)
+
+
+def measure_point(args: argparse.Namespace, n: int) -> dict:
+    """One size's measurements: read from its ``point.json`` when an earlier run (same words and target recall)
+    finished it, else measured and saved there (the other files removed unless ``--keep``): a run over several
+    sizes resumes where it stopped."""
+    workdir = os.path.join(args.workdir, f"{n}-w{args.words}")
+    saved = os.path.join(workdir, "point.json")
+    settings = {"words": args.words, "target_recall": args.target_recall}
+    if os.path.exists(saved):
+        with open(saved, encoding="utf-8") as f:
+            point = json.load(f)
+        if point.get("settings") == settings:
+            print(f"== {n:,} blocks: measured before ({saved})", flush=True)
+            return point
+    rows = dict(measure(workdir, n, args.words, args.target_recall))
+    rows["served_mib"] = served_components(os.path.join(workdir, "served"))
+    rows["recall_at_10"] = recall_at_10(workdir)
+    rows["settings"] = settings
+    print(f"served model variables (MiB): {rows['served_mib']}; recall@10 on {RECALL_QUERIES:,} held-out "
+          f"queries: {rows['recall_at_10']}; serving RSS after the answer: {rows['ask']['end_rss_mib']:,} MiB",
+          flush=True)
+    if not args.keep:
+        for name in os.listdir(workdir):
+            if name != "stages.log":
+                path = os.path.join(workdir, name)
+                shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+    with open(saved + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(rows, f)
+    os.replace(saved + ".tmp", saved)
+    return rows
 
 
 def main() -> None:
@@ -233,17 +303,20 @@ def main() -> None:
     parser.add_argument("--target-blocks", type=int, default=13_353_718, help="extrapolate to this many blocks")
     parser.add_argument("--model-record", default="",
                         help="write the memory model (every size, stage and component) as this result record")
+    parser.add_argument("--fit-sizes", type=int, nargs="+", default=(),
+                        help="fit the model on these sizes only (default: all); the other sizes are held out, to "
+                             "confirm its predictions")
+    parser.add_argument("--target-recall", type=float, default=0.99,
+                        help="index.target_recall of the import (ScaNN's search settings tuned to reach recall@10)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep each size's files (by default only its measurements, point.json, are kept)")
     args = parser.parse_args()
     sizes = sorted(args.num_blocks)
-    if len(sizes) < 2:
-        parser.error("--num-blocks needs two sizes or more")
-    measured = {}
-    for n in sizes:
-        rows = dict(measure(os.path.join(args.workdir, f"{n}-w{args.words}"), n, args.words))
-        rows["served_mib"] = served_components(os.path.join(args.workdir, f"{n}-w{args.words}", "served"))
-        print(f"served model variables (MiB): {rows['served_mib']}", flush=True)
-        measured[n] = rows
-    extrapolated = report_model(measured, args.target_blocks)
+    fit_sizes = sorted(args.fit_sizes) or sizes
+    if len(fit_sizes) < 2 or not set(fit_sizes) <= set(sizes):
+        parser.error("the model needs two sizes or more, among --num-blocks")
+    measured = {n: measure_point(args, n) for n in sizes}
+    extrapolated = report_model(measured, args.target_blocks, fit_sizes)
     if args.model_record:
         write_model_record(args, measured, extrapolated)
         return
@@ -251,20 +324,34 @@ def main() -> None:
         write_release_records(measured, extrapolated, args.target_blocks)
 
 
-def report_model(measured: dict, target: int) -> dict[str, dict[str, float]]:
-    """Prints each stage's least-squares model (seconds, peak RSS) beside every measured point and at ``target``
-    blocks; returns ``{stage: {seconds_constant, seconds_per_block, rss_constant_mib, rss_per_block_bytes,
-    target_minutes, target_gb}}``."""
+#: Modelled stages: the three processes' peaks, and the serving process's resident memory after its answer.
+STAGES = ("import", "export", "ask", "steady")
+
+
+def _stage(point: dict, stage: str) -> dict:
+    return point["ask" if stage == "steady" else stage]
+
+
+def _rss(point: dict, stage: str) -> int:
+    """MiB: a stage's peak RSS, or (``steady``) the serving process's RSS once it answered."""
+    return point["ask"]["end_rss_mib"] if stage == "steady" else point[stage]["peak_rss_mib"]
+
+
+def report_model(measured: dict, target: int, fit_sizes: list[int]) -> dict[str, dict[str, float]]:
+    """Prints each stage's least-squares model (seconds, peak RSS) through the ``fit_sizes`` points beside every
+    measured point (held-out ones marked) and at ``target`` blocks; returns ``{stage: {seconds_constant,
+    seconds_per_block, rss_constant_mib, rss_per_block_bytes, target_minutes, target_gb}}``."""
     sizes = sorted(measured)
-    print(f"least-squares a + b * blocks through {', '.join(f'{n:,}' for n in sizes)} blocks:")
+    print(f"least-squares a + b * blocks through {', '.join(f'{n:,}' for n in fit_sizes)} blocks:")
     model = {}
-    for stage in ("import", "export", "ask"):
-        seconds = fit([(n, measured[n][stage]["seconds"]) for n in sizes])
-        rss = fit([(n, measured[n][stage]["peak_rss_mib"]) for n in sizes])
+    for stage in STAGES:
+        seconds = fit([(n, _stage(measured[n], stage)["seconds"]) for n in fit_sizes])
+        rss = fit([(n, _rss(measured[n], stage)) for n in fit_sizes])
         for n in sizes:
             predicted = rss[0] + rss[1] * n
-            print(f"  {stage:<7} {n:>11,} blocks: peak RSS {measured[n][stage]['peak_rss_mib']:>7,} MiB measured, "
-                  f"{predicted:>9,.0f} predicted ({100 * (predicted / measured[n][stage]['peak_rss_mib'] - 1):+.1f}%)")
+            print(f"  {stage:<7} {n:>11,} blocks: peak RSS {_rss(measured[n], stage):>7,} MiB measured, "
+                  f"{predicted:>9,.0f} predicted ({100 * (predicted / _rss(measured[n], stage) - 1):+.1f}%)"
+                  f"{'' if n in fit_sizes else ' held out'}")
         at_target = rss[0] + rss[1] * target
         model[stage] = {"seconds_constant": round(seconds[0], 1), "seconds_per_block": seconds[1],
                         "rss_constant_mib": round(rss[0]), "rss_per_block_bytes": round(rss[1] * 2 ** 20, 1),
@@ -273,7 +360,7 @@ def report_model(measured: dict, target: int) -> dict[str, dict[str, float]]:
         print(f"  {stage:<7} {rss[1] * 2 ** 20:,.0f} bytes a block + {rss[0]:,.0f} MiB: at {target:,} blocks "
               f"~{model[stage]['target_gb']} GB, ~{model[stage]['target_minutes']} min")
     for group in measured[sizes[0]]["served_mib"]:
-        per_block = fit([(n, measured[n]["served_mib"][group]) for n in sizes])[1] * 2 ** 20
+        per_block = fit([(n, measured[n]["served_mib"][group]) for n in fit_sizes])[1] * 2 ** 20
         print(f"  served variables, {group:<10} {per_block:>8,.0f} bytes a block")
     return model
 
@@ -282,24 +369,32 @@ def write_model_record(args: argparse.Namespace, measured: dict, model: dict) ->
     """The memory model as one result record: every measured point beside its prediction, and the target."""
     sizes = sorted(measured)
     cells = []
-    for stage in ("import", "export", "ask"):
+    for stage in STAGES:
         m = model[stage]
-        points = "; ".join(f"{n / 1e6:g}M {measured[n][stage]['peak_rss_mib'] / 1024:.1f} GiB (model "
-                           f"{(m['rss_constant_mib'] + m['rss_per_block_bytes'] * n / 2 ** 20) / 1024:.1f})"
-                           for n in sizes)
+        points = "; ".join(f"{n / 1e6:g}M {_rss(measured[n], stage) / 1024:.1f} GiB (model "
+                           f"{(m['rss_constant_mib'] + m['rss_per_block_bytes'] * n / 2 ** 20) / 1024:.1f}"
+                           f"{'' if not args.fit_sizes or n in args.fit_sizes else ', held out'})" for n in sizes)
         cells.append(f"{stage}: {m['rss_per_block_bytes']:,.0f} B/block + {m['rss_constant_mib']:,} MiB; {points}; at "
                      f"{args.target_blocks / 1e6:.2f}M ~{m['target_gb']} GB, ~{m['target_minutes']} min")
+    if all("recall_at_10" in measured[n] for n in sizes):
+        cells.append(f"recall@10 on {RECALL_QUERIES:,} held-out queries: "
+                     + ", ".join(f"{n / 1e6:g}M {measured[n]['recall_at_10']}" for n in sizes))
     served = measured[sizes[-1]]["served_mib"]
     cells.append(f"served variables at {sizes[-1] / 1e6:g}M (MiB): "
                  + ", ".join(f"{k} {v:,.0f}" for k, v in served.items()))
     records = served["records_on_disk"] > 0  # the blocks read on demand (data/block_records), not in the graph
-    claim = (f"Blocks read on demand from records: memory of import, export and serving still grows linearly with the "
+    compressed = records and served.get("embeddings", 0) == 0  # Embed_doc only in ScaNN's (int8) state
+    claim = (f"Served from ScaNN's state alone, blocks and float rows read on demand: at REALM's "
+             f"{args.target_blocks:,} blocks of ~{args.words} words, import, export and serving fit this machine."
+             if compressed else
+             f"Blocks read on demand from records: memory of import, export and serving still grows linearly with the "
              f"blocks; at REALM's {args.target_blocks:,} blocks of ~{args.words} words Embed_doc and ScaNN's state are "
              "what the served graph holds a block." if records else
              f"Memory of import, export and serving grows linearly with the blocks; at REALM's {args.target_blocks:,} "
              f"blocks of ~{args.words} words the served graph's per-block text, wordpieces and offsets dominate.")
     result_records.write(
-        args.model_record, area="Google's release", order=31 if records else 30, verdict="open", claim=claim,
+        args.model_record, area="Google's release", order=32 if compressed else 31 if records else 30, verdict="open",
+        claim=claim,
         figure=" | ".join(cells))
 
 

@@ -41,6 +41,7 @@ ProjectionInit = Literal["random", "pca", "pca_centered"]
 SpanAnnotator = Literal["rules", "spacy"]
 MaskingStrategy = Literal["salient", "random_span", "random_token"]
 IndexKind = Literal["scann", "brute_force"]
+ReorderDtype = Literal["float32", "int8"]
 RefreshMode = Literal["process", "thread", "external"]
 Strategy = Literal["default", "mirrored", "multi_worker", "tpu"]
 Precision = Literal["float32", "mixed_bfloat16"]
@@ -194,6 +195,11 @@ class IndexConfig:
     ``tuning_queries`` sampled block vectors (:mod:`realm_tf.index.scann_tuning`), and exact brute force is
     kept instead where it is faster; the measurement is recorded in the version's ``index.json``. Any corpus
     of at least ``scann_tuning.MIN_TREE_BLOCKS`` blocks then gets a tree to compare. 0: the fixed rules above.
+
+    ``reorder_dtype``: the vectors ScaNN re-orders its short list with: ``float32`` (exact scores; ScaNN keeps
+    the float matrix) or ``int8`` (ScaNN's fixed-point re-ordering: a quarter of the memory, approximate scores).
+    With ``int8`` the best ``scann_index.EXACT_RERANK_FACTOR`` x k of ScaNN's results are re-scored exactly with
+    the float rows (read from disk in a served model), so recall and scores stay those of float re-ordering.
     """
 
     index_dir: str = "/tmp/realm_tf/index"
@@ -205,6 +211,7 @@ class IndexConfig:
     dimensions_per_block: int = 2
     anisotropic_quantization_threshold: float = 0.2
     reorder_num_neighbors: int = 0
+    reorder_dtype: ReorderDtype = "float32"
     target_recall: float = 0.0
     tuning_queries: int = 1000
     keep_versions: int = 3

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -70,43 +70,30 @@ class BlockStore:
 
     @classmethod
     def load(cls, pattern: str, batch_size: int = 4096) -> "BlockStore":
-        """Reads every block of the TFRecords matching ``pattern`` (BlockStoreError if ids are not dense)."""
-        files = sorted(tf.io.gfile.glob(pattern))
-        if not files:
-            raise BlockStoreError(f"{pattern}: no block TFRecords match (run `realm-tf preprocess` first)")
-        _check_manifest(os.path.dirname(files[0]))
-        spec = example_schemas.block_feature_spec()
-        keep = {k: spec[k] for k in (example_schemas.BLOCK_ID, example_schemas.UID, example_schemas.TITLE,
-                                     example_schemas.TEXT, example_schemas.TITLE_IDS, example_schemas.BODY_IDS,
-                                     example_schemas.DOC_ID)}
-        rows: dict[int, tuple] = {}
-        duplicates: list[int] = []
-        dataset = tf.data.TFRecordDataset(files).batch(batch_size).map(lambda s: tf.io.parse_example(s, keep))
-        try:
-            for parsed in dataset:
-                ids = parsed[example_schemas.BLOCK_ID].numpy()
-                titles = parsed[example_schemas.TITLE_IDS].to_list()
-                bodies = parsed[example_schemas.BODY_IDS].to_list()
-                uids = parsed[example_schemas.UID].numpy()
-                title_text = parsed[example_schemas.TITLE].numpy()
-                body_text = parsed[example_schemas.TEXT].numpy()
-                doc_ids = parsed[example_schemas.DOC_ID].numpy()
-                for i, block_id in enumerate(ids.tolist()):
-                    if block_id in rows:
-                        duplicates.append(block_id)
-                    rows[block_id] = (titles[i], bodies[i], uids[i].decode(), title_text[i].decode("utf-8"),
-                                      body_text[i].decode("utf-8"), doc_ids[i].decode("utf-8"))
-        except tf.errors.OpError as e:
-            raise BlockStoreError(f"{pattern}: cannot read block records: {e.message}") from e
-        num_blocks = len(rows)
-        missing = [i for i in range(num_blocks) if i not in rows][:10]
-        if duplicates or missing:
-            raise BlockStoreError(f"{pattern}: block ids must be 0..N-1 exactly once; duplicated: "
-                                  f"{sorted(set(duplicates))[:10]}, missing: {missing}")
-        ordered = [rows[i] for i in range(num_blocks)]
-        return cls([r[0] for r in ordered], [r[1] for r in ordered], [r[2] for r in ordered],
-                   [r[3] for r in ordered], [r[4] for r in ordered], source=pattern,
-                   doc_ids=[r[5] for r in ordered])
+        """Reads every block of the TFRecords matching ``pattern`` (BlockStoreError if ids are not dense).
+
+        The wordpieces go straight from each parsed batch into flat int32 arrays: no per-wordpiece Python
+        object is made, so loading costs about what the store holds."""
+        ids, uids, titles, texts, doc_ids = [], [], [], [], []
+        title_parts: list[tuple[np.ndarray, np.ndarray]] = []
+        body_parts: list[tuple[np.ndarray, np.ndarray]] = []
+        for batch in read_batches(pattern, batch_size):
+            ids.append(batch.block_ids)
+            uids.extend(batch.uids)
+            titles.extend(batch.titles)
+            texts.extend(batch.texts)
+            doc_ids.extend(batch.doc_ids)
+            title_parts.append(batch.title_ids)
+            body_parts.append(batch.body_ids)
+        order = check_dense(np.concatenate(ids) if ids else np.zeros([0], np.int64), pattern)  # [num_blocks]
+        store = cls([], [], [], source=pattern)
+        store._title_values, store._title_splits = _reorder(title_parts, order)
+        store._body_values, store._body_splits = _reorder(body_parts, order)
+        store.uids = np.asarray([uids[i] for i in order], dtype=object)
+        store.titles = [titles[i] for i in order]
+        store.texts = [texts[i] for i in order]
+        store.doc_ids = [doc_ids[i] for i in order]
+        return store
 
     def blocks_of_documents(self) -> dict[str, list[int]]:
         """Document id → its block ids in order (needs ``doc_ids``)."""
@@ -134,6 +121,79 @@ class BlockStore:
         if bad.size:
             raise IndexError(f"{self.source}: block ids {bad[:5].tolist()} out of range (store has {len(self)} "
                              f"blocks): the index was built from another corpus")
+
+
+class BlockBatch(NamedTuple):
+    """A batch of parsed block records, in file order: ``block_ids int64[n]``, ``uids``/``titles``/``texts``/
+    ``doc_ids`` (n strings each), and the wordpieces as ``(int32 values, int64 row splits [n + 1])``."""
+    block_ids: np.ndarray
+    uids: list[str]
+    titles: list[str]
+    texts: list[str]
+    doc_ids: list[str]
+    title_ids: tuple[np.ndarray, np.ndarray]
+    body_ids: tuple[np.ndarray, np.ndarray]
+
+    def pieces(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(title_ids, body_ids)`` of the batch's ``i``-th block (views, not copies)."""
+        (tv, ts), (bv, bs) = self.title_ids, self.body_ids
+        return tv[ts[i]:ts[i + 1]], bv[bs[i]:bs[i + 1]]
+
+
+def read_batches(pattern: str, batch_size: int = 4096) -> Iterator[BlockBatch]:
+    """Streams the block records of the TFRecords matching ``pattern`` (files in name order), ``batch_size`` at
+    a time; the manifest is checked first (:func:`_check_manifest`). Memory: one batch."""
+    files = sorted(tf.io.gfile.glob(pattern))
+    if not files:
+        raise BlockStoreError(f"{pattern}: no block TFRecords match (run `realm-tf preprocess` first)")
+    _check_manifest(os.path.dirname(files[0]))
+    spec = example_schemas.block_feature_spec()
+    keep = {k: spec[k] for k in (example_schemas.BLOCK_ID, example_schemas.UID, example_schemas.TITLE,
+                                 example_schemas.TEXT, example_schemas.TITLE_IDS, example_schemas.BODY_IDS,
+                                 example_schemas.DOC_ID)}
+    dataset = tf.data.TFRecordDataset(files).batch(batch_size).map(lambda s: tf.io.parse_example(s, keep))
+    strings = lambda values: [v.decode("utf-8") for v in values.numpy().tolist()]
+    ragged = lambda r: (r.values.numpy().astype(np.int32), r.row_splits.numpy().astype(np.int64))
+    try:
+        for parsed in dataset:
+            yield BlockBatch(parsed[example_schemas.BLOCK_ID].numpy(), strings(parsed[example_schemas.UID]),
+                             strings(parsed[example_schemas.TITLE]), strings(parsed[example_schemas.TEXT]),
+                             strings(parsed[example_schemas.DOC_ID]), ragged(parsed[example_schemas.TITLE_IDS]),
+                             ragged(parsed[example_schemas.BODY_IDS]))
+    except tf.errors.OpError as e:
+        raise BlockStoreError(f"{pattern}: cannot read block records: {e.message}") from e
+
+
+def check_dense(block_ids: np.ndarray, source: str) -> np.ndarray:
+    """The order that sorts ``block_ids`` (int64 [n], as read); BlockStoreError naming ``source`` unless they are
+    0..n-1 exactly once."""
+    n = len(block_ids)
+    counts = np.bincount(block_ids[(block_ids >= 0) & (block_ids < n)], minlength=n) if n else np.zeros([0])
+    if n and (counts.sum() != n or counts.max() != 1):
+        duplicated = np.flatnonzero(counts > 1)[:10].tolist()
+        missing = np.flatnonzero(counts == 0)[:10].tolist()
+        raise BlockStoreError(f"{source}: block ids must be 0..N-1 exactly once; duplicated: {duplicated}, "
+                              f"missing: {missing}")
+    return np.argsort(block_ids, kind="stable")
+
+
+def _reorder(parts: list[tuple[np.ndarray, np.ndarray]], order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ragged rows of ``parts`` (batches of (values, splits), concatenated) in ``order``: (int32 values, int64
+    splits)."""
+    if not parts:
+        return np.zeros([0], np.int32), np.zeros([1], np.int64)
+    lengths = np.concatenate([np.diff(splits) for _, splits in parts])  # [n] in file order
+    starts = np.concatenate([splits[:-1] + offset for (_, splits), offset in
+                             zip(parts, np.cumsum([0] + [len(v) for v, _ in parts[:-1]]))])  # [n]
+    values = np.concatenate([v for v, _ in parts]).astype(np.int32)
+    new_lengths = lengths[order]  # [n]
+    splits = np.zeros([len(order) + 1], np.int64)
+    np.cumsum(new_lengths, out=splits[1:])
+    if np.array_equal(order, np.arange(len(order))):  # the files held the blocks in id order
+        return values, splits
+    # Output position j of row r comes from starts[order[r]] + (j - splits[r]).
+    source = np.repeat(starts[order] - splits[:-1], new_lengths) + np.arange(splits[-1])
+    return values[source], splits
 
 
 def flatten_ragged(rows: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:

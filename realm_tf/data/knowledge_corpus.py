@@ -27,23 +27,38 @@ from realm_tf.layers import bert_tokenizer
 
 
 class SearchableCorpus(tf.Module):
-    """Embed_doc(z) of every block as a variable, and maximum inner product search over it: what every corpus of a
-    model shares, whether its blocks are in memory (:class:`KnowledgeCorpus`) or read from disk on demand
+    """Maximum inner product search over Embed_doc(z) of every block: what every corpus of a model shares, whether
+    its blocks are in memory (:class:`KnowledgeCorpus`) or read from disk on demand
     (``data/block_records.RecordCorpus``).
 
+    The search is exact (one matmul over the embedding matrix, a variable) unless :meth:`use_searcher` installs
+    another one (e.g. ScaNN's in-graph op). A searcher whose scores are not exact inner products
+    (``searcher.exact_scores`` false: int8 re-ordering) returns ``searcher.depth(k)`` candidates, which are
+    re-scored exactly with :meth:`block_embeddings` and cut to k: ScaNN's own "re-order the short list in full
+    precision", with the float rows wherever the subclass keeps them.
+
     Args:
-      embeddings: ``float32[num_blocks, dim]`` Embed_doc of block i in row i.
+      embeddings: ``float32[num_blocks, dim]`` Embed_doc of block i in row i, held as a variable; None for a
+        corpus searched only by its searcher (``searcher``), whose block_embeddings come from elsewhere.
       num_blocks: the blocks the rows must cover; ``source`` names them in the error.
+      searcher: the searcher to install (:meth:`use_searcher`).
     """
 
-    def __init__(self, embeddings: np.ndarray, num_blocks: int, source: str, name: str) -> None:
+    def __init__(self, embeddings: np.ndarray | None, num_blocks: int, source: str, name: str,
+                 searcher: Any = None) -> None:
         super().__init__(name=name)
-        embeddings = np.asarray(embeddings, np.float32)
-        if embeddings.ndim != 2 or embeddings.shape[0] != num_blocks:
-            raise ValueError(f"embeddings {embeddings.shape} do not cover the {num_blocks} blocks of {source}")
-        self.dim = int(embeddings.shape[1])
-        self.embeddings = tf.Variable(embeddings, dtype=tf.float32, trainable=False,
-                                      shape=[None, self.dim])  # [num_blocks, dim]
+        self.embeddings: tf.Variable | None = None
+        if embeddings is None:
+            if searcher is None:
+                raise ValueError(f"{source}: a corpus without an embedding matrix needs a searcher")
+        else:
+            embeddings = np.asarray(embeddings, np.float32)
+            if embeddings.ndim != 2 or embeddings.shape[0] != num_blocks:
+                raise ValueError(f"embeddings {embeddings.shape} do not cover the {num_blocks} blocks of {source}")
+            self.embeddings = tf.Variable(embeddings, dtype=tf.float32, trainable=False,
+                                          shape=[None, embeddings.shape[1]])  # [num_blocks, dim]
+        if searcher is not None:
+            self.use_searcher(searcher)
 
     @property
     def num_blocks(self) -> tf.Tensor:
@@ -55,14 +70,20 @@ class SearchableCorpus(tf.Module):
         self.searcher = searcher
 
     def search(self, queries: tf.Tensor, k: int) -> tuple[tf.Tensor, tf.Tensor]:
-        """MIPS: ``(scores float32[batch, k], block_ids int32[batch, k])`` for ``queries [batch, dim]``; exact
-        (one matmul and top-k) unless :meth:`use_searcher` installed another searcher."""
+        """MIPS: ``(scores float32[batch, k], block_ids int32[batch, k])`` for ``queries [batch, dim]``, best
+        first; the scores are exact inner products (see the class docstring)."""
         searcher = getattr(self, "searcher", None)
-        if searcher is not None:
+        if searcher is None:
+            scores = tf.matmul(queries, self.embeddings, transpose_b=True)  # [batch, num_blocks]
+            top = tf.math.top_k(scores, k=tf.minimum(k, self.num_blocks))
+            return top.values, top.indices
+        if getattr(searcher, "exact_scores", True):
             return searcher.search(queries, k)
-        scores = tf.matmul(queries, self.embeddings, transpose_b=True)  # [batch, num_blocks]
-        top = tf.math.top_k(scores, k=tf.minimum(k, self.num_blocks))
-        return top.values, top.indices
+        _, candidates = searcher.search(queries, searcher.depth(k))  # [batch, depth]
+        rows = self.block_embeddings(candidates)  # [batch, depth, dim]
+        exact = tf.einsum("bd,bkd->bk", queries, rows)  # [batch, depth]
+        top = tf.math.top_k(exact, k=tf.minimum(k, tf.shape(exact)[1]))
+        return top.values, tf.gather(candidates, top.indices, batch_dims=1)
 
     def block_embeddings(self, block_ids: tf.Tensor) -> tf.Tensor:
         """Rows of the embedding matrix: ``[..., dim]`` for ``block_ids [...]``."""
@@ -70,9 +91,12 @@ class SearchableCorpus(tf.Module):
 
     def swap_embeddings(self, embeddings: np.ndarray | tf.Tensor) -> None:
         """Replaces Embed_doc of every block (same number of blocks and dim), e.g. from a refreshed index."""
+        if self.embeddings is None:
+            raise ValueError("this corpus holds no embedding matrix (its searcher has them)")
         embeddings = tf.convert_to_tensor(embeddings, tf.float32)
-        if embeddings.shape[0] != int(self.num_blocks) or embeddings.shape[1] != self.dim:
-            raise ValueError(f"new embeddings {embeddings.shape} != [{int(self.num_blocks)}, {self.dim}]")
+        if embeddings.shape[0] != int(self.num_blocks) or embeddings.shape[1] != self.embeddings.shape[1]:
+            raise ValueError(f"new embeddings {embeddings.shape} != [{int(self.num_blocks)}, "
+                             f"{self.embeddings.shape[1]}]")
         self.embeddings.assign(embeddings)
 
 
@@ -83,11 +107,12 @@ class KnowledgeCorpus(SearchableCorpus):
       embeddings: ``float32[num_blocks, dim]`` Embed_doc of block i in row i.
       blocks: the corpus (wordpieces, titles, texts) the rows refer to.
       tokenizer: used once to compute the wordpieces' byte offsets in the title and body text.
+      searcher: as :meth:`SearchableCorpus.use_searcher`.
     """
 
     def __init__(self, embeddings: np.ndarray, blocks: block_store_lib.BlockStore,
-                 tokenizer: bert_tokenizer.BertTokenizer, name: str = "knowledge_corpus") -> None:
-        super().__init__(embeddings, len(blocks), blocks.source, name=name)
+                 tokenizer: bert_tokenizer.BertTokenizer, name: str = "knowledge_corpus", searcher: Any = None) -> None:
+        super().__init__(embeddings, len(blocks), blocks.source, name=name, searcher=searcher)
         if blocks.titles is None or blocks.texts is None:
             raise ValueError(f"{blocks.source}: the block store has no text (load it with BlockStore.load)")
         n = len(blocks)

@@ -137,7 +137,7 @@ def export_open_qa(cfg: config_lib.ExperimentConfig, model: open_qa_model.OpenQa
         titles = model.corpus.title_text(serving_warmup.spread(int(model.corpus.num_blocks),
                                                                cfg.qa.serving_warmup_requests)).numpy()
         if isinstance(model.corpus, block_records.RecordCorpus):  # shard 0 is the asset, the others go beside it
-            model.corpus.records.copy_shards(os.path.join(staging.path, "assets"), move=True)
+            model.corpus.copy_shards(os.path.join(staging.path, "assets"), move=True)
         questions = serving_warmup.warmup_questions([t.decode("utf-8", "replace") for t in titles],
                                                     cfg.qa.question_seq_length)
         if questions:
@@ -181,23 +181,23 @@ def publish_corpus_update(cfg: config_lib.ExperimentConfig, base_path: str, inde
                                f"({tokenizer.vocab_hash})")
     index_path, meta = index_publisher.newest_version(index_dir or cfg.index.index_dir, tokenizer.vocab_hash)
     corpus_version = index_publisher.corpus_version(meta)
-    blocks = block_store.BlockStore.load(corpus_versions.blocks_pattern(blocks_dir or cfg.data.blocks_dir,
-                                                                        corpus_version))
+    pattern = corpus_versions.blocks_pattern(blocks_dir or cfg.data.blocks_dir, corpus_version)
     if info.get("searcher") == "scann" and meta.get("kind") != "scann":
         raise errors.UserError(f"{previous} searches with ScaNN but {index_path} is a {meta.get('kind')} index")
     records = info.get("corpus_storage") == "records"  # the blocks read on demand from the version's assets
     out = artifacts.next_version_dir(base_path, artifacts.OPEN_QA_EXPORT)
     with artifacts.staged(out, artifacts.OPEN_QA_EXPORT, pause_before_commit=pause_before_commit) as staging:
-        _copy_graph(previous, staging.path, skip=block_records.SHARD_PREFIX if records else None)
-        embeddings = index_publisher.read_embeddings(index_path)  # [num_blocks, dim]
+        skip = (block_records.SHARD_PREFIX, block_records.EMBEDDING_PREFIX) if records else ()
+        _copy_graph(previous, staging.path, skip=skip)
+        scann = info.get("searcher") == "scann"
         if records:
-            assets = os.path.join(staging.path, "assets")
-            starts, lengths = block_records.write_records(blocks, tokenizer, assets)
-            corpus = block_records.RecordCorpus(embeddings, block_records.BlockRecords(assets, starts, lengths))
+            corpus = served_corpus(os.path.join(staging.path, "assets"), pattern, tokenizer, index_path, meta, scann)
         else:
-            corpus = knowledge_corpus.KnowledgeCorpus(embeddings, blocks, tokenizer)
-        if info.get("searcher") == "scann":
-            corpus.use_searcher(in_graph_scann.InGraphScannSearcher(os.path.join(index_path, meta["searcher"])))
+            corpus = knowledge_corpus.KnowledgeCorpus(
+                index_publisher.read_embeddings(index_path), block_store.BlockStore.load(pattern), tokenizer,
+                searcher=in_graph_scann.InGraphScannSearcher(os.path.join(index_path, meta["searcher"])) if scann
+                else None)
+        num_blocks = int(corpus.num_blocks)
         with _corpus_checkpoint(corpus) as fresh:
             _write_variables(previous, fresh, staging.path)
         staging.metadata = {
@@ -205,13 +205,36 @@ def publish_corpus_update(cfg: config_lib.ExperimentConfig, base_path: str, inde
             "export_step": index_publisher.export_step(meta), "weights_from": previous, "exported_at": time.time(),
             "export_seconds": round(time.time() - start, 3)}
     logger.info("%s: version with the weights of %s and index version %d (corpus version %d, %d blocks) in %.1fs",
-                out, previous, meta["version"], corpus_version, len(blocks), time.time() - start)
+                out, previous, meta["version"], corpus_version, num_blocks, time.time() - start)
     return out
 
 
-def _copy_graph(previous: str, staging: str, skip: str | None = None) -> None:
-    """Copies the SavedModel's graph and assets (not its variables, nor files whose names start with ``skip``),
-    renaming its ScaNN searcher resources."""
+def served_corpus(directory: str, pattern: str, tokenizer: bert_tokenizer.BertTokenizer, index_path: str,
+                  meta: Mapping[str, Any], scann: bool) -> block_records.RecordCorpus:
+    """A served model's corpus (``data/block_records``) whose shards are written into ``directory``: the blocks
+    of ``pattern`` streamed into block records (read on demand), searched by ScaNN's in-graph op over the index
+    version ``index_path`` (``meta``: its index.json) when ``scann``, which then holds the only copy of Embed_doc
+    in memory (an int8-re-ordered searcher re-scores from Embed_doc rows written beside the records); otherwise
+    exactly, over the float matrix held in memory."""
+    index = block_records.stream_records(pattern, tokenizer, directory)
+    if len(index.starts) != meta.get("num_blocks", len(index.starts)):
+        raise errors.UserError(f"{index_path}: {meta['num_blocks']} embeddings but {len(index.starts)} blocks in "
+                               f"{pattern}: the index was built from another corpus")
+    records = block_records.BlockRecords(directory, index)
+    if not scann:
+        return block_records.RecordCorpus(records, embeddings=index_publisher.read_embeddings(index_path))
+    searcher = in_graph_scann.InGraphScannSearcher(os.path.join(index_path, meta["searcher"]))
+    rows = None
+    if not searcher.exact_scores:
+        embeddings = index_publisher.map_embeddings(index_path)  # [num_blocks, dim], paged from disk
+        block_records.write_embedding_rows(embeddings, directory)
+        rows = block_records.EmbeddingRows(directory, embeddings.shape[0], embeddings.shape[1])
+    return block_records.RecordCorpus(records, searcher=searcher, rows=rows)
+
+
+def _copy_graph(previous: str, staging: str, skip: tuple[str, ...] = ()) -> None:
+    """Copies the SavedModel's graph and assets (not its variables, nor files whose names start with one of
+    ``skip``), renaming its ScaNN searcher resources."""
     for parent, _, files in tf.io.gfile.walk(previous):
         rel = os.path.relpath(parent, previous)
         if rel.split(os.sep)[0] == VARIABLES:
@@ -221,7 +244,7 @@ def _copy_graph(previous: str, staging: str, skip: str | None = None) -> None:
         for name in files:
             if rel == "." and name in (SAVED_MODEL_PB, FINGERPRINT_PB, artifacts.OPEN_QA_EXPORT):
                 continue
-            if skip is not None and name.startswith(skip):
+            if skip and name.startswith(skip):
                 continue
             tf.io.gfile.copy(os.path.join(parent, name), os.path.join(target, name), overwrite=True)
     saved_model = saved_model_pb2.SavedModel()

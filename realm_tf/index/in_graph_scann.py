@@ -28,20 +28,23 @@ def fresh_shared_name() -> str:
 
 
 class SearcherState(tf.Module):
-    """ScaNN's searcher tensors (``ScannState``) as variables of unknown shape: ScannState's variables keep the
-    shape of the index they were built from, which a served graph would then require of every later index."""
+    """ScaNN's searcher state (``scann_index.SEARCHER_FIELDS``) as variables of unknown shape, read straight from a
+    searcher directory: ScaNN's own ``ScannState`` needs a built searcher to serialise (a second copy of every
+    array) and keeps the shapes of the index it came from, which a served graph would then require of every
+    later index."""
 
-    FIELDS = ("scann_config", "serialized_partitioner", "datapoint_to_token", "ah_codebook", "hashed_dataset",
-              "int8_dataset", "int8_multipliers", "dp_norms", "dataset")
-
-    def __init__(self, state: tf.Module) -> None:
+    def __init__(self, directory: str) -> None:
         super().__init__(name="scann_state")
-        for field in self.FIELDS:
-            setattr(self, field, tf.Variable(getattr(state, field), shape=tf.TensorShape(None), trainable=False))
+        for name, tensor in scann_index.searcher_tensors(directory).items():
+            dtype = dict((n, d) for n, _, d in scann_index.SEARCHER_FIELDS)[name] or tf.string
+            setattr(self, name, tf.Variable(tensor, dtype=dtype, shape=tf.TensorShape(None), trainable=False))
 
 
 class InGraphScannSearcher(tf.Module):
     """The ScaNN searcher saved under ``directory`` (:meth:`ScannIndex.save`) as a savable TF module.
+
+    ``exact_scores``: whether the scores it returns are exact inner products (float re-ordering, or brute
+    force); an int8-re-ordered searcher's are not, and its caller re-scores the best :meth:`depth` exactly.
 
     Args:
       directory: a ScaNN searcher directory (an index version's ``searcher/``).
@@ -49,19 +52,25 @@ class InGraphScannSearcher(tf.Module):
 
     def __init__(self, directory: str) -> None:
         super().__init__(name="in_graph_scann")
-        self.state = SearcherState(scann_index.load_tf_searcher(directory).serialize_to_module())
+        self.state = SearcherState(directory)
         self._shared_name = fresh_shared_name()
         # Search settings chosen at build time (index.target_recall) are per-call overrides, not in the
         # searcher's serialised config; an untuned searcher keeps its own (-1).
         meta = scann_index.read_meta(directory)
         self._num_blocks = int(meta["num_blocks"])
+        self._all_params = meta["params"]
         self._params = meta["params"] if meta["params"].get("tuning") else None
+        self.exact_scores = not scann_index.reorders_int8(meta["params"])
+
+    def depth(self, k: int) -> int:
+        """Results to ask of :meth:`search` for a top-``k`` after exact re-scoring
+        (``scann_index.exact_rerank_depth``)."""
+        return scann_index.exact_rerank_depth(self._all_params, k, self._num_blocks)
 
     def _handle(self) -> tf.Tensor:
         s = self.state
-        return scann_ops.tensors_to_scann(s.dataset, s.scann_config, s.serialized_partitioner, s.datapoint_to_token,
-                                          s.ah_codebook, s.hashed_dataset, s.int8_dataset, s.int8_multipliers,
-                                          s.dp_norms, shared_name=self._shared_name)
+        return scann_ops.tensors_to_scann(*(getattr(s, name) for name, _, _ in scann_index.SEARCHER_FIELDS),
+                                          shared_name=self._shared_name)
 
     def search(self, queries: tf.Tensor, k: int) -> tuple[tf.Tensor, tf.Tensor]:
         """``(scores float32[batch, k], block_ids int32[batch, k])`` for ``queries float32[batch, dim]``."""

@@ -3,11 +3,14 @@
 §3.4: the MIPS index only selects candidates; exact or approximate search are both valid choices)."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.index import brute_force_index
+from realm_tf.index import index_publisher
 from realm_tf.index import mips_index
 from realm_tf.index import scann_index
 
@@ -23,6 +26,16 @@ def index_class(kind: str) -> type[mips_index.MipsIndex]:
     if kind not in INDEX_KINDS:
         raise errors.UserError(f"unknown index kind {kind!r}; known: {sorted(INDEX_KINDS)}")
     return INDEX_KINDS[kind]
+
+
+def load_index(kind: str, version_dir: str, searcher: str) -> mips_index.MipsIndex:
+    """The ``kind`` index saved under ``version_dir/searcher`` (a published version's ``index.json`` names the
+    subdirectory); an int8-re-ordered ScaNN index gets the version's embeddings, memory-mapped, to re-score
+    with (:func:`scann_index.rerank_exactly`)."""
+    directory = os.path.join(version_dir, searcher)
+    if kind == scann_index.ScannIndex.kind and scann_index.reorders_int8(scann_index.read_meta(directory)["params"]):
+        return scann_index.ScannIndex.load(directory, embeddings=index_publisher.map_embeddings(version_dir))
+    return index_class(kind).load(directory)
 
 
 def build_index(kind: str, index_config: config_lib.IndexConfig, embeddings: np.ndarray) -> mips_index.MipsIndex:

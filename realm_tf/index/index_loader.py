@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from typing import Any
@@ -244,7 +243,7 @@ class IndexLoader:
             problems.append(f"vocab_hash {meta.get('vocab_hash')!r} != expected {self.expected_vocab_hash!r}")
         if problems:
             raise IndexMismatchError(f"{path}: index does not match the model: {'; '.join(problems)}")
-        index = index_kinds.index_class(self.kind).load(os.path.join(path, meta["searcher"]))
+        index = index_kinds.load_index(self.kind, path, meta["searcher"])
         if (index.num_blocks, index.dim) != (meta["num_blocks"], meta["dim"]):
             raise IndexMismatchError(f"{path}: searcher is [{index.num_blocks}, {index.dim}] but index.json "
                                      f"says [{meta['num_blocks']}, {meta['dim']}]")

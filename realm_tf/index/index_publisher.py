@@ -82,6 +82,19 @@ def read_index_json(path: str) -> dict[str, Any]:
     return artifacts.read_marker(path, artifacts.INDEX, "index version")
 
 
+def map_embeddings(path: str) -> np.ndarray:
+    """:func:`read_embeddings`, memory-mapped read-only when the version is on local disk (rows are paged in as
+    they are read: REALM's 13M x 128 need not be resident)."""
+    file = os.path.join(path, read_index_json(path).get("embeddings", EMBEDDINGS_NPY))
+    if not artifacts.is_local(file):
+        return read_embeddings(path)
+    try:
+        return np.load(artifacts.local_path(file), mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError) as e:
+        raise errors.UserError(f"{file}: cannot be read ({e}): this index version is damaged. Rebuild it (realm-tf "
+                               f"embed-blocks), or delete {path} so that the previous complete version is used") from e
+
+
 def read_embeddings(path: str) -> np.ndarray:
     """float32 ``[num_blocks, dim]``: the embeddings a published version (its directory ``path``) was built on."""
     meta = read_index_json(path)

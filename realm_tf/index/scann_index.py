@@ -31,9 +31,11 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from scann.scann_ops.py import scann_builder
 from scann.scann_ops.py import scann_ops
 from scann.scann_ops.py import scann_ops_pybind
 
+from realm_tf import artifacts
 from realm_tf import config
 from realm_tf.index import mips_index
 from realm_tf.index import scann_tuning
@@ -47,6 +49,18 @@ MIN_LEAVES_TO_SEARCH = 16
 REORDER_FACTOR = 10
 #: Batches at least this large are searched with ScaNN's multi-threaded batch search.
 PARALLEL_MIN_BATCH = 64
+#: With int8 re-ordering (``index.reorder_dtype``), ScaNN's best ``EXACT_RERANK_FACTOR`` x k are re-scored
+#: exactly in float32 and the top k kept.
+EXACT_RERANK_FACTOR = 4
+#: ScaNN's searcher state, in the order of its ``tensors_to_scann`` op, with the file each is serialised to by
+#: ``scann_ops_pybind`` (absent when the searcher has none) and its dtype (None: a serialised proto).
+SEARCHER_FIELDS = (("dataset", "dataset.npy", tf.float32), ("scann_config", "scann_config.pb", None),
+                   ("serialized_partitioner", "serialized_partitioner.pb", None),
+                   ("datapoint_to_token", "datapoint_to_token.npy", tf.int32),
+                   ("ah_codebook", "ah_codebook.pb", None), ("hashed_dataset", "hashed_dataset.npy", tf.uint8),
+                   ("int8_dataset", "int8_dataset.npy", tf.int8),
+                   ("int8_multipliers", "int8_multipliers.npy", tf.float32),
+                   ("dp_norms", "dp_norms.npy", tf.float32))
 
 _META = "scann_index.json"
 
@@ -81,7 +95,7 @@ def resolve_params(num_blocks: int, dim: int, index_config: config.IndexConfig) 
             "training_sample_size": min(index_config.training_sample_size, num_blocks),
             "dimensions_per_block": index_config.dimensions_per_block,
             "anisotropic_quantization_threshold": index_config.anisotropic_quantization_threshold,
-            "reorder_num_neighbors": reorder}
+            "reorder_num_neighbors": reorder, "reorder_dtype": index_config.reorder_dtype}
 
 
 def _configure(builder: Any, params: dict[str, Any]) -> Any:
@@ -93,7 +107,49 @@ def _configure(builder: Any, params: dict[str, Any]) -> Any:
                   training_sample_size=params["training_sample_size"])
             .score_ah(params["dimensions_per_block"],
                       anisotropic_quantization_threshold=params["anisotropic_quantization_threshold"])
-            .reorder(params["reorder_num_neighbors"]))
+            .reorder(params["reorder_num_neighbors"], quantize=_REORDER_TYPES[params.get("reorder_dtype", "float32")]))
+
+
+_REORDER_TYPES = {"float32": scann_builder.ReorderType.FLOAT32, "int8": scann_builder.ReorderType.INT8}
+
+
+def exact_rerank_depth(params: dict[str, Any], k: int, num_blocks: int) -> int:
+    """Results asked of ScaNN for a top-``k`` search: ``EXACT_RERANK_FACTOR`` x k (at most ``num_blocks``) when its
+    re-ordering is int8 and they are re-scored exactly, else k."""
+    return min(num_blocks, EXACT_RERANK_FACTOR * k) if reorders_int8(params) else k
+
+
+def reorders_int8(params: dict[str, Any]) -> bool:
+    """Whether a searcher of resolved ``params`` re-orders with int8 vectors (its scores are approximate)."""
+    return params.get("mode") == "tree_ah" and params.get("reorder_dtype") == "int8"
+
+
+def rerank_exactly(queries: np.ndarray, rows: np.ndarray, embeddings: np.ndarray,
+                   k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The top ``k`` of candidate ``rows`` (int64 ``[B, depth]``, -1 for none) by exact inner product with
+    ``queries`` ``[B, dim]`` over ``embeddings`` rows: ``(rows int64 [B, k], scores float32 [B, k])``."""
+    valid = rows >= 0  # [B, depth]
+    vectors = np.asarray(embeddings[np.where(valid, rows, 0).reshape(-1)], np.float32)  # [B * depth, dim]
+    scores = np.einsum("bd,bkd->bk", queries, vectors.reshape(rows.shape + (-1,)))  # [B, depth]
+    scores = np.where(valid, scores, -np.inf).astype(np.float32)
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]  # [B, k]
+    return np.take_along_axis(rows, order, axis=1), np.take_along_axis(scores, order, axis=1)
+
+
+class _ExactRerank:
+    """A ``scann_ops_pybind`` searcher whose results are re-scored exactly (:func:`rerank_exactly`): what
+    :class:`scann_tuning.SearchTuner` measures when the searcher re-orders in int8."""
+
+    def __init__(self, searcher: Any, embeddings: np.ndarray, params: dict[str, Any]) -> None:
+        self._searcher, self._embeddings, self._params = searcher, embeddings, params
+
+    def search_batched_parallel(self, queries: np.ndarray, final_num_neighbors: int, pre_reorder_num_neighbors: int,
+                                leaves_to_search: int) -> tuple[np.ndarray, np.ndarray]:
+        depth = exact_rerank_depth(self._params, final_num_neighbors, self._embeddings.shape[0])
+        rows, _ = self._searcher.search_batched_parallel(
+            queries, final_num_neighbors=depth, pre_reorder_num_neighbors=max(pre_reorder_num_neighbors, depth),
+            leaves_to_search=leaves_to_search)
+        return rerank_exactly(queries, np.asarray(rows, np.int64), self._embeddings, final_num_neighbors)
 
 
 class ScannIndex(mips_index.MipsIndex):
@@ -112,6 +168,7 @@ class ScannIndex(mips_index.MipsIndex):
         self.training_threads = int(training_threads)
         self.params: dict[str, Any] = {}
         self._searcher: scann_ops_pybind.ScannSearcher | None = None
+        self._exact_rows: np.ndarray | None = None  # float32 [num_blocks, dim], for int8 re-ordering
 
     def build(self, embeddings: np.ndarray) -> None:
         """Trains the tree and the quantiser on ``embeddings`` ([num_blocks, dim]) and indexes every row."""
@@ -121,6 +178,8 @@ class ScannIndex(mips_index.MipsIndex):
         builder = scann_ops_pybind.builder(embeddings, params["num_neighbors"], "dot_product")
         builder = _configure(builder, params).set_n_training_threads(self.training_threads)
         self._searcher = builder.build()
+        if reorders_int8(params):
+            self._exact_rows = embeddings
         if self.index_config.target_recall > 0 and params["mode"] == "tree_ah":
             params = self._tune(embeddings, params)
         self.params = params
@@ -129,14 +188,17 @@ class ScannIndex(mips_index.MipsIndex):
 
     def _tune(self, embeddings: np.ndarray, params: dict[str, Any]) -> dict[str, Any]:
         """``params`` with the search settings :class:`scann_tuning.SearchTuner` measured fastest at
-        ``index.target_recall``; brute force (and its searcher) instead when that is faster."""
-        exact = scann_ops_pybind.builder(embeddings, params["num_neighbors"], "dot_product").score_brute_force()
-        exact = exact.set_n_training_threads(self.training_threads).build()
+        ``index.target_recall``; brute force (and its searcher) instead when that is faster. Exact search is
+        timed as blocked numpy matmuls over ``embeddings`` (``scann_tuning.exact_neighbours``), so no second
+        float copy of the matrix is made unless brute force wins."""
         tuner = scann_tuning.SearchTuner(self.index_config.target_recall, self.index_config.tuning_queries)
-        tuning = tuner.tune(self._searcher, lambda q, k: exact.search_batched_parallel(q, final_num_neighbors=k),
+        measured = _ExactRerank(self._searcher, embeddings, params) if reorders_int8(params) else self._searcher
+        tuning = tuner.tune(measured, lambda q, k: scann_tuning.exact_neighbours(embeddings, q, k),
                             embeddings, params["num_leaves"])
         if tuning["mode"] == "brute_force":
-            self._searcher = exact
+            self._searcher = None  # freed before the exact searcher copies the matrix
+            exact = scann_ops_pybind.builder(embeddings, params["num_neighbors"], "dot_product").score_brute_force()
+            self._searcher, self._exact_rows = exact.set_n_training_threads(self.training_threads).build(), None
             return {"mode": "brute_force", "num_neighbors": params["num_neighbors"], "tuning": tuning}
         return {**params, "num_leaves_to_search": tuning["num_leaves_to_search"],
                 "reorder_num_neighbors": tuning["reorder_num_neighbors"], "tuning": tuning}
@@ -144,8 +206,9 @@ class ScannIndex(mips_index.MipsIndex):
     def search_batched(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Approximate top-``k`` rows (int64 ``[B, k]``) and inner products (float32 ``[B, k]``).
 
-        Leaves searched and candidates re-ordered: :func:`search_settings`. Should the searched leaves hold
-        fewer than ``k`` blocks, missing slots are row -1 with score -inf.
+        Leaves searched and candidates re-ordered: :func:`search_settings`; with int8 re-ordering, ScaNN's best
+        :func:`exact_rerank_depth` are re-scored exactly (:func:`rerank_exactly`). Should the searched leaves
+        hold fewer than ``k`` blocks, missing slots are row -1 with score -inf.
         """
         self._require_built()
         queries = mips_index.check_queries(queries, k, self)  # [B, dim]
@@ -155,10 +218,17 @@ class ScannIndex(mips_index.MipsIndex):
         leaves, pre_reorder = search_settings(self.params, k, self.num_blocks)
         search = (self._searcher.search_batched_parallel if batch >= PARALLEL_MIN_BATCH
                   else self._searcher.search_batched)
-        rows, scores = search(queries, final_num_neighbors=k, pre_reorder_num_neighbors=pre_reorder,
+        depth = exact_rerank_depth(self.params, k, self.num_blocks)
+        pre_reorder = None if pre_reorder is None else max(pre_reorder, depth)
+        rows, scores = search(queries, final_num_neighbors=depth, pre_reorder_num_neighbors=pre_reorder,
                               leaves_to_search=leaves)
-        rows = np.asarray(rows).astype(np.int64)  # [B, <=k]
-        scores = np.asarray(scores, dtype=np.float32)  # [B, <=k]
+        rows = np.asarray(rows).astype(np.int64)  # [B, <=depth]
+        scores = np.asarray(scores, dtype=np.float32)  # [B, <=depth]
+        if reorders_int8(self.params):
+            if self._exact_rows is None:
+                raise ValueError("an int8-re-ordered ScaNN index re-scores with the float rows: load it with "
+                                 "ScannIndex.load(directory, embeddings=...)")
+            rows, scores = rerank_exactly(queries, rows, self._exact_rows, k)
         if rows.shape[1] < k:
             pad = k - rows.shape[1]
             rows = np.pad(rows, [(0, 0), (0, pad)], constant_values=-1)
@@ -178,8 +248,9 @@ class ScannIndex(mips_index.MipsIndex):
                            "params": self.params, "build_seconds": self.build_seconds}, f)
 
     @classmethod
-    def load(cls, directory: str) -> "ScannIndex":
-        """Loads a searcher written by :meth:`save` (``scann_ops_pybind.load_searcher``)."""
+    def load(cls, directory: str, embeddings: np.ndarray | None = None) -> "ScannIndex":
+        """Loads a searcher written by :meth:`save` (``scann_ops_pybind.load_searcher``); ``embeddings``
+        ``[num_blocks, dim]`` (e.g. memory-mapped) are the float rows an int8-re-ordered index re-scores with."""
         with mips_index.local_dir(directory, upload=False) as local:
             meta = read_meta(local)
             searcher = scann_ops_pybind.load_searcher(local, assets_backcompat_shim=False)
@@ -188,6 +259,7 @@ class ScannIndex(mips_index.MipsIndex):
         index.params = meta["params"]
         index.build_seconds = float(meta.get("build_seconds", 0.0))
         index._set_shape(meta["num_blocks"], meta["dim"])
+        index._exact_rows = embeddings
         if searcher.size() != index.num_blocks:
             raise ValueError(f"{directory}: searcher holds {searcher.size()} datapoints, "
                              f"{_META} says {index.num_blocks}")
@@ -219,45 +291,40 @@ def read_meta(directory: str) -> dict[str, Any]:
         return json.load(f)
 
 
+def searcher_tensors(directory: str) -> dict[str, np.ndarray]:
+    """ScaNN's searcher state under ``directory`` (written by :meth:`ScannIndex.save`), by
+    :data:`SEARCHER_FIELDS` name, as its ``tensors_to_scann`` op takes it: the serialised protos as ``[1]`` byte
+    strings, the arrays memory-mapped from their ``.npy`` files, and what the searcher lacks as a scalar
+    ("absent", as ``scann_to_tensors`` emits it)."""
+    with mips_index.local_dir(directory, upload=False) as local:
+        out: dict[str, np.ndarray] = {}
+        for name, file, dtype in SEARCHER_FIELDS:
+            path = os.path.join(local, file)
+            if dtype is None:
+                if os.path.exists(path):
+                    with open(path, "rb") as f:
+                        out[name] = np.array([f.read()], dtype=object)  # [1]
+                else:
+                    out[name] = np.array(b"", dtype=object)
+            elif os.path.exists(path):
+                out[name] = np.load(path, mmap_mode="r" if artifacts.is_local(directory) else None,
+                                    allow_pickle=False)
+            else:
+                out[name] = np.zeros([], dtype.as_numpy_dtype)
+        return out
+
+
 def load_tf_searcher(directory: str) -> scann_ops.ScannSearcher:
     """ScaNN's TensorFlow-op searcher over a directory written by :meth:`ScannIndex.save`.
 
     scann 1.4.2 has no ``scann_ops.load_searcher``; its ``tensors_to_scann`` op, however, takes exactly the
-    assets ``scann_ops_pybind`` serialises (the serialized ``ScannConfig``, partitioner and AH codebook
-    protos, and the ``.npy`` arrays), so the same directory serves both. Absent assets are passed as the
-    scalars ``scann_to_tensors`` itself produces for them, and every call gets its own ``shared_name`` (the
-    op's default, empty, name aliases all searchers of a process to the first one). The returned searcher's
-    ``search_batched`` runs as a TF op (also inside ``tf.function``) and returns int32 rows and float32
-    scores. Its ``serialize_to_module()`` gives ScaNN's ``ScannState`` ``tf.Module``, which survives
-    ``tf.saved_model.save``/``load``; its ``recreate_handle()`` rebuilds the searcher, so call it once per
-    process, not per query.
+    assets ``scann_ops_pybind`` serialises (:func:`searcher_tensors`), so the same directory serves both. Every
+    call gets its own ``shared_name`` (the op's default, empty, name aliases all searchers of a process to the
+    first one). The returned searcher's ``search_batched`` runs as a TF op (also inside ``tf.function``) and
+    returns int32 rows and float32 scores.
     """
-    with mips_index.local_dir(directory, upload=False) as local:
-
-        def proto(name: str) -> tf.Tensor:
-            path = os.path.join(local, name)
-            if not os.path.exists(path):
-                return tf.constant(b"")  # scalar: "absent", as scann_to_tensors emits
-            with open(path, "rb") as f:
-                return tf.constant([f.read()])  # [1]
-
-        def array(name: str, dtype: tf.DType) -> tf.Tensor:
-            path = os.path.join(local, name)
-            if not os.path.exists(path):
-                return tf.zeros([], dtype)  # scalar: "absent"
-            return tf.constant(np.load(path, allow_pickle=False), dtype)
-
-        handle = scann_ops.tensors_to_scann(
-            array("dataset.npy", tf.float32),  # [num_blocks, dim]
-            proto("scann_config.pb"),
-            proto("serialized_partitioner.pb"),
-            array("datapoint_to_token.npy", tf.int32),  # [num_blocks]
-            proto("ah_codebook.pb"),
-            array("hashed_dataset.npy", tf.uint8),  # [num_blocks, num_subspaces]
-            array("int8_dataset.npy", tf.int8),
-            array("int8_multipliers.npy", tf.float32),
-            array("dp_norms.npy", tf.float32),
-            # The op keeps its searcher in the resource manager under (container, shared_name); with the
-            # default empty name every call would return the *first* searcher loaded in the process.
-            shared_name=f"scann-{uuid.uuid4()}")
-    return scann_ops.ScannSearcher(handle)
+    state = searcher_tensors(directory)
+    tensors = [tf.constant(state[name], dtype or tf.string) for name, _, dtype in SEARCHER_FIELDS]
+    # The op keeps its searcher in the resource manager under (container, shared_name); with the default empty
+    # name every call would return the *first* searcher loaded in the process.
+    return scann_ops.ScannSearcher(scann_ops.tensors_to_scann(*tensors, shared_name=f"scann-{uuid.uuid4()}"))

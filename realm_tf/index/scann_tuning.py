@@ -5,9 +5,9 @@ how often the exact top-k reaches the model (recall) and what a search costs. OR
 leaves and exact re-ordering for 13M blocks; the right numbers depend on the corpus and on the embeddings, so
 :class:`SearchTuner` measures them on the built index instead. With a sample of the indexed vectors as queries
 (only the corpus exists at build time), it finds for each re-ordering depth the fewest leaves to search that
-reach the target recall@k against the exact top-k, times each such pair, and keeps the fastest. ScaNN's exact
-brute-force scorer over the same vectors is timed on the same queries: it is kept instead when it is faster
-(small corpora). Leaves (the tree itself) are not tuned: that would mean re-training the tree per candidate.
+reach the target recall@k against the exact top-k, times each such pair, and keeps the fastest. Exact search
+over the same vectors is timed on the same queries: ScaNN's brute-force scorer is kept instead when it is
+faster (small corpora). Leaves (the tree itself) are not tuned: that would mean re-training the tree per candidate.
 
 The searches are the index's own: ScaNN's multi-threaded batched search with per-call ``leaves_to_search``
 and ``pre_reorder_num_neighbors`` overrides (Guo et al., 2020, ScaNN's search-time parameters).
@@ -26,20 +26,22 @@ MIN_TREE_BLOCKS = 2000
 REORDER_MULTIPLES = (1, 2, 4, 8, 16, 32, 100)
 
 
-def exact_neighbours(embeddings: np.ndarray, queries: np.ndarray, k: int, chunk: int = 65536) -> np.ndarray:
-    """Rows of the exact top-``k`` inner products (int64 ``[num_queries, k]``, best first), in blocks of
-    ``chunk`` rows so that the score matrix of a million-row corpus is never held whole."""
+def exact_neighbours(embeddings: np.ndarray, queries: np.ndarray, k: int, chunk: int = 16384) -> np.ndarray:
+    """Rows of the exact top-``k`` inner products (int64 ``[num_queries, k]``, best first), ``chunk`` rows at a
+    time: each chunk's own top k are merged into the running best, so memory is a few ``[num_queries, chunk]``
+    arrays whatever the corpus (a million-row score matrix is never held)."""
     num_queries = queries.shape[0]
     best_scores = np.full([num_queries, k], -np.inf, np.float32)  # [Q, k]
     best_rows = np.zeros([num_queries, k], np.int64)  # [Q, k]
     for start in range(0, embeddings.shape[0], chunk):
-        scores = queries @ embeddings[start:start + chunk].T  # [Q, c]
-        rows = np.broadcast_to(np.arange(start, start + scores.shape[1]), scores.shape)  # [Q, c]
-        merged_scores = np.concatenate([best_scores, scores], axis=1)  # [Q, k + c]
-        merged_rows = np.concatenate([best_rows, rows], axis=1)
-        top = np.argpartition(-merged_scores, k - 1, axis=1)[:, :k]  # [Q, k] unordered
-        best_scores = np.take_along_axis(merged_scores, top, axis=1)
-        best_rows = np.take_along_axis(merged_rows, top, axis=1)
+        scores = queries @ np.asarray(embeddings[start:start + chunk]).T  # [Q, c]
+        top = np.argpartition(-scores, k - 1, axis=1)[:, :k] if scores.shape[1] > k else \
+            np.broadcast_to(np.arange(scores.shape[1]), scores.shape)  # [Q, <=k] unordered
+        merged_scores = np.concatenate([best_scores, np.take_along_axis(scores, top, axis=1)], axis=1)  # [Q, <=2k]
+        merged_rows = np.concatenate([best_rows, top + start], axis=1)
+        keep = np.argpartition(-merged_scores, k - 1, axis=1)[:, :k]  # [Q, k]
+        best_scores = np.take_along_axis(merged_scores, keep, axis=1)
+        best_rows = np.take_along_axis(merged_rows, keep, axis=1)
     order = np.argsort(-best_scores, axis=1, kind="stable")
     return np.take_along_axis(best_rows, order, axis=1)
 
@@ -95,8 +97,8 @@ class SearchTuner:
                     low = middle + 1
 
     def tune(self, searcher: Any, brute_force: Any, embeddings: np.ndarray, num_leaves: int) -> dict[str, Any]:
-        """Measures ``searcher`` (tree + AH + re-ordering) and ``brute_force`` (ScaNN's exact scorer), both
-        ``scann_ops_pybind`` searchers over ``embeddings`` ``[num_blocks, dim]``; returns the choice:
+        """Measures ``searcher`` (tree + AH + re-ordering, a ``scann_ops_pybind`` searcher over ``embeddings``
+        ``[num_blocks, dim]``) and ``brute_force(queries, k)`` (exact search); returns the choice:
         ``{"mode", "num_leaves_to_search", "reorder_num_neighbors", "recall", "qps", "brute_force_qps",
         "tried": [[leaves, reorder, recall, qps or None when not timed], ...], ...}``."""
         start = time.perf_counter()

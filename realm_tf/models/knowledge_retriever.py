@@ -72,7 +72,11 @@ class KnowledgeRetriever(tf_keras.Model):
     def score(self, query_embedding: tf.Tensor, doc_embeddings: tf.Tensor) -> tf.Tensor:
         """Retrieval logits f(x, z) / τ ``[batch, k]`` of ``[batch, dim]`` queries against ``[batch, k, dim]``
         blocks."""
-        return tf.einsum("bd,bkd->bk", query_embedding, doc_embeddings) / self.temperature  # [batch, k]
+        return self.logits(tf.einsum("bd,bkd->bk", query_embedding, doc_embeddings))  # [batch, k]
+
+    def logits(self, inner_products: tf.Tensor) -> tf.Tensor:
+        """Retrieval logits f(x, z) / τ of inner products f(x, z) (e.g. the scores MIPS returned)."""
+        return inner_products / self.temperature
 
     def call(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> dict[str, tf.Tensor]:
         query = {k: inputs["query_" + k] for k in bert_encoder.INPUT_KEYS}  # each [batch, query_len]

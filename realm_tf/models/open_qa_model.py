@@ -108,7 +108,7 @@ class OpenQaModel(tf_keras.Model):
         question = {k: inputs["question_" + k] for k in bert_encoder.INPUT_KEYS}  # each [batch, q_len]
         given = inputs.get("block_ids")
         if given is None:
-            query, _, block_ids = self.retrieve(question, self.reader_beam_size, training=training)  # [b, d], [b, k]
+            query, scores, block_ids = self.retrieve(question, self.reader_beam_size, training=training)  # [b, k]
         else:
             block_ids = tf.cast(given, tf.int32)  # [batch, k]
         batch = tf.shape(block_ids)[0]
@@ -121,9 +121,12 @@ class OpenQaModel(tf_keras.Model):
             if self.recompute_doc_embeddings:
                 packed = self.tokenizer.join_bert(titles, bodies, self.block_seq_length, pad_to_seq_length=False)
                 docs = tf.reshape(self.retriever.embed_blocks(packed, training=training), [batch, k, -1])  # [b,k,d]
+                retrieval_logits = self.retriever.score(query, docs)  # [batch, k]: f(x, z) / τ
+            elif self.corpus.embeddings is None:  # a served corpus: the searcher's exact scores, no matrix held
+                retrieval_logits = self.retriever.logits(scores)  # [batch, k]
             else:
                 docs = tf.stop_gradient(self.corpus.block_embeddings(block_ids))  # [batch, k, dim]
-            retrieval_logits = self.retriever.score(query, docs)  # [batch, k]: f(x, z) / τ
+                retrieval_logits = self.retriever.score(query, docs)  # [batch, k]: f(x, z) / τ
 
         question_ids = _unpack(question)  # [batch, (q_len)]
         repeated = tf.gather(question_ids, tf.repeat(tf.range(batch), k))  # [batch * k, (q_len)]

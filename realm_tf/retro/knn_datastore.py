@@ -65,7 +65,7 @@ class KnnDatastore:
         meta = index_publisher.read_index_json(path)
         if meta.get("kind") != kind:
             raise errors.UserError(f"{path}: a {meta.get('kind')!r} index, index.kind is {kind!r}")
-        index = index_kinds.index_class(kind).load(os.path.join(path, meta["searcher"]))
+        index = index_kinds.load_index(kind, path, meta["searcher"])
         with tf.io.gfile.GFile(os.path.join(path, VALUES_NPY), "rb") as f:
             values = np.load(f, allow_pickle=False)
         return cls(index, index_publisher.read_embeddings(path), values, source=path)

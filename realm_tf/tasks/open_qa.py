@@ -28,7 +28,6 @@ from realm_tf.core import evaluation
 from realm_tf.core import precision
 from realm_tf.core import training_loop
 from realm_tf.core import warm_start
-from realm_tf.data import block_records
 from realm_tf.data import block_store as block_store_lib
 from realm_tf.data import corpus_versions
 from realm_tf.data import knowledge_corpus
@@ -76,8 +75,7 @@ def load_corpus(cfg: config_lib.ExperimentConfig, tokenizer: bert_tokenizer.Bert
                 index_dir: str | None = None, records_dir: str | None = None
                 ) -> tuple[knowledge_corpus.SearchableCorpus, block_store_lib.BlockStore, dict]:
     """The corpus from the newest complete index version's ``embeddings.npy`` and the blocks of the corpus version
-    it was built over (``index.json``: ``corpus_version``): in graph variables, or with ``records_dir`` written
-    there as block records that the graph reads on demand (``data/block_records``: a served model's)."""
+    it was built over (``index.json``: ``corpus_version``), in graph variables."""
     path, meta = index_publisher.newest_version(index_dir or cfg.index.index_dir, tokenizer.vocab_hash)
     embeddings = index_publisher.read_embeddings(path)  # [num_blocks, dim]
     corpus = corpus_versions.version_dir(cfg.data.blocks_dir, index_publisher.corpus_version(meta))
@@ -85,10 +83,6 @@ def load_corpus(cfg: config_lib.ExperimentConfig, tokenizer: bert_tokenizer.Bert
     if len(blocks) != embeddings.shape[0]:
         raise errors.UserError(f"{path}: {embeddings.shape[0]} embeddings but {len(blocks)} blocks in "
                                f"{corpus}: the index was built from another corpus")
-    if records_dir is not None:
-        starts, lengths = block_records.write_records(blocks, tokenizer, records_dir)
-        return block_records.RecordCorpus(embeddings, block_records.BlockRecords(records_dir, starts, lengths)), \
-            blocks, meta
     return knowledge_corpus.KnowledgeCorpus(embeddings, blocks, tokenizer), blocks, meta
 
 
@@ -434,8 +428,10 @@ def model_inputs(batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
     return {k: v for k, v in batch.items() if is_model_input(k)}
 
 
-def check_index_matches(task: "OpenQaTask", model: open_qa_model.OpenQaModel, sample: int = 8) -> float:
-    """Re-embeds a few blocks with the model's Embed_doc and compares them with the index's rows.
+def check_index_matches(task: "OpenQaTask", model: open_qa_model.OpenQaModel, sample: int = 8,
+                        index_rows: np.ndarray | None = None) -> float:
+    """Re-embeds a few blocks with the model's Embed_doc and compares them with the index's rows (the corpus's,
+    or ``index_rows`` ``[num_blocks, dim]`` for a corpus that holds none).
 
     The index is only valid for the document tower that built it; a query tower from other weights would
     search it blindly. Raises UserError when they differ (returns the largest difference otherwise).
@@ -454,7 +450,8 @@ def check_index_matches(task: "OpenQaTask", model: open_qa_model.OpenQaModel, sa
                 dataclasses.replace(task.cfg.model, share_embedders=True, compiled_inference=False), restore=False)
         retriever.doc_embedder.set_weights(model.retriever.doc_embedder.get_weights())
     fresh = retriever.embed_blocks(packed, training=False)  # [sample, dim]
-    diff = float(tf.reduce_max(tf.abs(fresh - model.corpus.block_embeddings(ids))))
+    stored = model.corpus.block_embeddings(ids) if index_rows is None else index_rows[:int(tf.size(ids))]
+    diff = float(tf.reduce_max(tf.abs(fresh - stored)))
     if diff > 1e-3:
         raise errors.UserError(
             f"the index's block embeddings differ from this model's Embed_doc (max |diff| {diff:.3g}): the index "
@@ -462,8 +459,6 @@ def check_index_matches(task: "OpenQaTask", model: open_qa_model.OpenQaModel, sa
             f"(qa.retriever_checkpoint / model.retriever_checkpoint), or rebuild the index from this model's "
             f"weights (realm-tf export-retriever, realm-tf embed-blocks)")
     return diff
-
-
 
 
 def load_finetuned(task: OpenQaTask, model: open_qa_model.OpenQaModel, model_dir: str,
@@ -583,21 +578,31 @@ def load_for_serving(cfg: config_lib.ExperimentConfig, model_dir: str | None = N
                      in_graph_scann: bool = True, records_dir: str | None = None
                      ) -> tuple[OpenQaTask, open_qa_model.OpenQaModel, dict[str, Any]]:
     """The fine-tuned Open-QA model (``finetune.model_dir``) over the newest index version, searching with
-    ScaNN's TF op when that index is a ScaNN index (and ``in_graph_scann``); its blocks read on demand from block
-    records written to ``records_dir`` when given (:func:`load_corpus`)."""
+    ScaNN's TF op when that index is a ScaNN index (and ``in_graph_scann``); with ``records_dir`` its blocks are
+    read on demand from block records written there (``open_qa_export.served_corpus``), else held in the
+    graph."""
     task = OpenQaTask(cfg)
-    corpus, _, meta = load_corpus(cfg, task.tokenizer, index_dir, records_dir)
+    if records_dir is not None:
+        path, meta = index_publisher.newest_version(index_dir or cfg.index.index_dir, task.tokenizer.vocab_hash)
+        pattern = corpus_versions.blocks_pattern(cfg.data.blocks_dir, index_publisher.corpus_version(meta))
+        corpus = open_qa_export.served_corpus(records_dir, pattern, task.tokenizer, path, meta,
+                                              in_graph_scann and meta.get("kind") == "scann")
+    else:
+        corpus, _, meta = load_corpus(cfg, task.tokenizer, index_dir)
+        if in_graph_scann and meta.get("kind") == "scann":
+            from realm_tf.index import in_graph_scann as scann_lib  # pylint: disable=import-outside-toplevel
+
+            path = index_publisher.version_dir(index_dir or cfg.index.index_dir, meta["version"])
+            corpus.use_searcher(scann_lib.InGraphScannSearcher(os.path.join(path, meta["searcher"])))
     model = task.build_model(corpus)
     model_dir = model_dir or cfg.finetune.model_dir
-    checkpoint = load_finetuned(task, model, model_dir)
-    searcher = "exact matmul"
-    if in_graph_scann and meta.get("kind") == "scann":
-        from realm_tf.index import in_graph_scann as scann_lib  # pylint: disable=import-outside-toplevel
-
-        path = index_publisher.version_dir(index_dir or cfg.index.index_dir, meta["version"])
-        corpus.use_searcher(scann_lib.InGraphScannSearcher(os.path.join(path, meta["searcher"])))
-        searcher = "scann"
-    return task, model, {"checkpoint": checkpoint or "", "index_version": meta["version"], "searcher": searcher,
+    checkpoint = load_finetuned(task, model, model_dir, check_index=corpus.embeddings is not None)
+    if corpus.embeddings is None and not cfg.qa.recompute_doc_embeddings:
+        check_index_matches(task, model, index_rows=index_publisher.map_embeddings(
+            index_publisher.version_dir(index_dir or cfg.index.index_dir, meta["version"])))
+    searcher = getattr(corpus, "searcher", None)
+    return task, model, {"checkpoint": checkpoint or "", "index_version": meta["version"],
+                         "searcher": "exact matmul" if searcher is None else "scann",
                          "corpus_storage": "records" if records_dir is not None else "graph",
                          "corpus_version": index_publisher.corpus_version(meta),
                          "export_step": index_publisher.export_step(meta)}

@@ -1,5 +1,6 @@
 """Open-QA serving export: answers in a fresh process without realm_tf (ScaNN searched in the graph) equal the
 Keras model's; saved_model_cli runs it; bad requests are cleaned, not crashes."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -15,6 +16,8 @@ from realm_tf import config
 from realm_tf import errors
 from realm_tf.export import open_qa_export
 from realm_tf.export import retriever_export
+from realm_tf.index import index_kinds
+from realm_tf.index import index_publisher
 from realm_tf.index import index_refresher
 from realm_tf.models import knowledge_retriever
 from realm_tf.serving import answerer
@@ -88,6 +91,30 @@ print(json.dumps({{"answer": [a.decode() for a in out["answer"].numpy()], "score
     np.testing.assert_allclose(served["score"], scores, rtol=1e-4)
     np.testing.assert_array_equal(served["block_id"], block_ids)
     assert served["title"] == model.corpus.titles.numpy()[block_ids[0, 0]].decode()
+
+
+def test_an_int8_scann_export_holds_no_float_matrix_and_answers_alike(exported, tmp_path):
+    cfg, _, task, model = exported
+    source, meta = index_publisher.newest_version(cfg.index.index_dir, task.tokenizer.vocab_hash)
+    embeddings = index_publisher.read_embeddings(source)
+    # A tree (every leaf searched) whose short list ScaNN re-orders in int8; the graph re-scores its best 4k.
+    int8 = dataclasses.replace(cfg, index=dataclasses.replace(
+        cfg.index, index_dir=str(tmp_path / "index"), num_leaves=8, num_leaves_to_search=8, reorder_dtype="int8"))
+    index = index_kinds.build_index("scann", int8.index, embeddings)
+    assert index.params["mode"] == "tree_ah" and index.params["reorder_dtype"] == "int8"
+    index_publisher.publish_next(int8.index.index_dir, embeddings, index,
+                                 {k: meta[k] for k in ("vocab_hash", "corpus_version") if k in meta}, 1)
+    path = _export(int8, str(tmp_path / "served"))
+    reader = tf.train.load_checkpoint(os.path.join(path, "variables", "variables"))
+    assert not [name for name in reader.get_variable_to_shape_map() if "corpus/embeddings" in name]
+    assets = os.listdir(os.path.join(path, "assets"))
+    assert "block_embeddings-000000" in assets and "dataset.npy" not in assets
+    loaded = tf.saved_model.load(path)
+    out = loaded.signatures["serving_default"](question=tf.constant(QUESTIONS))
+    answers, scores, block_ids = _keras_answers(task, model, QUESTIONS)  # exact search over the float matrix
+    assert [a.decode() for a in out["answer"].numpy()] == answers
+    np.testing.assert_array_equal(out["block_id"].numpy(), block_ids)
+    np.testing.assert_allclose(out["score"].numpy(), scores, rtol=1e-4)
 
 
 def test_warmup_records_replay_on_the_export(exported):

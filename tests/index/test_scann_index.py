@@ -1,10 +1,15 @@
-"""ScannIndex: recall against the exact index, parameter scaling, save/load, and the TF-op searcher."""
+"""ScannIndex: recall against the exact index, parameter scaling, save/load, the TF-op searcher, and int8
+re-ordering re-scored exactly."""
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from realm_tf import config
+from realm_tf.data import knowledge_corpus
 from realm_tf.index import brute_force_index
+from realm_tf.index import in_graph_scann
 from realm_tf.index import scann_index
 
 
@@ -124,3 +129,31 @@ def test_resolve_params_scales_zeros_and_keeps_explicit_values():
     assert scann_index.resolve_params(99_999, 128, config.IndexConfig())["mode"] == "brute_force"
     with pytest.raises(ValueError, match="dimensions_per_block"):
         scann_index.resolve_params(50_000, 128, config.IndexConfig(dimensions_per_block=0))
+
+
+def test_int8_reordering_keeps_no_float_matrix_and_is_re_scored_exactly(corpus, built, tmp_path):
+    embeddings, queries, (exact_rows, _) = corpus
+    index = scann_index.ScannIndex(config.IndexConfig(num_neighbors=10, num_leaves=141, reorder_dtype="int8"))
+    index.build(embeddings)
+    assert index.params["reorder_dtype"] == "int8"
+    rows, scores = index.search_batched(queries, 10)
+    float_rows, _ = built.search_batched(queries, 10)
+    assert _recall(rows, exact_rows) >= _recall(float_rows, exact_rows) - 0.005
+    # Re-scored with the float rows: exact inner products, best first.
+    np.testing.assert_allclose(scores, np.einsum("bd,bkd->bk", queries, embeddings[rows]), rtol=1e-5, atol=1e-5)
+    assert (np.diff(scores, axis=1) <= 0).all()
+    index.save(str(tmp_path / "int8"))
+    files = set(os.listdir(tmp_path / "int8"))
+    assert "dataset.npy" not in files and "int8_dataset.npy" in files  # ScaNN keeps a quarter of the bytes
+    with pytest.raises(ValueError, match="re-scores with the float rows"):
+        scann_index.ScannIndex.load(str(tmp_path / "int8")).search_batched(queries, 10)
+    loaded = scann_index.ScannIndex.load(str(tmp_path / "int8"), embeddings=embeddings)
+    for a, b in zip(loaded.search_batched(queries, 10), (rows, scores)):
+        np.testing.assert_array_equal(a, b)
+    # In the graph: the searcher says its scores are approximate; a corpus re-scores its best 4k exactly.
+    searcher = in_graph_scann.InGraphScannSearcher(str(tmp_path / "int8"))
+    assert not searcher.exact_scores and searcher.depth(10) == scann_index.EXACT_RERANK_FACTOR * 10
+    corpus = knowledge_corpus.SearchableCorpus(embeddings, len(embeddings), "test", "corpus", searcher=searcher)
+    graph_scores, graph_rows = corpus.search(tf.constant(queries), 10)
+    np.testing.assert_array_equal(graph_rows.numpy(), rows)
+    np.testing.assert_allclose(graph_scores.numpy(), scores, rtol=1e-5, atol=1e-5)

@@ -114,3 +114,15 @@ def test_target_recall_out_of_range_names_the_key():
         config.load_config("configs/tiny.yaml", ["index.target_recall=1.5"])
     with pytest.raises(ValueError, match="target_recall"):
         scann_tuning.SearchTuner(0.0)
+
+
+def test_an_int8_index_is_tuned_on_its_exactly_re_scored_results(corpus):
+    embeddings, queries = corpus
+    index = scann_index.ScannIndex(config.IndexConfig(num_neighbors=10, num_leaves=141, target_recall=0.97,
+                                                      tuning_queries=300, reorder_dtype="int8"))
+    index.build(embeddings)
+    tuning = index.params["tuning"]
+    assert index.params["mode"] == "tree_ah", tuning  # 20k x 64: the tree is faster than a full scan
+    assert tuning["recall"] >= 0.97
+    rows, _ = index.search_batched(queries, 10)  # new queries: the measured recall holds (within sampling)
+    assert _recall(rows, _exact(embeddings, queries, 10)) >= 0.95
