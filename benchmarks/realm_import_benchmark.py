@@ -184,6 +184,21 @@ def measure(workdir: str, num_blocks: int, words: int, target_recall: float) -> 
     return rows
 
 
+def serving_latency(served: str, questions: str, count: int = 100) -> dict[str, float]:
+    """Batch-1 p50 / p99 (ms) of the served model on ``count`` questions (``benchmarks/serving_latency.py``, in a
+    process of its own, after 3 warm-up questions)."""
+    import re
+
+    command = [sys.executable, os.path.join(REPO, "benchmarks", "serving_latency.py"), "--export", f"served={served}",
+               "--questions", questions, "--count", str(count), "--env", "quiet=TF_CPP_MIN_LOG_LEVEL=2"]
+    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False)
+    found = re.search(r"p50\s+(\d+) ms\s+p99\s+(\d+) ms", proc.stdout)
+    if proc.returncode or found is None:  # the size's other measurements are kept
+        print(f"serving_latency failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        return {}
+    return {"p50": float(found.group(1)), "p99": float(found.group(2)), "requests": count}
+
+
 def recall_at_10(workdir: str) -> float:
     """Recall@10 of the imported index (as served: its search settings, int8 re-ordering re-scored exactly) on
     ``RECALL_QUERIES`` fresh draws of the synthetic mixture, against exact search over ``block_emb``."""
@@ -277,6 +292,11 @@ def measure_point(args: argparse.Namespace, n: int) -> dict:
     rows = dict(measure(workdir, n, args.words, args.target_recall))
     rows["served_mib"] = served_components(os.path.join(workdir, "served"))
     rows["recall_at_10"] = recall_at_10(workdir)
+    if args.latency_questions:
+        latency = serving_latency(os.path.join(workdir, "served"), args.latency_questions)
+        if latency:
+            rows["latency_ms"] = latency
+            print(f"batch-1 latency: {latency}", flush=True)
     rows["settings"] = settings
     print(f"served model variables (MiB): {rows['served_mib']}; recall@10 on {RECALL_QUERIES:,} held-out "
           f"queries: {rows['recall_at_10']}; serving RSS after the answer: {rows['ask']['end_rss_mib']:,} MiB",
@@ -308,6 +328,8 @@ def main() -> None:
                              "confirm its predictions")
     parser.add_argument("--target-recall", type=float, default=0.99,
                         help="index.target_recall of the import (ScaNN's search settings tuned to reach recall@10)")
+    parser.add_argument("--latency-questions", default="",
+                        help="questions JSONL: time the served model at batch 1 on 100 of them at each size")
     parser.add_argument("--keep", action="store_true",
                         help="keep each size's files (by default only its measurements, point.json, are kept)")
     args = parser.parse_args()
@@ -376,6 +398,10 @@ def write_model_record(args: argparse.Namespace, measured: dict, model: dict) ->
                            f"{'' if not args.fit_sizes or n in args.fit_sizes else ', held out'})" for n in sizes)
         cells.append(f"{stage}: {m['rss_per_block_bytes']:,.0f} B/block + {m['rss_constant_mib']:,} MiB; {points}; at "
                      f"{args.target_blocks / 1e6:.2f}M ~{m['target_gb']} GB, ~{m['target_minutes']} min")
+    if any("latency_ms" in measured[n] for n in sizes):
+        cells.append("batch-1 latency p50 / p99: " + ", ".join(
+            f"{n / 1e6:g}M {measured[n]['latency_ms']['p50']:.0f} / {measured[n]['latency_ms']['p99']:.0f} ms"
+            for n in sizes if "latency_ms" in measured[n]))
     if all("recall_at_10" in measured[n] for n in sizes):
         cells.append(f"recall@10 on {RECALL_QUERIES:,} held-out queries: "
                      + ", ".join(f"{n / 1e6:g}M {measured[n]['recall_at_10']}" for n in sizes))
