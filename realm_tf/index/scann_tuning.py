@@ -5,7 +5,9 @@ how often the exact top-k reaches the model (recall) and what a search costs. OR
 leaves and exact re-ordering for 13M blocks; the right numbers depend on the corpus and on the embeddings, so
 :class:`SearchTuner` measures them on the built index instead. With a sample of the indexed vectors as queries
 (only the corpus exists at build time), it finds for each re-ordering depth the fewest leaves to search that
-reach the target recall@k against the exact top-k, times each such pair, and keeps the fastest. Exact search
+reach the target recall@k against the exact top-k, leaving each query's own row out of both (a sampled block
+finds itself trivially, which a question never does: measured with itself in, recall reads higher than on
+held-out queries), times each such pair, and keeps the fastest. Exact search
 over the same vectors is timed on the same queries: ScaNN's brute-force scorer is kept instead when it is
 faster (small corpora). Leaves (the tree itself) are not tuned: that would mean re-training the tree per candidate.
 
@@ -44,6 +46,13 @@ def exact_neighbours(embeddings: np.ndarray, queries: np.ndarray, k: int, chunk:
         best_rows = np.take_along_axis(merged_rows, keep, axis=1)
     order = np.argsort(-best_scores, axis=1, kind="stable")
     return np.take_along_axis(best_rows, order, axis=1)
+
+
+def leave_one_out(rows: np.ndarray, own: np.ndarray, k: int) -> np.ndarray:
+    """The first ``k`` of each row of ``rows`` (``[Q, >= k]``, best first) that is not the query's own row
+    ``own[q]``: the neighbours of an indexed vector asked as if it were a new query."""
+    order = np.argsort(rows == own[:, None], axis=1, kind="stable")[:, :k]  # own rows moved last
+    return np.take_along_axis(rows, order, axis=1)
 
 
 def recall_at_k(rows: np.ndarray, exact_rows: np.ndarray) -> float:
@@ -106,16 +115,18 @@ class SearchTuner:
         k = min(self.k, num_blocks)
         rng = np.random.default_rng(self.seed)
         sample = rng.choice(num_blocks, size=min(self.num_queries, num_blocks), replace=False)
-        queries = np.ascontiguousarray(embeddings[np.sort(sample)])  # [Q, dim]
-        exact = exact_neighbours(embeddings, queries, k)  # [Q, k]
+        own = np.sort(sample)  # [Q]
+        queries = np.ascontiguousarray(embeddings[own])  # [Q, dim]
+        wanted = min(k + 1, num_blocks)  # one more than k: the query's own row is left out
+        exact = leave_one_out(exact_neighbours(embeddings, queries, wanted), own, k)  # [Q, k]
         recalls: dict[tuple[int, int], float] = {}
 
         def recall(leaves: int, reorder: int) -> float:
             if (leaves, reorder) not in recalls:
-                rows, _ = searcher.search_batched_parallel(queries, final_num_neighbors=k,
-                                                           pre_reorder_num_neighbors=reorder,
+                rows, _ = searcher.search_batched_parallel(queries, final_num_neighbors=wanted,
+                                                           pre_reorder_num_neighbors=max(reorder, wanted),
                                                            leaves_to_search=leaves)
-                recalls[(leaves, reorder)] = recall_at_k(np.asarray(rows), exact)
+                recalls[(leaves, reorder)] = recall_at_k(leave_one_out(np.asarray(rows), own, k), exact)
             return recalls[(leaves, reorder)]
 
         self._fewest_leaves(recall, _leaf_grid(num_leaves),

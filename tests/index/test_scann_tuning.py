@@ -126,3 +126,9 @@ def test_an_int8_index_is_tuned_on_its_exactly_re_scored_results(corpus):
     assert tuning["recall"] >= 0.97
     rows, _ = index.search_batched(queries, 10)  # new queries: the measured recall holds (within sampling)
     assert _recall(rows, _exact(embeddings, queries, 10)) >= 0.95
+
+
+def test_leave_one_out_drops_the_query_s_own_row_wherever_it_is():
+    rows = np.array([[7, 1, 2, 3], [4, 5, 7, 6], [1, 2, 3, 4]])
+    np.testing.assert_array_equal(scann_tuning.leave_one_out(rows, np.array([7, 7, 9]), 3),
+                                  [[1, 2, 3], [4, 5, 6], [1, 2, 3]])
