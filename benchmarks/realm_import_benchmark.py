@@ -330,10 +330,16 @@ def main() -> None:
                         help="index.target_recall of the import (ScaNN's search settings tuned to reach recall@10)")
     parser.add_argument("--latency-questions", default="",
                         help="questions JSONL: time the served model at batch 1 on 100 of them at each size")
+    parser.add_argument("--measure-only", action="store_true",
+                        help="measure the sizes (saving each point) and stop: no model, no record")
     parser.add_argument("--keep", action="store_true",
                         help="keep each size's files (by default only its measurements, point.json, are kept)")
     args = parser.parse_args()
     sizes = sorted(args.num_blocks)
+    if args.measure_only:
+        for n in args.num_blocks:  # in the order given
+            measure_point(args, n)
+        return
     fit_sizes = sorted(args.fit_sizes) or sizes
     if len(fit_sizes) < 2 or not set(fit_sizes) <= set(sizes):
         parser.error("the model needs two sizes or more, among --num-blocks")
