@@ -33,7 +33,8 @@ class SearchableCorpus(tf.Module):
 
     The search is exact (one matmul over the embedding matrix, a variable) unless :meth:`use_searcher` installs
     another one (e.g. ScaNN's in-graph op). A searcher whose scores are not exact inner products
-    (``searcher.exact_scores`` false: int8 re-ordering) returns ``searcher.depth(k)`` candidates, which are
+    (``searcher.exact_scores`` false: int8 re-ordering) returns ``searcher.depth(k)`` candidates
+    (``searcher.search(queries, k, depth=...)``), which are
     re-scored exactly with :meth:`block_embeddings` and cut to k: ScaNN's own "re-order the short list in full
     precision", with the float rows wherever the subclass keeps them.
 
@@ -79,7 +80,7 @@ class SearchableCorpus(tf.Module):
             return top.values, top.indices
         if getattr(searcher, "exact_scores", True):
             return searcher.search(queries, k)
-        _, candidates = searcher.search(queries, searcher.depth(k))  # [batch, depth]
+        _, candidates = searcher.search(queries, k, depth=searcher.depth(k))  # [batch, depth]
         rows = self.block_embeddings(candidates)  # [batch, depth, dim]
         exact = tf.einsum("bd,bkd->bk", queries, rows)  # [batch, depth]
         top = tf.math.top_k(exact, k=tf.minimum(k, tf.shape(exact)[1]))

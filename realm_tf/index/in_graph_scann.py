@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import uuid
 
+import numpy as np
 import tensorflow as tf
 from scann.scann_ops.py import scann_ops
 
@@ -54,30 +55,35 @@ class InGraphScannSearcher(tf.Module):
         super().__init__(name="in_graph_scann")
         self.state = SearcherState(directory)
         self._shared_name = fresh_shared_name()
-        # Search settings chosen at build time (index.target_recall) are per-call overrides, not in the
-        # searcher's serialised config; an untuned searcher keeps its own (-1).
+        # Search settings (the tuned ones of index.target_recall, and a re-ordering depth of at least the results
+        # asked for) are per-call overrides, as in ScannIndex.search_batched: scann_index.search_settings.
         meta = scann_index.read_meta(directory)
         self._num_blocks = int(meta["num_blocks"])
-        self._all_params = meta["params"]
-        self._params = meta["params"] if meta["params"].get("tuning") else None
+        self._params = meta["params"]
+        positions = scann_index.read_positions(directory)  # a sliced build's datapoint -> block id
+        positions = np.arange(self._num_blocks, dtype=np.int32) if positions is None else positions
+        self.positions = tf.Variable(positions, dtype=tf.int32, shape=[None], trainable=False)  # [num_blocks]
         self.exact_scores = not scann_index.reorders_int8(meta["params"])
 
     def depth(self, k: int) -> int:
         """Results to ask of :meth:`search` for a top-``k`` after exact re-scoring
         (``scann_index.exact_rerank_depth``)."""
-        return scann_index.exact_rerank_depth(self._all_params, k, self._num_blocks)
+        return scann_index.exact_rerank_depth(self._params, k, self._num_blocks)
 
     def _handle(self) -> tf.Tensor:
         s = self.state
         return scann_ops.tensors_to_scann(*(getattr(s, name) for name, _, _ in scann_index.SEARCHER_FIELDS),
                                           shared_name=self._shared_name)
 
-    def search(self, queries: tf.Tensor, k: int) -> tuple[tf.Tensor, tf.Tensor]:
-        """``(scores float32[batch, k], block_ids int32[batch, k])`` for ``queries float32[batch, dim]``."""
-        leaves, pre_reorder = -1, -1
-        if self._params is not None:
-            leaves, pre_reorder = scann_index.search_settings(self._params, k, self._num_blocks)
-            leaves, pre_reorder = (-1 if leaves is None else leaves), (-1 if pre_reorder is None else pre_reorder)
-        ids, scores = scann_ops.scann_search_batched(self._handle(), queries, k, pre_reorder, leaves, False)
-        shape = [tf.shape(queries)[0], k]  # the op's outputs have no static rank
-        return tf.reshape(scores, shape), tf.reshape(tf.cast(ids, tf.int32), shape)
+    def search(self, queries: tf.Tensor, k: int, depth: int | None = None) -> tuple[tf.Tensor, tf.Tensor]:
+        """``(scores float32[batch, n], block_ids int32[batch, n])`` for ``queries float32[batch, dim]``: the top
+        ``n = depth or k``, searched with the settings of a top-``k`` search (``scann_index.search_settings``; a
+        re-ordering depth of at least n), as ``ScannIndex.search_batched`` searches."""
+        n = depth or k
+        leaves, pre_reorder = scann_index.search_settings(self._params, k, self._num_blocks)
+        leaves = -1 if leaves is None else leaves
+        pre_reorder = -1 if pre_reorder is None else max(pre_reorder, n)
+        rows, scores = scann_ops.scann_search_batched(self._handle(), queries, n, pre_reorder, leaves, False)
+        shape = [tf.shape(queries)[0], n]  # the op's outputs have no static rank
+        block_ids = tf.gather(self.positions, tf.reshape(tf.cast(rows, tf.int32), shape))  # [batch, n]
+        return tf.reshape(scores, shape), block_ids

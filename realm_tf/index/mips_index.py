@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import mmap
 import os
 import shutil
 import tempfile
@@ -95,6 +96,16 @@ class MipsIndex(abc.ABC):
         self._num_blocks, self._dim = int(num_blocks), int(dim)
 
 
+def drop_pages(array: np.ndarray) -> None:
+    """Drops the pages a memory-mapped ``array`` (``np.memmap``, or a view of one) has read from this process's
+    resident memory (``madvise(MADV_DONTNEED)``; they stay in the page cache and are read again on the next
+    access). A pass over a 13M x 128 map would otherwise leave 6.8 GB counted in the process's RSS. Anything else:
+    nothing to do."""
+    mapping = getattr(array, "_mmap", None)
+    if mapping is not None and hasattr(mapping, "madvise"):
+        mapping.madvise(mmap.MADV_DONTNEED)
+
+
 def check_embeddings(embeddings: np.ndarray) -> np.ndarray:
     """Validates a block-embedding matrix and returns it as C-contiguous float32 ``[num_blocks, dim]``."""
     embeddings = np.asarray(embeddings)
@@ -106,6 +117,7 @@ def check_embeddings(embeddings: np.ndarray) -> np.ndarray:
     step = 1 << 20  # rows checked at a time: no [num_blocks, dim] temporary (13M x 128 would be 1.7 GB)
     if not all(np.isfinite(embeddings[i:i + step]).all() for i in range(0, embeddings.shape[0], step)):
         raise ValueError("embeddings contain NaN or Inf")
+    drop_pages(embeddings)
     return embeddings
 
 

@@ -49,6 +49,13 @@ MIN_LEAVES_TO_SEARCH = 16
 REORDER_FACTOR = 10
 #: Batches at least this large are searched with ScaNN's multi-threaded batch search.
 PARALLEL_MIN_BATCH = 64
+#: Tree-AH indexes of more than this many training samples' worth of blocks are built in slices
+#: (:meth:`ScannIndex.build`).
+SLICED_BUILD_FACTOR = 4
+#: Blocks added to a sliced build at a time.
+BUILD_SLICE = 65536
+#: The searcher directory's map from ScaNN's datapoint positions to block ids (a sliced build's).
+POSITIONS_NPY = "positions.npy"
 #: With int8 re-ordering (``index.reorder_dtype``), ScaNN's best ``EXACT_RERANK_FACTOR`` x k are re-scored
 #: exactly in float32 and the top k kept.
 EXACT_RERANK_FACTOR = 4
@@ -136,20 +143,32 @@ def rerank_exactly(queries: np.ndarray, rows: np.ndarray, embeddings: np.ndarray
     return np.take_along_axis(rows, order, axis=1), np.take_along_axis(scores, order, axis=1)
 
 
-class _ExactRerank:
-    """A ``scann_ops_pybind`` searcher whose results are re-scored exactly (:func:`rerank_exactly`): what
-    :class:`scann_tuning.SearchTuner` measures when the searcher re-orders in int8."""
+class _BlockIdSearcher:
+    """A ``scann_ops_pybind`` searcher seen as :class:`scann_tuning.SearchTuner` measures it: its datapoint
+    positions mapped to block ids (``positions``, a sliced build's; None: the same), and, when it re-orders in
+    int8, its results re-scored exactly (:func:`rerank_exactly`)."""
 
-    def __init__(self, searcher: Any, embeddings: np.ndarray, params: dict[str, Any]) -> None:
-        self._searcher, self._embeddings, self._params = searcher, embeddings, params
+    def __init__(self, searcher: Any, embeddings: np.ndarray, params: dict[str, Any],
+                 positions: np.ndarray | None) -> None:
+        self._searcher, self._embeddings, self._params, self._positions = searcher, embeddings, params, positions
 
     def search_batched_parallel(self, queries: np.ndarray, final_num_neighbors: int, pre_reorder_num_neighbors: int,
                                 leaves_to_search: int) -> tuple[np.ndarray, np.ndarray]:
         depth = exact_rerank_depth(self._params, final_num_neighbors, self._embeddings.shape[0])
-        rows, _ = self._searcher.search_batched_parallel(
+        rows, scores = self._searcher.search_batched_parallel(
             queries, final_num_neighbors=depth, pre_reorder_num_neighbors=max(pre_reorder_num_neighbors, depth),
             leaves_to_search=leaves_to_search)
-        return rerank_exactly(queries, np.asarray(rows, np.int64), self._embeddings, final_num_neighbors)
+        rows = to_block_ids(np.asarray(rows, np.int64), self._positions)
+        if not reorders_int8(self._params):
+            return rows, np.asarray(scores, np.float32)
+        return rerank_exactly(queries, rows, self._embeddings, final_num_neighbors)
+
+
+def to_block_ids(rows: np.ndarray, positions: np.ndarray | None) -> np.ndarray:
+    """ScaNN's datapoint positions (int64 ``[B, k]``, -1 for none) as block ids through ``positions``."""
+    if positions is None:
+        return rows
+    return np.where(rows >= 0, positions[np.maximum(rows, 0)], -1)
 
 
 class ScannIndex(mips_index.MipsIndex):
@@ -169,15 +188,26 @@ class ScannIndex(mips_index.MipsIndex):
         self.params: dict[str, Any] = {}
         self._searcher: scann_ops_pybind.ScannSearcher | None = None
         self._exact_rows: np.ndarray | None = None  # float32 [num_blocks, dim], for int8 re-ordering
+        self._positions: np.ndarray | None = None  # int32 [num_blocks]: block id of ScaNN's datapoint i
 
     def build(self, embeddings: np.ndarray) -> None:
-        """Trains the tree and the quantiser on ``embeddings`` ([num_blocks, dim]) and indexes every row."""
+        """Trains the tree and the quantiser on ``embeddings`` ([num_blocks, dim]) and indexes every row.
+
+        A tree-AH index of more than ``SLICED_BUILD_FACTOR`` training samples' worth of blocks is built in
+        slices: ScaNN trains its tree and quantisers on ``training_sample_size`` blocks drawn at random (as it
+        would sample them itself) and indexes them, then the other blocks are added ``BUILD_SLICE`` at a time
+        (ScaNN's ``upsert``). Its datapoints are then not in block order: ``positions`` maps them back. ScaNN's
+        one-shot build holds a float copy of the whole matrix and its working sets (about 1.1 KB a block for 128
+        dimensions, on top of the matrix's own pages); the sliced one holds what the searcher keeps.
+        """
         start = time.perf_counter()
         embeddings = mips_index.check_embeddings(embeddings)
         params = resolve_params(embeddings.shape[0], embeddings.shape[1], self.index_config)
-        builder = scann_ops_pybind.builder(embeddings, params["num_neighbors"], "dot_product")
-        builder = _configure(builder, params).set_n_training_threads(self.training_threads)
-        self._searcher = builder.build()
+        if params["mode"] == "tree_ah" and embeddings.shape[0] > SLICED_BUILD_FACTOR * params["training_sample_size"]:
+            self._searcher, self._positions = self._build_in_slices(embeddings, params)
+        else:
+            builder = scann_ops_pybind.builder(embeddings, params["num_neighbors"], "dot_product")
+            self._searcher = _configure(builder, params).set_n_training_threads(self.training_threads).build()
         if reorders_int8(params):
             self._exact_rows = embeddings
         if self.index_config.target_recall > 0 and params["mode"] == "tree_ah":
@@ -186,19 +216,36 @@ class ScannIndex(mips_index.MipsIndex):
         self._set_shape(*embeddings.shape)
         self.build_seconds = time.perf_counter() - start
 
+    def _build_in_slices(self, embeddings: np.ndarray,
+                         params: dict[str, Any]) -> tuple[scann_ops_pybind.ScannSearcher, np.ndarray]:
+        """The sliced build of :meth:`build`: ``(searcher, positions int32 [num_blocks])``."""
+        num_blocks = embeddings.shape[0]
+        sample = np.sort(np.random.default_rng(0).choice(num_blocks, params["training_sample_size"], replace=False))
+        builder = scann_ops_pybind.builder(np.ascontiguousarray(embeddings[sample]), params["num_neighbors"],
+                                           "dot_product")
+        searcher = _configure(builder, params).set_n_training_threads(self.training_threads).build()
+        mips_index.drop_pages(embeddings)
+        rest = np.setdiff1d(np.arange(num_blocks), sample)  # [num_blocks - sample], ascending
+        for first in range(0, len(rest), BUILD_SLICE):
+            ids = rest[first:first + BUILD_SLICE]
+            searcher.searcher.upsert([None] * len(ids), np.ascontiguousarray(embeddings[ids]), 256)
+            mips_index.drop_pages(embeddings)
+        return searcher, np.concatenate([sample, rest]).astype(np.int32)
+
     def _tune(self, embeddings: np.ndarray, params: dict[str, Any]) -> dict[str, Any]:
         """``params`` with the search settings :class:`scann_tuning.SearchTuner` measured fastest at
         ``index.target_recall``; brute force (and its searcher) instead when that is faster. Exact search is
         timed as blocked numpy matmuls over ``embeddings`` (``scann_tuning.exact_neighbours``), so no second
         float copy of the matrix is made unless brute force wins."""
         tuner = scann_tuning.SearchTuner(self.index_config.target_recall, self.index_config.tuning_queries)
-        measured = _ExactRerank(self._searcher, embeddings, params) if reorders_int8(params) else self._searcher
+        measured = _BlockIdSearcher(self._searcher, embeddings, params, self._positions)
         tuning = tuner.tune(measured, lambda q, k: scann_tuning.exact_neighbours(embeddings, q, k),
                             embeddings, params["num_leaves"])
         if tuning["mode"] == "brute_force":
             self._searcher = None  # freed before the exact searcher copies the matrix
             exact = scann_ops_pybind.builder(embeddings, params["num_neighbors"], "dot_product").score_brute_force()
             self._searcher, self._exact_rows = exact.set_n_training_threads(self.training_threads).build(), None
+            self._positions = None
             return {"mode": "brute_force", "num_neighbors": params["num_neighbors"], "tuning": tuning}
         return {**params, "num_leaves_to_search": tuning["num_leaves_to_search"],
                 "reorder_num_neighbors": tuning["reorder_num_neighbors"], "tuning": tuning}
@@ -222,7 +269,7 @@ class ScannIndex(mips_index.MipsIndex):
         pre_reorder = None if pre_reorder is None else max(pre_reorder, depth)
         rows, scores = search(queries, final_num_neighbors=depth, pre_reorder_num_neighbors=pre_reorder,
                               leaves_to_search=leaves)
-        rows = np.asarray(rows).astype(np.int64)  # [B, <=depth]
+        rows = to_block_ids(np.asarray(rows).astype(np.int64), self._positions)  # [B, <=depth]
         scores = np.asarray(scores, dtype=np.float32)  # [B, <=depth]
         if reorders_int8(self.params):
             if self._exact_rows is None:
@@ -243,6 +290,8 @@ class ScannIndex(mips_index.MipsIndex):
         self._require_built()
         with mips_index.local_dir(directory, upload=True) as local:
             self._searcher.serialize(local, relative_path=True)
+            if self._positions is not None:
+                np.save(os.path.join(local, POSITIONS_NPY), self._positions)
             with open(os.path.join(local, _META), "w", encoding="utf-8") as f:
                 json.dump({"kind": self.kind, "num_blocks": self.num_blocks, "dim": self.dim,
                            "params": self.params, "build_seconds": self.build_seconds}, f)
@@ -260,6 +309,7 @@ class ScannIndex(mips_index.MipsIndex):
         index.build_seconds = float(meta.get("build_seconds", 0.0))
         index._set_shape(meta["num_blocks"], meta["dim"])
         index._exact_rows = embeddings
+        index._positions = read_positions(directory)
         if searcher.size() != index.num_blocks:
             raise ValueError(f"{directory}: searcher holds {searcher.size()} datapoints, "
                              f"{_META} says {index.num_blocks}")
@@ -282,6 +332,16 @@ def search_settings(params: dict[str, Any], k: int, num_blocks: int) -> tuple[in
     else:
         depth = max(reorder, 4 * k)
     return params["num_leaves_to_search"], min(num_blocks, depth)
+
+
+def read_positions(directory: str) -> np.ndarray | None:
+    """A sliced build's ``positions`` (int32 [num_blocks], block id of ScaNN's datapoint i), None when the
+    datapoints are in block order."""
+    path = os.path.join(directory, POSITIONS_NPY)
+    if not tf.io.gfile.exists(path):
+        return None
+    with tf.io.gfile.GFile(path, "rb") as f:
+        return np.load(f, allow_pickle=False)
 
 
 def read_meta(directory: str) -> dict[str, Any]:

@@ -171,8 +171,8 @@ class _ScrambledSearcher:
     def depth(self, k):
         return self.num_blocks
 
-    def search(self, queries, k):
-        ids = tf.tile(tf.range(self.num_blocks - 1, -1, -1)[None, :k], [tf.shape(queries)[0], 1])
+    def search(self, queries, k, depth=None):
+        ids = tf.tile(tf.range(self.num_blocks - 1, -1, -1)[None, :depth or k], [tf.shape(queries)[0], 1])
         return tf.zeros(tf.shape(ids), tf.float32), ids
 
 

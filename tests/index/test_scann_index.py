@@ -157,3 +157,28 @@ def test_int8_reordering_keeps_no_float_matrix_and_is_re_scored_exactly(corpus, 
     graph_scores, graph_rows = corpus.search(tf.constant(queries), 10)
     np.testing.assert_array_equal(graph_rows.numpy(), rows)
     np.testing.assert_allclose(graph_scores.numpy(), scores, rtol=1e-5, atol=1e-5)
+
+
+def test_a_large_corpus_is_built_in_slices_and_answers_in_block_ids(corpus, tmp_path, monkeypatch):
+    embeddings, queries, (exact_rows, _) = corpus
+    settings = config.IndexConfig(num_neighbors=10, num_leaves=141, num_leaves_to_search=48, training_sample_size=5_000,
+                                  reorder_dtype="int8")
+    one_shot = scann_index.ScannIndex(settings)  # 20k blocks < 4 x 5k: ScaNN's own build, trained on 5k
+    one_shot.build(embeddings)
+    monkeypatch.setattr(scann_index, "BUILD_SLICE", 3_000)  # 20k blocks: 5k sampled, the rest in 5 slices
+    monkeypatch.setattr(scann_index, "SLICED_BUILD_FACTOR", 2)
+    index = scann_index.ScannIndex(settings)
+    index.build(embeddings)
+    positions = index._positions  # pylint: disable=protected-access
+    assert positions is not None and sorted(positions.tolist()) == list(range(20_000))
+    assert positions[:5_000].tolist() != list(range(5_000))  # the sample comes first: positions are not ids
+    rows, scores = index.search_batched(queries, 10)
+    # At least the recall of ScaNN's one-shot build from the same training sample size.
+    assert _recall(rows, exact_rows) >= _recall(one_shot.search_batched(queries, 10)[0], exact_rows) - 0.03
+    np.testing.assert_allclose(scores, np.einsum("bd,bkd->bk", queries, embeddings[rows]), rtol=1e-5, atol=1e-5)
+    index.save(str(tmp_path / "sliced"))
+    loaded = scann_index.ScannIndex.load(str(tmp_path / "sliced"), embeddings=embeddings)
+    np.testing.assert_array_equal(loaded.search_batched(queries, 10)[0], rows)
+    corpus_ = knowledge_corpus.SearchableCorpus(embeddings, len(embeddings), "test", "corpus",
+                                                searcher=in_graph_scann.InGraphScannSearcher(str(tmp_path / "sliced")))
+    np.testing.assert_array_equal(corpus_.search(tf.constant(queries), 10)[1].numpy(), rows)
