@@ -381,7 +381,8 @@ def load_tf_searcher(directory: str) -> scann_ops.ScannSearcher:
     assets ``scann_ops_pybind`` serialises (:func:`searcher_tensors`), so the same directory serves both. Every
     call gets its own ``shared_name`` (the op's default, empty, name aliases all searchers of a process to the
     first one). The returned searcher's ``search_batched`` runs as a TF op (also inside ``tf.function``) and
-    returns int32 rows and float32 scores.
+    returns int32 rows and float32 scores; the rows are ScaNN's datapoint positions, which a sliced build's
+    :func:`read_positions` maps to block ids (``in_graph_scann.InGraphScannSearcher`` does).
     """
     state = searcher_tensors(directory)
     tensors = [tf.constant(state[name], dtype or tf.string) for name, _, dtype in SEARCHER_FIELDS]
