@@ -197,8 +197,8 @@ class ScannIndex(mips_index.MipsIndex):
         slices: ScaNN trains its tree and quantisers on ``training_sample_size`` blocks drawn at random (as it
         would sample them itself) and indexes them, then the other blocks are added ``BUILD_SLICE`` at a time
         (ScaNN's ``upsert``). Its datapoints are then not in block order: ``positions`` maps them back. ScaNN's
-        one-shot build holds a float copy of the whole matrix and its working sets (about 1.1 KB a block for 128
-        dimensions, on top of the matrix's own pages); the sliced one holds what the searcher keeps.
+        one-shot build holds a float copy of the whole matrix and its working sets for every block at once; the
+        sliced one holds what the searcher keeps, plus one slice.
         """
         start = time.perf_counter()
         embeddings = mips_index.check_embeddings(embeddings)
