@@ -225,6 +225,7 @@ class ScannIndex(mips_index.MipsIndex):
                                            "dot_product")
         searcher = _configure(builder, params).set_n_training_threads(self.training_threads).build()
         mips_index.drop_pages(embeddings)
+        searcher.reserve(num_blocks)  # ScaNN's arrays sized once, not grown (and copied) slice after slice
         rest = np.setdiff1d(np.arange(num_blocks), sample)  # [num_blocks - sample], ascending
         for first in range(0, len(rest), BUILD_SLICE):
             ids = rest[first:first + BUILD_SLICE]
