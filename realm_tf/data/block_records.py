@@ -19,10 +19,12 @@ compressed state, not the float matrix (:class:`RecordCorpus`).
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
+import tqdm
 
 from realm_tf.data import block_store as block_store_lib
 from realm_tf.data import knowledge_corpus
@@ -143,12 +145,15 @@ def stream_records(pattern: str, tokenizer: bert_tokenizer.BertTokenizer, direct
     """:func:`write_records` straight from the block TFRecords matching ``pattern`` (``block_store.read_batches``),
     in file order, never holding the corpus: REALM's 13M blocks cost 20 bytes each in memory here."""
     writer = RecordWriter(directory, tokenizer, blocks_per_shard)
+    progress = tqdm.tqdm(desc="block records", unit=" blocks", file=sys.stderr, mininterval=5.0)
     try:
         for batch in block_store_lib.read_batches(pattern, SLICE):
             pieces = [batch.pieces(i) for i in range(len(batch.block_ids))]
             writer.add(batch.block_ids, batch.titles, batch.texts, [t for t, _ in pieces], [b for _, b in pieces])
+            progress.update(len(batch.block_ids))
     finally:
         writer.close()
+        progress.close()
     return writer.index(pattern)
 
 
