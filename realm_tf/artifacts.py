@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import mmap
 import os
 import socket
 import time
@@ -319,6 +320,21 @@ def verify(path: str) -> list[tuple[str, list[str]]]:
 
 def is_complete(directory: str, marker: str) -> bool:
     return tf.io.gfile.exists(os.path.join(directory, marker))
+
+
+def drop_mapped_pages(array: Any) -> None:
+    """Drops the pages a memory-mapped ``array`` (an ``np.memmap``, or a view of one: the map is found through the
+    views' ``base`` chain) has read from this process's resident memory (``madvise(MADV_DONTNEED)``; they stay
+    in the page cache and are read again on the next access; a writable map must be flushed first). A pass over
+    REALM's 13M x 128 ``embeddings.npy`` would otherwise leave 6.8 GB counted in the process's RSS. Anything
+    else: nothing to do."""
+    owner: Any = array
+    while owner is not None:
+        mapping = owner if isinstance(owner, mmap.mmap) else getattr(owner, "_mmap", None)
+        if isinstance(mapping, mmap.mmap):
+            mapping.madvise(mmap.MADV_DONTNEED)
+            return
+        owner = getattr(owner, "base", None)
 
 
 def is_local(path: str) -> bool:

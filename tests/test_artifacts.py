@@ -6,6 +6,7 @@ import os
 import pathlib
 import re
 
+import numpy as np
 import pytest
 
 from realm_tf import artifacts
@@ -300,3 +301,29 @@ def test_a_numbered_version_without_its_marker_above_the_newest_complete_one_is_
     assert any(str(tmp_path / "2") in r.getMessage() and "skipped" in r.getMessage() and str(tmp_path / "1")
                in r.getMessage() for r in caplog.records)
     assert artifacts.warn_incomplete_versions(str(tmp_path / "missing"), artifacts.INDEX, "index version") == []
+
+
+def _resident_kib(path):
+    """KiB of ``path``'s mappings resident in this process (/proc/self/smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps", encoding="utf-8") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 5 and "-" in fields[0]:  # a mapping's header line
+                inside = fields[-1] == path
+            elif inside and fields[0] == "Rss:":
+                total += int(fields[1])
+    return total
+
+
+def test_drop_pages_finds_the_map_behind_a_view_and_empties_it(tmp_path):
+    path = str(tmp_path / "matrix.npy")
+    np.save(path, np.random.default_rng(0).normal(size=[4096, 256]).astype(np.float32))  # 4 MiB
+    mapped = np.load(path, mmap_mode="r")
+    view = np.ascontiguousarray(mapped, dtype=np.float32)  # a plain ndarray view: no _mmap of its own
+    assert not isinstance(view, np.memmap) and float(view.sum()) != 0.0  # every page read
+    assert _resident_kib(os.path.realpath(path)) > 3000
+    artifacts.drop_mapped_pages(view)
+    assert _resident_kib(os.path.realpath(path)) < 100
+    np.testing.assert_array_equal(view[-1], np.load(path)[-1])  # read again from the page cache
+    artifacts.drop_mapped_pages(np.zeros([3]))  # not a map: nothing to do

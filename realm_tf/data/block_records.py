@@ -26,6 +26,7 @@ import numpy as np
 import tensorflow as tf
 import tqdm
 
+from realm_tf import artifacts
 from realm_tf.data import block_store as block_store_lib
 from realm_tf.data import knowledge_corpus
 from realm_tf.layers import bert_tokenizer
@@ -217,6 +218,9 @@ def write_embedding_rows(embeddings: np.ndarray, directory: str,
         rows = np.ascontiguousarray(embeddings[first:first + rows_per_shard], dtype="<f4")  # [<=rows, dim]
         with open(embedding_shard_path(directory, shard), "wb") as f:
             f.write(rows.tobytes())
+        if shard % 256 == 255:
+            artifacts.drop_mapped_pages(embeddings)
+    artifacts.drop_mapped_pages(embeddings)
 
 
 def embedding_shard_path(directory: str, shard: int) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import mmap
 import os
 import shutil
 import tempfile
@@ -96,21 +95,6 @@ class MipsIndex(abc.ABC):
         self._num_blocks, self._dim = int(num_blocks), int(dim)
 
 
-def drop_pages(array: np.ndarray) -> None:
-    """Drops the pages a memory-mapped ``array`` (``np.memmap``, or a view of one) has read from this process's
-    resident memory (``madvise(MADV_DONTNEED)``; they stay in the page cache and are read again on the next
-    access; a writable map must be flushed first). A pass over a 13M x 128 map would otherwise leave 6.8 GB counted
-    in the process's RSS. The map is found through the views' ``base`` chain (``np.ascontiguousarray`` of a
-    memmap is a plain view of it). Anything else: nothing to do."""
-    owner: Any = array
-    while owner is not None:
-        mapping = owner if isinstance(owner, mmap.mmap) else getattr(owner, "_mmap", None)
-        if isinstance(mapping, mmap.mmap):
-            mapping.madvise(mmap.MADV_DONTNEED)
-            return
-        owner = getattr(owner, "base", None)
-
-
 def check_embeddings(embeddings: np.ndarray) -> np.ndarray:
     """Validates a block-embedding matrix and returns it as C-contiguous float32 ``[num_blocks, dim]``."""
     embeddings = np.asarray(embeddings)
@@ -122,7 +106,7 @@ def check_embeddings(embeddings: np.ndarray) -> np.ndarray:
     step = 1 << 20  # rows checked at a time: no [num_blocks, dim] temporary (13M x 128 would be 1.7 GB)
     if not all(np.isfinite(embeddings[i:i + step]).all() for i in range(0, embeddings.shape[0], step)):
         raise ValueError("embeddings contain NaN or Inf")
-    drop_pages(embeddings)
+    artifacts.drop_mapped_pages(embeddings)
     return embeddings
 
 

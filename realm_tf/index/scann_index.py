@@ -224,13 +224,13 @@ class ScannIndex(mips_index.MipsIndex):
         builder = scann_ops_pybind.builder(np.ascontiguousarray(embeddings[sample]), params["num_neighbors"],
                                            "dot_product")
         searcher = _configure(builder, params).set_n_training_threads(self.training_threads).build()
-        mips_index.drop_pages(embeddings)
+        artifacts.drop_mapped_pages(embeddings)
         searcher.reserve(num_blocks)  # ScaNN's arrays sized once, not grown (and copied) slice after slice
         rest = np.setdiff1d(np.arange(num_blocks), sample)  # [num_blocks - sample], ascending
         for first in range(0, len(rest), BUILD_SLICE):
             ids = rest[first:first + BUILD_SLICE]
             searcher.searcher.upsert([None] * len(ids), np.ascontiguousarray(embeddings[ids]), 256)
-            mips_index.drop_pages(embeddings)
+            artifacts.drop_mapped_pages(embeddings)
         return searcher, np.concatenate([sample, rest]).astype(np.int32)
 
     def _tune(self, embeddings: np.ndarray, params: dict[str, Any]) -> dict[str, Any]:

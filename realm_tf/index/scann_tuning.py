@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from realm_tf.index import mips_index
+from realm_tf import artifacts
 
 #: With ``index.target_recall``, corpora of at least this many blocks get a tree to measure against brute force.
 MIN_TREE_BLOCKS = 2000
@@ -46,7 +46,7 @@ def exact_neighbours(embeddings: np.ndarray, queries: np.ndarray, k: int, chunk:
         keep = np.argpartition(-merged_scores, k - 1, axis=1)[:, :k]  # [Q, k]
         best_scores = np.take_along_axis(merged_scores, keep, axis=1)
         best_rows = np.take_along_axis(merged_rows, keep, axis=1)
-        mips_index.drop_pages(embeddings)  # a memory map's pages leave this process's RSS as the pass goes
+        artifacts.drop_mapped_pages(embeddings)  # a memory map's pages leave this process's RSS as the pass goes
     order = np.argsort(-best_scores, axis=1, kind="stable")
     return np.take_along_axis(best_rows, order, axis=1)
 

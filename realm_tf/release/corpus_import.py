@@ -35,7 +35,6 @@ from realm_tf import errors
 from realm_tf.data import example_schemas
 from realm_tf.index import index_kinds
 from realm_tf.index import index_publisher
-from realm_tf.index import mips_index
 from realm_tf.layers import bert_tokenizer
 from realm_tf.release import checkpoint_import
 
@@ -187,7 +186,7 @@ def import_block_embeddings(block_emb_path: str, index_dir: str, index_config: c
         for first in range(0, shape[0], rows_per_read):
             matrix[first:first + rows_per_read] = _read_rows(prefix, shape, first, rows_per_read)
             matrix.flush()
-            mips_index.drop_pages(matrix)  # written: out of this process's RSS (13.35M rows would hold 6.8 GB)
+            artifacts.drop_mapped_pages(matrix)  # written: out of this process's RSS (13.35M rows would hold 6.8 GB)
         del matrix
         matrix = np.load(matrix_file, mmap_mode="r")  # [num_blocks, dim], read-only, paged from disk
         read_seconds = time.time() - start
