@@ -72,8 +72,8 @@ def select_split(examples: Sequence[questions.QaExample], split: str,
 
 
 def load_corpus(cfg: config_lib.ExperimentConfig, tokenizer: bert_tokenizer.BertTokenizer,
-                index_dir: str | None = None, records_dir: str | None = None
-                ) -> tuple[knowledge_corpus.SearchableCorpus, block_store_lib.BlockStore, dict]:
+                index_dir: str | None = None
+                ) -> tuple[knowledge_corpus.KnowledgeCorpus, block_store_lib.BlockStore, dict]:
     """The corpus from the newest complete index version's ``embeddings.npy`` and the blocks of the corpus version
     it was built over (``index.json``: ``corpus_version``), in graph variables."""
     path, meta = index_publisher.newest_version(index_dir or cfg.index.index_dir, tokenizer.vocab_hash)
