@@ -197,12 +197,8 @@ class BlockRecords(tf.Module):
         ``body_ids`` ``int32[n, (len)]`` and their byte spans ``title_starts`` ... ``body_ends``
         ``int64[n, (len)]``."""
         ids = tf.cast(tf.reshape(block_ids, [-1]), tf.int64)  # [n]
-        directory = tf.strings.regex_replace(self.first_shard.asset_path, "[^/]*$", "")
-        shards = tf.strings.as_string(tf.gather(self.shards, ids), width=SHARD_DIGITS, fill="0")  # [n]
-        paths = tf.strings.join([directory, SHARD_PREFIX, shards])  # [n]
-        starts, lengths = tf.gather(self.starts, ids), tf.gather(self.lengths, ids)  # [n], [n]
-        records = tf.map_fn(lambda a: tf.strings.substr(tf.io.read_file(a[0]), a[1], a[2]), (paths, starts, lengths),
-                            fn_output_signature=tf.TensorSpec([], tf.string))  # [n]
+        records = read_ranges(self.first_shard, SHARD_PREFIX, tf.gather(self.shards, ids), tf.gather(self.starts, ids),
+                              tf.gather(self.lengths, ids))  # [n]
         parsed = tf.io.parse_example(records, FEATURES)
         for name in ("title_ids", "body_ids"):
             parsed[name] = tf.cast(parsed[name], tf.int32)
@@ -254,15 +250,22 @@ class EmbeddingRows(tf.Module):
     def read(self, block_ids: tf.Tensor) -> tf.Tensor:
         """``float32[..., dim]``: the rows of ``block_ids int[...]``."""
         ids = tf.cast(tf.reshape(block_ids, [-1]), tf.int64)  # [n]
-        directory = tf.strings.regex_replace(self.first_shard.asset_path, "[^/]*$", "")
-        shards = tf.strings.as_string(ids // self.rows_per_shard, width=SHARD_DIGITS, fill="0")  # [n]
-        paths = tf.strings.join([directory, EMBEDDING_PREFIX, shards])  # [n]
-        row_bytes = self.dim * 4
-        starts = (ids % self.rows_per_shard) * row_bytes  # [n]
-        rows = tf.map_fn(lambda a: tf.strings.substr(tf.io.read_file(a[0]), a[1], row_bytes), (paths, starts),
-                         fn_output_signature=tf.TensorSpec([], tf.string))  # [n]
+        row_bytes = tf.constant(self.dim * 4, tf.int64)
+        rows = read_ranges(self.first_shard, EMBEDDING_PREFIX, ids // self.rows_per_shard,
+                           (ids % self.rows_per_shard) * row_bytes, tf.fill(tf.shape(ids), row_bytes))  # [n]
         values = tf.io.decode_raw(rows, tf.float32, little_endian=True)  # [n, dim]
         return tf.reshape(values, tf.concat([tf.shape(block_ids), [self.dim]], 0))
+
+
+def read_ranges(first_shard: tf.saved_model.Asset, prefix: str, shards: tf.Tensor, starts: tf.Tensor,
+                lengths: tf.Tensor) -> tf.Tensor:
+    """``string[n]``: ``lengths[i]`` bytes at ``starts[i]`` of shard ``shards[i]`` (``<prefix><shard>`` beside the
+    asset ``first_shard``), each a ``tf.io.read_file`` + ``substr``; all arguments ``[n]``."""
+    directory = tf.strings.regex_replace(first_shard.asset_path, "[^/]*$", "")
+    names = tf.strings.as_string(shards, width=SHARD_DIGITS, fill="0")  # [n]
+    paths = tf.strings.join([directory, prefix, names])  # [n]
+    return tf.map_fn(lambda a: tf.strings.substr(tf.io.read_file(a[0]), a[1], a[2]), (paths, starts, lengths),
+                     fn_output_signature=tf.TensorSpec([], tf.string))  # [n]
 
 
 def _copy_files(pairs: list[tuple[str, str]], move: bool) -> None:
