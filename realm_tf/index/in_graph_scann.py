@@ -80,9 +80,9 @@ class InGraphScannSearcher(tf.Module):
         ``n = depth or k``, searched with the settings of a top-``k`` search (``scann_index.search_settings``; a
         re-ordering depth of at least n), as ``ScannIndex.search_batched`` searches."""
         n = depth or k
-        leaves, pre_reorder = scann_index.search_settings(self._params, k, self._num_blocks)
+        leaves, pre_reorder = scann_index.search_settings(self._params, k, self._num_blocks, n)
         leaves = -1 if leaves is None else leaves
-        pre_reorder = -1 if pre_reorder is None else max(pre_reorder, n)
+        pre_reorder = -1 if pre_reorder is None else pre_reorder
         rows, scores = scann_ops.scann_search_batched(self._handle(), queries, n, pre_reorder, leaves, False)
         shape = [tf.shape(queries)[0], n]  # the op's outputs have no static rank
         block_ids = tf.gather(self.positions, tf.reshape(tf.cast(rows, tf.int32), shape))  # [batch, n]

@@ -263,11 +263,10 @@ class ScannIndex(mips_index.MipsIndex):
         batch = queries.shape[0]
         if batch == 0:
             return np.zeros([0, k], np.int64), np.zeros([0, k], np.float32)
-        leaves, pre_reorder = search_settings(self.params, k, self.num_blocks)
+        depth = exact_rerank_depth(self.params, k, self.num_blocks)
+        leaves, pre_reorder = search_settings(self.params, k, self.num_blocks, depth)
         search = (self._searcher.search_batched_parallel if batch >= PARALLEL_MIN_BATCH
                   else self._searcher.search_batched)
-        depth = exact_rerank_depth(self.params, k, self.num_blocks)
-        pre_reorder = None if pre_reorder is None else max(pre_reorder, depth)
         rows, scores = search(queries, final_num_neighbors=depth, pre_reorder_num_neighbors=pre_reorder,
                               leaves_to_search=leaves)
         rows = to_block_ids(np.asarray(rows).astype(np.int64), self._positions)  # [B, <=depth]
@@ -317,12 +316,15 @@ class ScannIndex(mips_index.MipsIndex):
         return index
 
 
-def search_settings(params: dict[str, Any], k: int, num_blocks: int) -> tuple[int | None, int | None]:
-    """``(leaves_to_search, pre_reorder_num_neighbors)`` of a top-``k`` search (None: the searcher's own).
+def search_settings(params: dict[str, Any], k: int, num_blocks: int,
+                    results: int | None = None) -> tuple[int | None, int | None]:
+    """``(leaves_to_search, pre_reorder_num_neighbors)`` of a top-``k`` search that asks ScaNN for ``results``
+    (default k) neighbours (None: the searcher's own).
 
     Re-ordered candidates are ``max(reorder_num_neighbors, 4k)`` (at most num_blocks), so a ``k`` larger than
     the configured ``num_neighbors`` keeps a sensible depth; a tuned index (``params["tuning"]``) re-orders
     its measured depth for up to the ``k`` it was measured at, and proportionally more for a larger ``k``.
+    Never fewer than the ``results`` asked for.
     """
     if params["mode"] != "tree_ah":
         return None, None
@@ -332,7 +334,7 @@ def search_settings(params: dict[str, Any], k: int, num_blocks: int) -> tuple[in
         depth = max(reorder, math.ceil(reorder * k / tuning["recall_k"]))
     else:
         depth = max(reorder, 4 * k)
-    return params["num_leaves_to_search"], min(num_blocks, depth)
+    return params["num_leaves_to_search"], max(min(num_blocks, depth), results or k)
 
 
 def read_positions(directory: str) -> np.ndarray | None:

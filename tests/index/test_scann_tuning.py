@@ -96,6 +96,9 @@ def test_search_settings_scale_the_tuned_depth_with_k():
     assert scann_index.search_settings(tuned, 5, 10_000) == (7, 40)
     assert scann_index.search_settings(tuned, 100, 10_000) == (7, 400)
     assert scann_index.search_settings(tuned, 100, 300) == (7, 300)
+    # Never fewer re-ordered candidates than the results asked for (an int8 index asks ScaNN for 4k).
+    assert scann_index.search_settings(tuned, 10, 10_000, 60) == (7, 60)
+    assert scann_index.search_settings(tuned, 10, 10_000, 20) == (7, 40)
     untuned = {"mode": "tree_ah", "num_leaves_to_search": 16, "reorder_num_neighbors": 100}
     assert scann_index.search_settings(untuned, 10, 10_000) == (16, 100)
     assert scann_index.search_settings(untuned, 50, 10_000) == (16, 200)
