@@ -71,6 +71,7 @@ from realm_tf.data import corpus_versions
 from realm_tf.data import example_schemas
 from realm_tf.index import index_kinds
 from realm_tf.index import index_publisher
+from realm_tf.index import index_refresher
 
 logger = logging.getLogger(__name__)
 
@@ -373,6 +374,29 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
                "embeddings_dir": embeddings_dir if keep_embeddings else None}
     logger.info("%s", format_summary(summary))
     return summary
+
+
+def refresh_index(config: str, overrides: Sequence[str] = (), index_dir: str | None = None,
+                  beam_args: Sequence[str] | None = None, pause_before_commit: float = 0.0) -> int | None:
+    """One round of REALM's index builder (Guu et al., 2020, §3.4): the newest retriever export of
+    ``refresh.export_dir`` not yet indexed is embedded over the corpus and published
+    (``index_refresher.IndexRefresher.refresh_once`` with :func:`embed_and_publish`). ``config`` is the experiment's
+    YAML (a trainer's ``params.yaml``), with ``overrides``; ``beam_args`` default to ``refresh.beam_options``.
+
+    Returns:
+      The index version published, or None when the index was up to date.
+
+    Raises:
+      UserError: the newest export could not be indexed (the error is in the message; nothing was published).
+    """
+    refresher = index_refresher.IndexRefresher(config, embed_and_publish, overrides, index_dir=index_dir,
+                                               beam_args=beam_args, pause_before_commit=pause_before_commit)
+    version = refresher.refresh_once()
+    if refresher.failed:
+        raise errors.UserError("refresh-index: could not index " + "; ".join(
+            f"export {step}: {error}" for step, error in sorted(refresher.failed.items())))
+    return version
+
 
 
 class _Target(NamedTuple):

@@ -4,7 +4,7 @@ The demo used to take the first N questions of ``qa_qed_train`` as its sample. T
 ``--bin`` consecutive questions, the mean reference length in words and the shares longer than 5 and 10 words (over
 all questions, trained on or not), and, for each ``--predictions`` file (``realm-tf evaluate`` output), the exact
 match of its questions in that block. A file whose difficulty drifts with position makes a prefix an
-unrepresentative sample; the demo now samples at random (``realm_tf/demo._subset``).
+unrepresentative sample; the demo now samples at random (``realm_tf/demo.sample_corpus``).
 
     .venv/bin/python benchmarks/question_order.py --predictions runs/bench/qa4/predictions-dev-warm-start-dense.jsonl
 """

@@ -32,7 +32,6 @@ encoder p(y|z,x), trained end to end through the marginal likelihood over retrie
 #: Every command, in the order ``realm-tf --help`` lists them.
 COMMANDS: tuple[command.Command, ...] = (*tools.COMMANDS, *pipelines.COMMANDS, *training.COMMANDS,
                                          *question_answering.COMMANDS, *language_models.COMMANDS)
-run_in_child = command.run_in_child  # realm-tf ARGV in a child process (the demo's stages)
 
 
 def build_parser() -> argparse.ArgumentParser:

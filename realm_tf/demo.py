@@ -1,17 +1,17 @@
 """The main job (``make demo``): REALM's whole loop on the bundled Open-QA sample, sized for a small CPU.
 
-The loop of Guu et al. (2020), each stage the real subcommand's code: a corpus subset (the gold passages of a
-sample of the bundled questions, the bundled SQuAD paragraphs, and as many other passages as gold ones) →
-``preprocess`` into blocks → ``generate-pretraining-data`` (salient spans) → ``init-retriever`` (the import's
-projection fitted to the corpus) → ``export-retriever`` + ``refresh-index`` (Embed_doc exported, every block
-embedded by the Beam job, the first ScaNN index published) → ``pretrain`` (REALM, a few steps) →
-``train-reader`` (the reader warm start on gold blocks, from the pre-trained reader) → ``finetune`` on the
-training questions → ``evaluate`` on held-out questions → ``export`` the serving SavedModel → ``ask`` it sample
-questions.
+The loop of Guu et al. (2020), each stage the library calls of its ``realm-tf`` command: a corpus subset (the gold
+passages of a sample of the bundled questions, the bundled SQuAD paragraphs, and as many other passages as gold
+ones) → ``preprocess`` into blocks → ``generate-pretraining-data`` (salient spans) → ``init-retriever`` (the
+import's projection fitted to the corpus) → ``export-retriever`` + ``refresh-index`` (Embed_doc exported, every
+block embedded by the Beam job, the first ScaNN index published) → ``pretrain`` (REALM, a few steps) →
+``train-reader`` (the reader warm start on gold blocks, from the pre-trained reader) → ``finetune`` on the training
+questions → ``evaluate`` on held-out questions → ``export`` the serving SavedModel → ``ask`` it sample questions.
 
-``realm-tf demo`` runs each stage in a process of its own (``commands.command.run_in_child``; ``--one-process``: all in
-one), so the demo holds one stage's memory at a time, under 4 GB: TensorFlow's BFC allocator keeps
-what a process once took.
+The stages are a declarative list (:func:`plan`): each names the functions it calls (``"module:function"`` and
+keyword arguments, :class:`realm_tf.stages.Call`). ``realm-tf demo`` runs each call in a process of its own
+(``--one-process``: all in one), so the demo holds one stage's memory at a time, under 4 GB: TensorFlow's BFC
+allocator keeps what a process once took; this process plans and never imports TensorFlow.
 
 The demo's few pre-training steps are all in REALM's reader-only phase (``pretrain.freeze_retriever_steps``, the
 first 150 of ``configs/minilm.yaml``'s 500): the retriever does not change, so the first index stays current and
@@ -30,10 +30,12 @@ import os
 import random
 import shutil
 import time
-from typing import Any, Callable
+from concurrent import futures
+from typing import Any
 
 from realm_tf import config as config_lib
 from realm_tf import process_settings
+from realm_tf import stages
 from realm_tf.data import question_split
 
 
@@ -67,15 +69,15 @@ def _overrides(work: str, pretrain_steps: int, finetune_steps: int, reader_steps
     ]
 
 
-def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], workdir: str = "runs/demo",
-        num_questions: int = 800, pretrain_steps: int = 2, finetune_steps: int = 10, reader_steps: int = 800,
-        reader_minutes: float = 7.5, reader_negatives: int = 0, reader_batch_size: int = 8,
+def run(cfg: config_lib.ExperimentConfig, workdir: str = "runs/demo", in_children: bool = True,
+        verbose: bool = False, num_questions: int = 800, pretrain_steps: int = 2, finetune_steps: int = 10,
+        reader_steps: int = 800, reader_minutes: float = 7.5, reader_negatives: int = 0, reader_batch_size: int = 8,
         squad_paragraphs: int | None = None, reader_nq: str = "all", samples: int = 3,
         pretrain_batch_size: int = 1, finetune_batch_size: int = 2, precision: str = "auto") -> int:
     """Runs every stage on a subset of the bundled data; returns 0 when the loop completed.
 
-    ``main`` runs one ``realm-tf`` subcommand from its arguments and returns its exit code: ``cli.main``, passed in
-    by the command line (``realm-tf demo``) so that this module does not import it back.
+    Each stage calls the library functions that the ``realm-tf`` commands call (:func:`plan`), in a child process
+    of its own (``in_children``; :mod:`realm_tf.stages`) or in this one.
 
     The reader warm start draws from every bundled SQuAD question (``squad_paragraphs=None``: 10,570) and, with
     ``reader_nq="all"``, the training split of *every* bundled NQ question (about 6,000; never a held-out one), on
@@ -83,7 +85,8 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
     (the demo's index still holds its own corpus). 800 steps of 8 read 6,400 of them, none twice, so the reader
     does not learn a small reading set by heart (with the SQuAD questions of 100 paragraphs it did, in 700 steps:
     benchmarks/RESULTS.md). ``reader_nq="sample"``: only the demo's sample of NQ questions, on its corpus.
-    The 800 bundled questions are a seeded random sample (``_subset``); their dev split is the held-out set.
+    The 800 bundled questions are a seeded random sample (:func:`sample_corpus`); their dev split is the held-out
+    set.
     """
     if reader_nq not in ("all", "sample"):
         raise ValueError(f"reader_nq={reader_nq!r}: 'all' or 'sample'")
@@ -97,26 +100,22 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
     for item in _overrides(work, pretrain_steps, finetune_steps, reader_steps, reader_minutes, reader_negatives,
                            precision):
         cfg = config_lib.apply_override(cfg, item)
-    params = config_lib.save_params(cfg, work)
-    sets = ["--config", params]
-
-    def call(*argv: str) -> None:
-        code = main(list(argv))
-        if code != 0:
-            raise SystemExit(f"realm-tf demo: stage `realm-tf {argv[0]}` failed with exit code {code}")
-
     options = {"num_questions": num_questions, "squad_paragraphs": squad_paragraphs, "reader_nq": reader_nq,
                "reader_minutes": reader_minutes, "reader_batch_size": reader_batch_size, "samples": samples,
                "pretrain_batch_size": pretrain_batch_size, "finetune_batch_size": finetune_batch_size}
     results: dict[str, Any] = {}
-    plan = _stages(cfg, work, sets, call, options)
-    for number, (name, what, fn) in enumerate(plan, 1):
-        print(f"\n=== [{number}/{len(plan)}] {name}: {what}  (t={time.time() - started:.0f}s)", flush=True)
+    steps = plan(cfg, work, config_lib.save_params(cfg, work), options)
+    for number, stage in enumerate(steps, 1):
+        print(f"\n=== [{number}/{len(steps)}] {stage.name}: {stage.what}  (t={time.time() - started:.0f}s)", flush=True)
         start = time.time()
-        results[name] = fn()
-        print(f"=== {name} done in {time.time() - start:.0f}s", flush=True)
-        if name == "corpus":
-            stats = results[name]
+        try:
+            results[stage.name] = stages.run_stage(stage, in_children, verbose)
+        except futures.process.BrokenProcessPool as e:
+            raise SystemExit(f"realm-tf demo: stage {stage.name} ended without a result (its process was killed: "
+                             f"out of memory?)") from e
+        print(f"=== {stage.name} done in {time.time() - start:.0f}s", flush=True)
+        if stage.name == "corpus":
+            stats = results[stage.name]
             print(f"  {stats['passages']} passages, {stats['questions']} questions ({stats['dev']} held out), "
                   f"{stats['squad_questions']} SQuAD questions for the reader warm start")
     stats, metrics = results["corpus"], results["evaluate"]
@@ -129,79 +128,91 @@ def run(cfg: config_lib.ExperimentConfig, main: Callable[[list[str]], int], work
     return 0
 
 
-def _stages(cfg: config_lib.ExperimentConfig, work: str, sets: list[str], call: Callable[..., None],
-            options: dict[str, Any]) -> list[tuple[str, str, Callable[[], Any]]]:
-    """The demo's stages, in order: ``(name, what it does, the call)``; each ``realm-tf`` command runs through
-    ``call`` (a child process of its own, or this one with ``--one-process``)."""
+def plan(cfg: config_lib.ExperimentConfig, work: str, params: str,
+         options: dict[str, Any]) -> list[stages.Stage]:
+    """The demo's stages, in order, each the library calls of its ``realm-tf`` command(s): ``cfg`` is the demo's
+    config (``params``, its YAML, for the Beam jobs, which read a config file as their workers do)."""
     corpus, questions, squad = f"{work}/corpus.jsonl", f"{work}/questions.jsonl", f"{work}/squad.jsonl"
     # Small steps, each BERT in one length group: the demo's few pre-training and fine-tuning steps show the loop,
     # and each stage stays under 4 GB and traces its step in seconds (pre-training: 6.8 GB and about a minute at 4
     # queries in 4 groups; fine-tuning: 5.6 GB at 4 questions; RESULTS.md).
-    one_group = ["--set", "model.reader_length_buckets=1", "--set", "model.candidate_length_buckets=1"]
-    reader_nq = options["reader_nq"]
-
-    def first_index() -> None:  # pre-training finds it and builds none (in its own process it would keep the memory)
-        call("export-retriever", *sets, "--model_dir", f"{work}/retriever_init")
-        call("refresh-index", *sets)
-
-    def warm_start() -> None:
-        _warm_start(cfg, work, sets, call, reader_nq, options["reader_batch_size"], squad, questions)
-
-    def evaluate() -> dict[str, Any]:
-        call("evaluate", *sets, "--questions", questions, "--split", "dev", "--metrics", f"{work}/metrics.json")
-        with open(f"{work}/metrics.json", encoding="utf-8") as f:
-            return json.load(f)
-
-    nq = "every bundled NQ training question" if reader_nq == "all" else "the sample's NQ training questions"
+    one_group = ("model.reader_length_buckets=1", "model.candidate_length_buckets=1")
+    pretrain = _with(cfg, f"data.batch_size={options['pretrain_batch_size']}", *one_group)
+    finetune = _with(cfg, f"data.batch_size={options['finetune_batch_size']}", *one_group)
+    nq = "every bundled NQ training question" if options["reader_nq"] == "all" else "the sample's NQ training questions"
     served = f"{work}/served"
+    call = stages.Call
     return [
-        ("corpus", "gold passages of sampled questions, SQuAD paragraphs + as many others",
-         lambda: _subset(cfg, corpus, questions, squad, options["num_questions"], options["squad_paragraphs"])),
-        ("preprocess", "passages -> blocks of <= 288 wordpieces",
-         lambda: call("preprocess", *sets, "--input", corpus, "--output", cfg.data.blocks_dir)),
-        ("pretraining-data", "salient-span masked queries", lambda: call("generate-pretraining-data", *sets)),
-        ("init-retriever", "the import's projection fitted to the corpus (model.projection_init)",
-         lambda: call("init-retriever", *sets, "--out", f"{work}/retriever_init", "--blocks", "256")),
-        ("index", "Embed_doc exported, every block embedded, the first ScaNN index published", first_index),
-        ("pretrain", "REALM pre-training steps", lambda: call(
-            "pretrain", *sets, "--set", f"data.batch_size={options['pretrain_batch_size']}", *one_group)),
-        ("train-reader", f"the reader warm start on gold blocks, SQuAD + {nq} (at most "
-                         f"{options['reader_minutes']:g} min)", warm_start),
-        ("finetune", "Open-QA fine-tuning (retriever + span reader)", lambda: call(
-            "finetune", *sets, "--set", f"data.batch_size={options['finetune_batch_size']}", *one_group,
-            "--train", questions)),
-        ("evaluate", "held-out questions: EM, retrieval accuracy@k", evaluate),
-        ("export", "one SavedModel: tokenize, embed, ScaNN search, read, decode",
-         lambda: call("export", *sets, "--out", served)),
-        ("ask", "sample held-out questions", lambda: call(
-            "ask", *_dev_questions(questions, cfg.data.qa_dev_fraction)[:options["samples"]], "--model", served,
-            "--snippet", "100")),
+        stages.Stage("corpus", "gold passages of sampled questions, SQuAD paragraphs + as many others", (call(
+            "realm_tf.demo:sample_corpus", {"cfg": cfg, "corpus_out": corpus, "questions_out": questions,
+                                            "squad_out": squad, "num_questions": options["num_questions"],
+                                            "squad_paragraphs": options["squad_paragraphs"]}),)),
+        stages.Stage("preprocess", "passages -> blocks of <= 288 wordpieces", (call(
+            "beam_jobs.preprocess_corpus:JOB.call", {"config": params, "input": [corpus],
+                                                     "output": cfg.data.blocks_dir}),)),
+        stages.Stage("pretraining-data", "salient-span masked queries", (call(
+            "beam_jobs.generate_pretraining_data:JOB.call", {"config": params}),)),
+        stages.Stage("init-retriever", "the import's projection fitted to the corpus (model.projection_init)", (call(
+            "realm_tf.tasks.projection_init:init_retriever",
+            {"cfg": cfg, "out": f"{work}/retriever_init", "num_blocks": 256}),)),
+        # Pre-training finds this index and builds none (in its own process it would keep the memory).
+        stages.Stage("index", "Embed_doc exported, every block embedded, the first ScaNN index published", (
+            call("realm_tf.core.warm_start:export_retriever_of_run", {"cfg": cfg, "run_dir": f"{work}/retriever_init"},
+                 report="realm_tf.core.warm_start:format_retriever_export"),
+            call("beam_jobs.embed_blocks:refresh_index", {"config": params}))),
+        stages.Stage("pretrain", "REALM pre-training steps", (call(
+            "realm_tf.tasks.realm_pretraining:pretrain", {"cfg": pretrain},
+            report="realm_tf.tasks.realm_pretraining:format_result"),)),
+        stages.Stage("train-reader", f"the reader warm start on gold blocks, SQuAD + {nq} (at most "
+                                     f"{options['reader_minutes']:g} min)", _warm_start(cfg, work, params, options)),
+        stages.Stage("finetune", "Open-QA fine-tuning (retriever + span reader)", (call(
+            "realm_tf.tasks.open_qa:finetune", {"cfg": finetune, "train_path": questions}),)),
+        stages.Stage("evaluate", "held-out questions: EM, retrieval accuracy@k", (call(
+            "realm_tf.tasks.open_qa:evaluate", {"cfg": cfg, "questions_path": questions, "split": "dev",
+                                                "metrics_path": f"{work}/metrics.json"}),)),
+        stages.Stage("export", "one SavedModel: tokenize, embed, ScaNN search, read, decode", (call(
+            "realm_tf.tasks.open_qa:export_for_serving", {"cfg": cfg, "out": served}),)),
+        stages.Stage("ask", "sample held-out questions", (call(
+            "realm_tf.demo:ask_held_out", {"model": served, "questions_path": questions,
+                                           "dev_fraction": cfg.data.qa_dev_fraction, "count": options["samples"]}),)),
     ]
 
 
-def _warm_start(cfg: config_lib.ExperimentConfig, work: str, sets: list[str], call: Callable[..., None],
-                reader_nq: str, reader_batch_size: int, squad: str, questions: str) -> None:
+def _with(cfg: config_lib.ExperimentConfig, *overrides: str) -> config_lib.ExperimentConfig:
+    for item in overrides:
+        cfg = config_lib.apply_override(cfg, item)
+    return cfg
+
+
+def _warm_start(cfg: config_lib.ExperimentConfig, work: str, params: str,
+                options: dict[str, Any]) -> tuple[stages.Call, ...]:
     """The reader warm start: SQuAD and the NQ training questions (every bundled one, read on the whole bundled
     corpus preprocessed for reading, or the demo's sample) on their gold blocks."""
-    reading: list[str] = []
-    if reader_nq == "all":  # the gold blocks of every bundled question, for reading (not indexed)
-        call("preprocess", *sets, "--input", cfg.data.corpus_pattern, "--output", f"{work}/reading_blocks")
-        reading = ["--set", f"data.blocks_dir={work}/reading_blocks"]
+    calls: list[stages.Call] = []
+    questions = [f"{work}/squad.jsonl"]
     # Two length groups. Where the cores are no more than the groups, each op runs on one thread and the
-    # groups run side by side (trainer.intra_op_threads=1): on 2 cores 96% fewer context switches and half
+    # groups run side by side (reader.intra_op_threads=1): on 2 cores 96% fewer context switches and half
     # the kernel time, for 10% fewer steps/s. Three groups run faster still but held 3.8-4.1 GB, over the
     # demo's 4 GB; four held 4.0-4.2 GB (benchmarks/stage_memory.py).
     groups = 2
     threads = 1 if (os.cpu_count() or 1) <= groups else 0
-    call("train-reader", *sets, "--set", f"qa.reader_checkpoint={cfg.pretrain.model_dir}", "--set",
-         f"data.batch_size={reader_batch_size}", "--set", f"model.reader_length_buckets={groups}",
-         "--set", f"reader.intra_op_threads={threads}", *reading,
-         "--questions", squad,
-         cfg.data.qa_train if reader_nq == "all" else questions)
+    reader = _with(cfg, f"qa.reader_checkpoint={cfg.pretrain.model_dir}",
+                   f"data.batch_size={options['reader_batch_size']}", f"model.reader_length_buckets={groups}",
+                   f"reader.intra_op_threads={threads}")
+    if options["reader_nq"] == "all":  # the gold blocks of every bundled question, for reading (not indexed)
+        calls.append(stages.Call("beam_jobs.preprocess_corpus:JOB.call", {
+            "config": params, "input": [cfg.data.corpus_pattern], "output": f"{work}/reading_blocks"}))
+        reader = _with(reader, f"data.blocks_dir={work}/reading_blocks")
+        questions.append(cfg.data.qa_train)
+    else:
+        questions.append(f"{work}/questions.jsonl")
+    calls.append(stages.Call("realm_tf.tasks.reader_warm_start:train_reader",
+                             {"cfg": reader, "question_paths": questions}))
+    return tuple(calls)
 
 
-def _subset(cfg: config_lib.ExperimentConfig, corpus_out: str, questions_out: str, squad_out: str,
-            num_questions: int, squad_paragraphs: int | None) -> dict:
+def sample_corpus(cfg: config_lib.ExperimentConfig, corpus_out: str, questions_out: str, squad_out: str,
+                  num_questions: int, squad_paragraphs: int | None) -> dict:
     """A seeded random sample of ``num_questions`` bundled questions (in file order) and their gold passages, the
     SQuAD questions of the first ``squad_paragraphs`` SQuAD paragraphs (all of them when None; reading-comprehension
     data for the reader warm start) and those paragraphs, and as many other passages as there are gold ones.
@@ -239,7 +250,12 @@ def _subset(cfg: config_lib.ExperimentConfig, corpus_out: str, questions_out: st
     return {"passages": len(chosen), "questions": len(rows), "dev": dev, "squad_questions": len(squad_rows)}
 
 
-def _dev_questions(path: str, fraction: float) -> list[str]:
-    with open(path, encoding="utf-8") as f:
+def ask_held_out(model: str, questions_path: str, dev_fraction: float, count: int, snippet: int = 100) -> list[str]:
+    """Asks the served ``model`` the first ``count`` held-out (dev) questions of ``questions_path``
+    (``realm-tf ask``); returns the answers."""
+    from realm_tf.serving import answerer  # pylint: disable=import-outside-toplevel  (the planner loads no TF)
+
+    with open(questions_path, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]
-    return [r["question"] for r in rows if question_split.is_dev(str(r["id"]), fraction)]
+    held_out = [r["question"] for r in rows if question_split.is_dev(str(r["id"]), dev_fraction)]
+    return answerer.ask(model, held_out[:count], snippet=snippet)

@@ -39,15 +39,6 @@ def test_export_retriever_from_a_run_without_checkpoints_is_a_clean_error(tmp_pa
     assert not (tmp_path / "export").exists()
 
 
-def test_a_stage_in_a_child_process_returns_its_exit_code(capfd):
-    """`realm-tf demo` runs each stage with `run_in_child`: a child `realm-tf` whose output reaches ours and whose
-    exit code is the stage's, so a failing stage stops the demo."""
-    assert cli.run_in_child(["config", "--config", "configs/tiny.yaml", "--set", "pretrain.steps=78"]) == 0
-    assert "steps: 78" in capfd.readouterr().out
-    assert cli.run_in_child(["config", "--config", "configs/tiny.yaml", "--set", "pretrain.nope=1"]) == 2
-    assert "unknown key 'pretrain.nope'" in capfd.readouterr().err
-
-
 def test_verify_passes_a_clean_index_and_names_each_damaged_file(tmp_path, capsys):
     import numpy as np
 

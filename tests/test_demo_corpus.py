@@ -34,7 +34,7 @@ def _read(path):
 
 def _subset(tmp_path, cfg, num_questions, squad_paragraphs):
     out = [str(tmp_path / name) for name in ("corpus.jsonl", "questions.jsonl", "squad.jsonl")]
-    stats = demo._subset(cfg, *out, num_questions, squad_paragraphs)  # pylint: disable=protected-access
+    stats = demo.sample_corpus(cfg, *out, num_questions, squad_paragraphs)
     return stats, *(_read(path) for path in out)
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import signal
-import subprocess
-import sys
 from typing import Any, Callable, Mapping, Sequence
 
 from realm_tf import config as config_lib
@@ -44,17 +42,6 @@ def training_exit_code(result: Mapping[str, Any]) -> int:
     """0 when training ran to its end (or its ``max_minutes``); 143 (128 + SIGTERM) when a SIGTERM stopped it after
     a checkpoint, so that a supervisor or a benchmark harness does not take a preempted run for a finished one."""
     return 128 + signal.SIGTERM if result.get("stopped_by") == "SIGTERM" else 0
-
-
-def run_in_child(argv: Sequence[str]) -> int:
-    """Runs ``realm-tf <argv>`` in a child process and returns its exit code (its output goes to ours).
-
-    ``realm-tf demo`` runs each stage this way: TensorFlow's BFC allocator keeps every region a process once
-    mapped, so stages run in one process hold the sum of their peaks, and in children only the largest
-    (``benchmarks/stage_memory.py``)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    return subprocess.run([sys.executable, "-m", "realm_tf.cli", *argv], check=False).returncode
 
 
 def keep_unknown_args(parser: argparse.ArgumentParser, dest: str) -> None:

@@ -49,14 +49,16 @@ def _refresh_index(args: argparse.Namespace) -> int:
     from beam_jobs import embed_blocks  # pylint: disable=import-outside-toplevel
     from realm_tf.index import index_refresher  # pylint: disable=import-outside-toplevel
 
+    if args.watch is None:
+        version = embed_blocks.refresh_index(args.config, args.overrides, index_dir=args.index_dir,
+                                             beam_args=args.beam_args or None,
+                                             pause_before_commit=args.pause_before_commit)
+        print(f"refresh-index: {'published version ' + str(version) if version is not None else 'index is up to date'}")
+        return 0
     refresher = index_refresher.IndexRefresher(args.config, embed_blocks.embed_and_publish, args.overrides,
                                                export_dir=args.watch or None,
                                                index_dir=args.index_dir, beam_args=args.beam_args or None,
                                                pause_before_commit=args.pause_before_commit)
-    if args.watch is None:
-        version = refresher.refresh_once()
-        print(f"refresh-index: {'published version ' + str(version) if version is not None else 'index is up to date'}")
-        return 0 if not refresher.failed else 1
     print(f"refresh-index: watching {refresher.export_dir} every {refresher.poll_seconds:g}s -> "
           f"{refresher.index_dir} (Ctrl-C to stop)", flush=True)
     try:

@@ -21,17 +21,14 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                                model_dir=args.model or (cfg.reader.model_dir if reader else None),
                                index_dir=args.index, predictions_path=args.predictions,
                                retriever=args.retriever or ("gold" if reader else "dense"),
-                               score_weights=args.score_weights, aggregations=args.aggregations)
+                               score_weights=args.score_weights, aggregations=args.aggregations,
+                               metrics_path=args.metrics)
     print(f"predictions: {metrics['predictions']}")
     if args.errors:
         from realm_tf.tasks import answer_errors
 
         print(answer_errors.format_table(metrics["outcomes"]))
     print(json.dumps({k: v for k, v in metrics.items() if k != "predictions"}, sort_keys=True))
-    if args.metrics:
-        from realm_tf.core import evaluation
-
-        evaluation.write_metrics(metrics, args.metrics)
     return 0
 
 
@@ -76,24 +73,10 @@ def _cmd_export_retriever(args: argparse.Namespace) -> int:
     """Exports embed_query / embed_block from the config's init_checkpoint, or a trained model_dir (an ICT,
     REALM pre-training or Open-QA fine-tuning run: :func:`warm_start.restore_from_run` knows their layouts and
     fails if the retriever's variables are not all in the checkpoint)."""
-    from realm_tf.core import checkpoint_reading
     from realm_tf.core import warm_start
-    from realm_tf.export import retriever_export
-    from realm_tf.models import knowledge_retriever
 
-    cfg = command.load(args)
-    run_dir = args.model_dir or cfg.ict.model_dir
-    found = checkpoint_reading.newest_complete(f"{run_dir}/checkpoints")
-    if args.model_dir and not found and not args.from_init:
-        raise errors.UserError(f"--model_dir {args.model_dir}: no checkpoint in {args.model_dir}/checkpoints "
-                               f"(--from-init exports model.init_checkpoint instead)")
-    model = knowledge_retriever.build_knowledge_retriever(cfg.model)
-    step = 0
-    if found and not args.from_init:
-        checkpoint = warm_start.restore_from_run(run_dir, retriever=model)
-        step = int(checkpoint.rsplit("-", 1)[1])
-        print(f"restored {checkpoint}")
-    print(f"exported retriever to {retriever_export.export_retriever(model, cfg, args.step or step)}")
+    result = warm_start.export_retriever_of_run(command.load(args), args.model_dir, args.from_init, args.step)
+    print(warm_start.format_retriever_export(result))
     return 0
 
 
@@ -151,10 +134,7 @@ def _cmd_ask(args: argparse.Namespace) -> int:
     """Answers questions with an exported Open-QA model."""
     from realm_tf.serving import answerer
 
-    qa = answerer.Answerer(args.model)
-    print(f"model: {qa.path}")
-    for result in qa.ask_batch(args.questions):
-        print(answerer.format_answer(result, snippet=args.snippet))
+    answerer.ask(args.model, args.questions, snippet=args.snippet)
     return 0
 
 

@@ -86,9 +86,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     sizes = {name: getattr(args, name) for name in ("pretrain_steps", "finetune_steps", "reader_steps",
                                                     "reader_minutes", "reader_negatives", "squad_paragraphs",
                                                     "reader_nq", "precision")}
-    runner = args.entry_point if args.one_process else command.run_in_child  # cli.main: this process
-    return demo.run(command.load(args), runner, workdir=args.workdir, num_questions=args.questions,
-                    **{name: value for name, value in sizes.items() if value is not None})
+    return demo.run(command.load(args), workdir=args.workdir, in_children=not args.one_process, verbose=args.verbose,
+                    num_questions=args.questions, **{name: value for name, value in sizes.items() if value is not None})
 
 
 def _args_demo(p: argparse.ArgumentParser) -> None:

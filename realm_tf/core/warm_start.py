@@ -14,6 +14,7 @@ import tf_keras
 from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.core import checkpoint_reading
+from realm_tf.export import retriever_export
 from realm_tf.models import knowledge_retriever
 
 
@@ -75,3 +76,39 @@ def write_checkpoint(run_dir: str, **items: tf.Module) -> str:
     config_lib.atomic_write_text(os.path.join(run_dir, "checkpoints", "checkpoint"),
                                  'model_checkpoint_path: "ckpt-0"\nall_model_checkpoint_paths: "ckpt-0"\n')
     return prefix
+
+
+def export_retriever_of_run(cfg: config_lib.ExperimentConfig, run_dir: str | None = None, from_init: bool = False,
+                            step: int = 0) -> dict[str, Any]:
+    """Hands the retriever of a trained run to the index builder (REALM's refresh, Guu et al., 2020, §3.4): its
+    Embed_query / Embed_doc exported to ``refresh.export_dir/<step>/``.
+
+    Args:
+      run_dir: an ICT, REALM pre-training, reader or Open-QA fine-tuning run (default ``ict.model_dir``); without
+        a checkpoint there (or with ``from_init``) the retriever of ``model.init_checkpoint`` is exported.
+      step: the export's version (default: the checkpoint's step, 0 from the init checkpoint).
+
+    Returns:
+      ``{"export": path, "checkpoint": the one restored, or ""}``.
+
+    Raises:
+      UserError: ``run_dir`` was given, has no checkpoint, and ``from_init`` is not set.
+    """
+    given = run_dir
+    run_dir = run_dir or cfg.ict.model_dir
+    found = checkpoint_reading.newest_complete(f"{run_dir}/checkpoints")
+    if given and not found and not from_init:
+        raise errors.UserError(f"--model_dir {given}: no checkpoint in {given}/checkpoints (--from-init exports "
+                               f"model.init_checkpoint instead)")
+    model = knowledge_retriever.build_knowledge_retriever(cfg.model)
+    checkpoint = ""
+    if found and not from_init:
+        checkpoint = restore_from_run(run_dir, retriever=model)
+        step = step or int(checkpoint.rsplit("-", 1)[1])
+    return {"export": retriever_export.export_retriever(model, cfg, step), "checkpoint": checkpoint}
+
+
+def format_retriever_export(result: dict[str, Any]) -> str:
+    """What ``realm-tf export-retriever`` prints of :func:`export_retriever_of_run`'s result."""
+    restored = f"restored {result['checkpoint']}\n" if result["checkpoint"] else ""
+    return f"{restored}exported retriever to {result['export']}"

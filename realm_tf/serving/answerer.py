@@ -191,3 +191,15 @@ def format_answer(result: Answer, snippet: int = 160) -> str:
         lines.append(f"  {rank}. [{block.title}] (f={block.score:.2f}) "
                      f"{text[:snippet]}{'…' if len(text) > snippet else ''}")
     return "\n".join(lines)
+
+
+def ask(model: str, questions: Sequence[str], snippet: int = 160) -> list[str]:
+    """``realm-tf ask``: answers ``questions`` with the Open-QA export at ``model`` (a model base path, whose newest
+    complete version is served, or one export) and prints each answer (:func:`format_answer`); returns the
+    answers."""
+    qa = Answerer(model)
+    print(f"model: {qa.path}")
+    results = qa.ask_batch(questions)
+    for result in results:
+        print(format_answer(result, snippet=snippet))
+    return [result.answer for result in results]

@@ -495,7 +495,8 @@ RETRIEVERS = ("dense", "bm25", "gold")
 
 def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str = "all", model_dir: str | None = None,
              index_dir: str | None = None, predictions_path: str | None = None, retriever: str = "dense",
-             score_weights: Sequence[float] = (), aggregations: Sequence[int] = ()) -> dict[str, Any]:
+             score_weights: Sequence[float] = (), aggregations: Sequence[int] = (),
+             metrics_path: str | None = None) -> dict[str, Any]:
     """``realm-tf evaluate``: exact match, F1, regex match, retrieval accuracy@k, reader oracle, and the count of
     each outcome of :mod:`realm_tf.tasks.answer_errors` (``outcomes``); writes predictions.
 
@@ -511,6 +512,7 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
       score_weights: also report ``exact_match@w=W`` / ``f1@w=W`` with answers picked by S_read + W·S_retr.
       aggregations: also report ``exact_match@agg=N`` / ``f1@agg=N`` with the probabilities of the best N spans
         summed by answer text (``qa.answer_aggregation_spans``).
+      metrics_path: also write the metrics (and the predictions' path) to this JSON file, atomically.
     """
     if retriever not in RETRIEVERS:
         raise errors.UserError(f"unknown retriever {retriever!r}: one of {', '.join(RETRIEVERS)}")
@@ -538,8 +540,11 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
     evaluation.write_jsonl(metrics.pop("predictions"), predictions_path)
     evaluation.write_scalars(metrics, os.path.join(model_dir, f"eval_{split}{suffix.replace('-', '_')}"),
                              int(restored.rsplit("-", 1)[1]) if restored else 0)
-    return {**metrics, "checkpoint": restored or "", "index_version": meta["version"], "retriever": retriever,
-            "predictions": predictions_path}
+    metrics = {**metrics, "checkpoint": restored or "", "index_version": meta["version"], "retriever": retriever,
+               "predictions": predictions_path}
+    if metrics_path:
+        evaluation.write_metrics(metrics, metrics_path)
+    return metrics
 
 
 def _blocks_given(cfg: config_lib.ExperimentConfig, retriever: str, examples: list[questions.QaExample],

@@ -1,0 +1,52 @@
+"""Stages: a library call in a child process of its own, its output ours, its result and errors returned."""
+import os
+from concurrent import futures
+
+import numpy as np
+import pytest
+
+from realm_tf import config
+from realm_tf import stages
+
+
+def test_a_call_runs_in_a_fresh_child_and_returns_plain_data(capfd):
+    cfg = config.load_config("configs/tiny.yaml", ["pretrain.steps=78"])
+    call = stages.Call("realm_tf.config:to_dict", {"obj": cfg}, report="json:dumps")
+    result = stages.call_in_child(call)
+    assert result == config.to_dict(cfg) and result["pretrain"]["steps"] == 78
+    assert '"steps": 78' in capfd.readouterr().out  # the report, printed by the child, reaches our stdout
+    assert stages.call_in_child(stages.Call("os:getpid")) != os.getpid()
+    # The same call here, for --one-process.
+    assert stages.call_here(call) == result
+
+
+def test_what_the_child_raises_is_raised_here_and_a_killed_child_is_reported():
+    with pytest.raises(config.ConfigError, match="unknown key 'pretrain.nope'"):
+        stages.call_in_child(stages.Call("realm_tf.config:load_config",
+                                         {"path": "configs/tiny.yaml", "overrides": ["pretrain.nope=1"]}))
+    with pytest.raises(futures.process.BrokenProcessPool):
+        stages.call_in_child(stages.Call("os:abort"))  # dies without a result, as an OOM kill does
+
+
+def test_a_stage_runs_its_calls_in_order_and_returns_the_last_result(tmp_path):
+    path = tmp_path / "params.yaml"
+    stage = stages.Stage("write-then-read", "", (
+        stages.Call("realm_tf.config:save_params", {"cfg": config.load_config("configs/tiny.yaml"),
+                                                     "model_dir": str(tmp_path)}),
+        stages.Call("realm_tf.config:to_dict", {"obj": {"exists": str(path)}}),
+        stages.Call("os.path:exists", {"path": str(path)})))
+    assert stages.run_stage(stage, in_children=False) is True
+    assert stages.run_stage(stage) is True
+
+
+def test_plain_keeps_data_and_leaves_out_objects():
+    result = {"step": np.int64(3), "loss": np.float32(0.5), "model": object(), "logs": [1, object(), "x"],
+              "nested": {"ok": (True, None)}}
+    assert stages.plain(result) == {"step": 3, "loss": 0.5, "logs": [1, "x"], "nested": {"ok": [True, None]}}
+    assert isinstance(stages.plain(result)["step"], int)
+
+
+def test_a_target_names_module_and_attribute():
+    with pytest.raises(ValueError, match="package.module:function"):
+        stages.Call("realm_tf.config.load_config")
+    assert stages.resolve("realm_tf.config:load_config") is config.load_config
