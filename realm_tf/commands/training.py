@@ -28,14 +28,11 @@ def _args_init_retriever(p: argparse.ArgumentParser) -> None:
 
 def _cmd_train_ict(args: argparse.Namespace) -> int:
     """ICT warm start of the retriever, then a retriever export for the index builder."""
-    from realm_tf.core import experiment
-    from realm_tf.export import retriever_export
     from realm_tf.tasks import ict
 
-    cfg = command.load(args)
-    result = experiment.run_experiment(ict.IctTask(cfg, file_pattern=args.input))
+    result = ict.train_ict(command.load(args), file_pattern=args.input)
     print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in result["train"].items()))
-    print(f"exported retriever to {retriever_export.export_retriever(result['model'], cfg, result['step'])}")
+    print(f"exported retriever to {result['export']}")
     return command.training_exit_code(result)
 
 

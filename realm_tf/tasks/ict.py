@@ -8,14 +8,16 @@ part of the retriever a BERT/MiniLM import leaves untrained.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import tensorflow as tf
 
 from realm_tf import config as config_lib
 from realm_tf.core import base_task
+from realm_tf.core import experiment
 from realm_tf.core import warm_start
 from realm_tf.data import example_schemas
+from realm_tf.export import retriever_export
 from realm_tf.models import knowledge_retriever
 from realm_tf.networks import bert_encoder
 
@@ -110,3 +112,12 @@ class IctTask(base_task.Task):
                       terms: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         """``accuracy`` (the positive block scores highest) and ``positive_rank`` (blocks above it), means."""
         return {"accuracy": tf.reduce_mean(terms["correct"]), "positive_rank": tf.reduce_mean(terms["positive_rank"])}
+
+
+def train_ict(cfg: config_lib.ExperimentConfig, file_pattern: str | None = None) -> dict[str, Any]:
+    """``realm-tf train-ict``: ICT for ``ict.steps`` (resuming from ``ict.model_dir``), then the trained retriever
+    handed to the index builder: exported to ``refresh.export_dir/<step>/``, the first index REALM pre-training
+    searches (Guu et al., 2020, §3.4). Returns :func:`experiment.run_experiment`'s result with ``export``, the
+    export's path."""
+    result = experiment.run_experiment(IctTask(cfg, file_pattern=file_pattern))
+    return {**result, "export": retriever_export.export_retriever(result["model"], cfg, result["step"])}

@@ -103,6 +103,16 @@ def test_training_lowers_loss_and_resumes(tiny):
     seen = []
     result = experiment.run_experiment(ict.IctTask(more), hooks=(lambda s, l: seen.append(s),))
     assert result["step"] == 53 and seen == [51, 52, 53]
+    # train_ict (realm-tf train-ict) hands the trained retriever to the index builder: an export of its step whose
+    # query tower is the trained one.
+    last = config.apply_override(config.apply_override(more, "ict.steps=54"),
+                                 f"refresh.export_dir={tiny.ict.model_dir}/export")
+    result = ict.train_ict(last)
+    assert result["step"] == 54 and result["export"] == f"{tiny.ict.model_dir}/export/54"
+    tok = bert_tokenizer.BertTokenizer(last.model.vocab_file)
+    packed = tok.pack_single(tok(tf.constant(["who wrote the republic"])), last.model.query_seq_length)
+    served = tf.saved_model.load(result["export"]).signatures["embed_query_ids"](**packed)["embedding"]
+    np.testing.assert_allclose(served.numpy(), result["model"].embed_queries(packed).numpy(), atol=1e-5)
 
 
 def test_ict_starts_from_the_retriever_checkpoint_when_given(tiny, tmp_path):

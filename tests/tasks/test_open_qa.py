@@ -13,6 +13,7 @@ from beam_jobs import embed_blocks
 from realm_tf import cli
 from realm_tf import config
 from realm_tf.core import precision
+from realm_tf.core import warm_start
 from realm_tf.data import answer_normalization
 from realm_tf.data import answer_spans
 from realm_tf.data import questions
@@ -265,23 +266,25 @@ def test_reader_without_the_title_reads_and_cuts_the_body(qa):
         assert answer and answer in text, (answer, text)
 
 
-def test_finetune_then_evaluate_through_the_cli(qa, capsys):
+def test_finetune_export_its_retriever_then_evaluate_through_the_cli(qa, capsys):
     cfg, root, _, _, _, examples = qa
     path = root / "questions.jsonl"
     path.write_text("".join(json.dumps({"id": f"id{n}-{e.id}", "question": e.question, "answers": list(e.answers)})
                             + "\n" for n in range(4) for e in examples))
-    sets = ["--set", f"data.blocks_dir={cfg.data.blocks_dir}", "--set", f"index.index_dir={cfg.index.index_dir}",
-            "--set", f"finetune.model_dir={root}/model", "--set", "data.batch_size=3", "--set", "finetune.steps=4",
-            "--set", "finetune.warmup_steps=0", "--set", "data.qa_dev_fraction=0.3",
-            "--set", f"qa.retriever_checkpoint={cfg.qa.retriever_checkpoint}"]
-    assert cli.main(["finetune", "--config", TINY, *sets, "--train", str(path)]) == 0
+    overrides = [f"data.blocks_dir={cfg.data.blocks_dir}", f"index.index_dir={cfg.index.index_dir}",
+                 f"finetune.model_dir={root}/model", "data.batch_size=3", "finetune.steps=4",
+                 "finetune.warmup_steps=0", "data.qa_dev_fraction=0.3",
+                 f"qa.retriever_checkpoint={cfg.qa.retriever_checkpoint}"]
+    run = config.load_config(TINY, overrides)
+    assert open_qa.finetune(run, str(path))["step"] == 4
     checkpoint = tf.train.latest_checkpoint(str(root / "model" / "checkpoints"))
     assert checkpoint.endswith("-4")
-    # export-retriever of the fine-tuned run serves the fine-tuned query tower (it once exported fresh weights
-    # from an Open-QA run without a word): the checkpoint's embeddings, not the starting retriever's.
-    assert cli.main(["export-retriever", "--config", TINY, *sets, "--model_dir", str(root / "model"),
-                     "--set", f"refresh.export_dir={root}/export_finetuned"]) == 0
-    exported = tf.saved_model.load(str(root / "export_finetuned" / "4")).signatures["embed_query_ids"]
+    # The retriever exported from the fine-tuned run serves the fine-tuned query tower (it once exported fresh
+    # weights from an Open-QA run without a word): the checkpoint's embeddings, not the starting retriever's.
+    exporting = config.apply_override(run, f"refresh.export_dir={root}/export_finetuned")
+    handed = warm_start.export_retriever_of_run(exporting, str(root / "model"))
+    assert handed == {"export": str(root / "export_finetuned" / "4"), "checkpoint": checkpoint}
+    exported = tf.saved_model.load(handed["export"]).signatures["embed_query_ids"]
     tokenizer = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, cfg.model.lower_case)
     packed = tokenizer.pack_single(tokenizer(tf.constant(QUESTIONS)), cfg.model.query_seq_length)
     trained = knowledge_retriever.build_knowledge_retriever(cfg.model)
@@ -293,6 +296,7 @@ def test_finetune_then_evaluate_through_the_cli(qa, capsys):
     np.testing.assert_allclose(served, trained.embed_queries(packed).numpy(), atol=1e-5)
     assert np.abs(served - start.embed_queries(packed).numpy()).max() > 1e-3
     capsys.readouterr()
+    sets = [item for override in overrides for item in ("--set", override)]
     assert cli.main(["evaluate", "--config", TINY, *sets, "--questions", str(path), "--split", "dev",
                      "--errors"]) == 0
     printed = capsys.readouterr().out.strip().splitlines()

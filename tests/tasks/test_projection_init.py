@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from realm_tf import cli
 from realm_tf import config
 from realm_tf.core import warm_start
 from realm_tf.data import block_store
@@ -44,8 +43,7 @@ def test_initialised_retriever_keeps_the_full_width_ranking(pretraining_workspac
     # The real MiniLM import (a random tiny BERT embeds every text alike: no ranking to keep), 384 -> 24.
     overrides = [f"data.blocks_dir={pretraining_workspace}/blocks", "model.projection_size=24"]
     cfg = config.load_config(MINILM, overrides + ["model.projection_init=pca"])
-    assert cli.main(["init-retriever", "--config", MINILM, *sum((["--set", o] for o in overrides), []),
-                     "--set", "model.projection_init=pca", "--out", str(tmp_path / "init"), "--blocks", "1000"]) == 0
+    projection_init.init_retriever(cfg, str(tmp_path / "init"), num_blocks=1000)
     assert json.loads((tmp_path / "init" / "projection.json").read_text())["kind"] == "pca"
     fitted = knowledge_retriever.build_knowledge_retriever(cfg.model)
     warm_start.restore_from_run(str(tmp_path / "init"), retriever=fitted)
@@ -58,7 +56,7 @@ def test_initialised_retriever_keeps_the_full_width_ranking(pretraining_workspac
     tokenizer = bert_tokenizer.BertTokenizer(cfg.model.vocab_file)
     ids = np.arange(len(blocks))
     pooled = projection_init.pooled_block_outputs(fitted, blocks, tokenizer, ids, cfg.model.block_seq_length)
-    # The fit used every block (--blocks 1000 > corpus): its kernel is numpy's on the same pooled outputs.
+    # The fit used every block (1000 > corpus): its kernel is numpy's on the same pooled outputs.
     kernel, bias, _ = projection_init.principal_projection(pooled, 24, centered=False)
     np.testing.assert_allclose(fitted.doc_embedder.projection.kernel.numpy(), kernel, atol=1e-4)
     np.testing.assert_allclose(fitted.query_embedder.projection.kernel.numpy(), kernel, atol=1e-4)

@@ -1,5 +1,5 @@
-"""Reader warm start: gold blocks and negatives vs brute force, the train-reader stage through the CLI (its
-checkpoint starts fine-tuning with the whole reader), reading on gold blocks, SQuAD F1 vs the official
+"""Reader warm start: gold blocks and negatives vs brute force, the train-reader stage (its checkpoint starts
+fine-tuning with the whole reader), reading on gold blocks, SQuAD F1 vs the official
 formula, and length bucketing that changes neither the loss nor the predictions."""
 import collections
 import gzip
@@ -15,6 +15,7 @@ import tf_keras
 from realm_tf import cli
 from realm_tf import config
 from realm_tf import errors
+from realm_tf import library_logs
 from realm_tf.core import precision
 from realm_tf.data import answer_normalization
 from realm_tf.data import block_store
@@ -73,12 +74,13 @@ def test_gold_block_first_then_negatives_without_the_answer(squad):
 
 def test_train_reader_then_its_reader_starts_finetuning(squad, capsys):
     root, path, blocks, sets = squad
-    assert cli.main(["train-reader", "--config", TINY, *sets, "--questions", str(path)]) == 0
-    out = capsys.readouterr().err  # the library logs its facts; the command line shows them on stderr
+    library_logs.show_on_stderr()  # the library logs its facts; the command line shows them on stderr
+    cfg = config.load_config(TINY, [s for s in sets if s != "--set"])
+    assert reader_warm_start.train_reader(cfg, [str(path)])["step"] == 3
+    out = capsys.readouterr().err
     checkpoint = tf.train.latest_checkpoint(str(root / "reader" / "checkpoints"))
     assert checkpoint.endswith("-3")
     # Neither the dev nor the tune split was read: the logged counts are the train split's.
-    cfg = config.load_config(TINY, [s for s in sets if s != "--set"])
     everything = questions.read_questions(str(path))
     train, dev = open_qa.split_questions(everything, 0.2, 0.1)
     assert dev and len(train) + len(dev) < len(everything)  # some questions are in the tune split
@@ -101,11 +103,10 @@ def test_train_reader_then_its_reader_starts_finetuning(squad, capsys):
     assert not np.allclose(fresh.reader.span_hidden.kernel.numpy(), model.reader.span_hidden.kernel.numpy())
 
 
-def test_evaluate_on_gold_blocks_reports_f1(squad, capsys):
+def test_evaluate_on_gold_blocks_reports_f1(squad):
     root, path, _, sets = squad
-    assert cli.main(["evaluate", "--config", TINY, *sets, "--questions", str(path), "--retriever", "gold",
-                     "--model", str(root / "reader"), "--score-weights", "0", "2"]) == 0
-    metrics = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    metrics = open_qa.evaluate(config.load_config(TINY, sets[1::2]), str(path), model_dir=str(root / "reader"),
+                               retriever="gold", score_weights=(0, 2))
     predictions = [json.loads(line) for line in open(root / "reader" / "predictions-all-gold.jsonl")]
     assert metrics["num_questions"] == len(predictions) == 36 and metrics["skipped"]["no_gold_passage"] == 1
     assert all(len(p["retrieved_block_ids"]) == 1 == len(p["read_blocks_with_answer"]) for p in predictions)
@@ -124,8 +125,7 @@ def test_train_and_eval_keeps_the_reader_of_the_best_gold_block_exact_match(squa
     sets = [*sets, "--set", f"reader.model_dir={model_dir}", "--set", "reader.steps=4", "--set",
             "reader.eval_every_steps=2", "--set", f"qa.reader_eval_questions={path}", "--set",
             "reader.checkpoint_every_steps=1", "--set", "reader.keep_checkpoints=10"]
-    assert cli.main(["train-reader", "--config", TINY, *sets, "--questions", str(path)]) == 0
-    capsys.readouterr()
+    assert reader_warm_start.train_reader(config.load_config(TINY, sets[1::2]), [str(path)])["step"] == 4
     best = json.loads((model_dir / "best" / "best.json").read_text())
     assert best["metric"] == "exact_match" and best["step"] in (2, 4)
     assert best["value"] == best["metrics"]["exact_match"]
