@@ -95,7 +95,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
     """Exports the fine-tuned Open-QA model (search, reading, decoding in the graph) for TF Serving: one SavedModel
     (``--out``), or the next numbered version under a model base path (``--base_path``), or (``--corpus_only``)
     a version with the weights of the newest one over the newest index version's corpus."""
-    from realm_tf import artifacts
     from realm_tf.export import open_qa_export
     from realm_tf.tasks import open_qa
 
@@ -106,8 +105,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
         path = open_qa_export.publish_corpus_update(cfg, args.base_path, index_dir=args.index)
         print(f"exported {path}: the weights of the previous version, the corpus of the newest index version")
         return 0
-    out = args.out or artifacts.next_version_dir(args.base_path, artifacts.OPEN_QA_EXPORT)
-    path = open_qa.export_for_serving(cfg, out, model_dir=args.model, index_dir=args.index)
+    path = open_qa.export_for_serving(cfg, args.out, model_dir=args.model, index_dir=args.index,
+                                      base_path=args.base_path)
     print(f"exported the Open-QA model to {path} (serving_default: question -> answer, score, blocks)")
     return 0
 

@@ -564,13 +564,16 @@ def _blocks_given(cfg: config_lib.ExperimentConfig, retriever: str, examples: li
     return examples, None, None, {}
 
 
-def export_for_serving(cfg: config_lib.ExperimentConfig, out: str, model_dir: str | None = None,
-                       index_dir: str | None = None) -> str:
+def export_for_serving(cfg: config_lib.ExperimentConfig, out: str | None = None, model_dir: str | None = None,
+                       index_dir: str | None = None, base_path: str | None = None) -> str:
     """``realm-tf export``: the fine-tuned model over the newest index version (:func:`load_for_serving`) as the
-    serving SavedModel ``out`` (``export/open_qa_export``), its blocks read on demand from block records in its
-    ``assets/``. The records are written beside ``out`` under a staging directory's name (removed by the next
-    export to ``out`` if this process dies) and moved into the export. Returns ``out``."""
-    out = open_qa_export.check_destination(out)
+    serving SavedModel ``out`` (``export/open_qa_export``), or as the next version under TF Serving's model
+    ``base_path``; its blocks are read on demand from block records in its ``assets/``. The records are written
+    beside ``out`` under a staging directory's name (removed by the next export to ``out`` if this process dies) and
+    moved into the export. Returns the export's path."""
+    if (out is None) == (base_path is None):
+        raise errors.UserError("export: give one destination, out (one SavedModel) or base_path (its next version)")
+    out = open_qa_export.check_destination(out or artifacts.next_version_dir(base_path, artifacts.OPEN_QA_EXPORT))
     records = os.path.join(os.path.dirname(out) or ".", artifacts.transient_name(artifacts.STAGING_PREFIX, out))
     try:
         _, model, info = load_for_serving(cfg, model_dir=model_dir, index_dir=index_dir, records_dir=records)

@@ -12,6 +12,7 @@ from apache_beam.testing import util as beam_testing
 from beam_jobs import build_chunk_database
 from realm_tf import cli
 from realm_tf import config
+from realm_tf import library_logs
 from realm_tf.data import example_schemas
 from realm_tf.index import brute_force_index
 from realm_tf.index import index_publisher
@@ -67,7 +68,8 @@ def test_job_publishes_chunks_keys_and_an_index_over_the_workspace_blocks(tmp_pa
     sets = [f"data.blocks_dir={pretraining_workspace}/blocks", f"retro.chunks_dir={tmp_path}/chunks",
             f"retro.index_dir={tmp_path}/index", "retro.chunk_length=16", "retro.continuation_length=16",
             "index.kind=brute_force", f"retro.embedder_checkpoint={tiny_bert_checkpoint}"]
-    assert cli.main(["build-chunk-database", "--config", TINY, *sum((["--set", s] for s in sets), [])]) == 0
+    library_logs.show_on_stderr()  # as the command line shows the job's log lines
+    build_chunk_database.JOB.call(config=TINY, overrides=sets)
     assert "build_chunk_database:" in capsys.readouterr().err
     manifest = json.loads((tmp_path / "chunks" / "manifest.json").read_text())
     counts = manifest["counts"]

@@ -21,6 +21,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from beam_jobs import embed_blocks
+from beam_jobs import preprocess_corpus
+from beam_jobs import update_corpus
 from realm_tf import artifacts
 from realm_tf import cli
 from realm_tf import config
@@ -31,6 +34,7 @@ from realm_tf.index import index_publisher
 from realm_tf.index import scann_index
 from realm_tf.models import knowledge_retriever
 from realm_tf.serving import answerer
+from realm_tf.tasks import open_qa
 
 pytestmark = pytest.mark.slow  # a MiniLM-sized export and a process SIGKILLed mid-update
 
@@ -64,16 +68,16 @@ def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("served_updates")
     with gzip.open("data/open_qa/passages.jsonl.gz", "rt") as f:
         (root / "corpus.jsonl").write_text("".join(itertools.islice(f, 25)))
-    assert cli.main(["preprocess", *_args(root), "--input", str(root / "corpus.jsonl"),
-                     "--output", str(root / "blocks")]) == 0
+    preprocess_corpus.JOB.call(config=TINY, overrides=_sets(root), input=[str(root / "corpus.jsonl")],
+                               output=str(root / "blocks"))
     cfg = config.load_config(TINY, _sets(root))
     retriever = knowledge_retriever.build_knowledge_retriever(cfg.model)
     tf.train.Checkpoint(model=retriever).save(str(root / "retriever" / "checkpoints" / "ckpt"))  # what serving loads
     retriever_export.export_retriever(retriever, cfg, 0)
-    assert cli.main(["embed-blocks", *_args(root)]) == 0
+    embed_blocks.JOB.call(config=TINY, overrides=_sets(root))
     params = scann_index.read_meta(str(root / "index" / "0000000000" / "searcher"))["params"]
     assert (params["mode"], params["reorder_dtype"]) == ("tree_ah", "int8")
-    assert cli.main(["export", *_args(root), "--base_path", str(root / "served")]) == 0
+    assert open_qa.export_for_serving(cfg, base_path=str(root / "served")) == str(root / "served" / "1")
     assert artifacts.complete_versions(str(root / "served"), artifacts.OPEN_QA_EXPORT) == {1: str(root / "served/1")}
     return root
 
@@ -85,7 +89,7 @@ def test_an_added_fact_is_answered_by_the_next_served_version_and_gone_after_its
     assert before.path == f"{base}/1" and FACT["text"] not in [b.text for b in before.ask(QUESTION).blocks]
 
     (root / "fact.jsonl").write_text(json.dumps(FACT) + "\n")
-    assert cli.main(["update-corpus", *_args(root), "--add", str(root / "fact.jsonl"), "--serve", base]) == 0
+    update_corpus.JOB.call(config=TINY, overrides=_sets(root), add=[str(root / "fact.jsonl")], serve=base)
     after = answerer.Answerer(base)
     assert after.path == f"{base}/2"
     result = after.ask(QUESTION)
@@ -107,7 +111,7 @@ def test_an_added_fact_is_answered_by_the_next_served_version_and_gone_after_its
     manifest = artifacts.read_marker(corpus_versions.version_dir(str(root / "blocks"), 1), artifacts.JOB_MANIFEST)
     assert manifest["documents"]["added"] == 1 and manifest["blocks_embedded"] == 1 and manifest["blocks_reused"] == 0
 
-    assert cli.main(["update-corpus", *_args(root), "--delete", FACT["id"], "--serve", base]) == 0
+    update_corpus.JOB.call(config=TINY, overrides=_sets(root), delete=[FACT["id"]], serve=base)
     gone = answerer.Answerer(base)
     assert gone.path == f"{base}/3"
     def shards(version):  # the served blocks: records in the version's assets, read on demand
@@ -157,5 +161,5 @@ def test_an_update_killed_while_staging_leaves_the_previous_versions_serving(ser
     assert any(n.startswith(artifacts.STAGING_PREFIX) for n in os.listdir(index_dir))
     assert artifacts.newest_complete(base, artifacts.OPEN_QA_EXPORT) == f"{base}/{before[2][-1]}"  # still served
     # The same update run again publishes past what the killed one left.
-    assert cli.main(["update-corpus", *_args(root), "--add", str(root / "fact2.jsonl"), "--serve", base]) == 0
+    update_corpus.JOB.call(config=TINY, overrides=_sets(root), add=[str(root / "fact2.jsonl")], serve=base)
     assert [versions[-1] for versions in state()] == [versions[-1] + 1 for versions in before]

@@ -23,6 +23,7 @@ from realm_tf.models import knowledge_retriever
 from realm_tf.models import span_reader
 from realm_tf.release import model_import
 from realm_tf.serving import answerer
+from realm_tf.tasks import open_qa
 
 sys.path.insert(0, os.path.dirname(__file__))
 import original_realm_release as release  # noqa: E402  (next to this file; tests are not a package)
@@ -113,7 +114,7 @@ def test_openqa_model_and_corpus_become_a_served_model_that_answers(released, tm
         index_publisher.read_embeddings(index_publisher.version_dir(cfg.index.index_dir, 0)), released["block_emb"])
 
     served = str(tmp_path / "served")
-    assert cli.main(["export", "--config", os.path.join(out, "params.yaml"), "--out", served]) == 0
+    open_qa.export_for_serving(cfg, served)
     results = answerer.Answerer(served).ask_batch(QUESTIONS)
     # Retrieval is the original graph's: the fine-tuned retriever module's question embedding against block_emb.
     query = _numpy_embed(released["orqa_values"], FINE_TUNED, _packed(released["tok"], QUESTIONS, None, 32))

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from beam_jobs import build_knn_datastore
 from realm_tf import cli
 from realm_tf import config
 from realm_tf.retro import lm_evaluation
@@ -171,9 +172,8 @@ def test_evaluate_lm_and_knn_datastore_match_numpy(trained, capsys, progress_tot
 
     # kNN-LM's datastore: one entry per real target of the training sequences, in sequence-key order
     capsys.readouterr()
-    assert cli.main(["build-knn-datastore", "--config", TINY, "--model_dir", str(root / "baseline"),
-                     "--progress_interval", "1e-9", *sum((["--set", s] for s in fit), []),
-                     *portable_runner]) == 0  # on Beam's portable runner
+    build_knn_datastore.JOB.call(portable_runner, config=TINY, overrides=fit, model_dir=str(root / "baseline"),
+                                 progress_interval=1e-9)  # on Beam's portable runner
     store = knn_datastore.KnnDatastore.load(str(root / "knn"), "brute_force")
     manifest = json.loads((root / "knn" / "manifest.json").read_text())
     assert progress_totals(capsys.readouterr().err, "build_knn_datastore") == {
