@@ -80,9 +80,11 @@ class SearchableCorpus(tf.Module):
             return top.values, top.indices
         if getattr(searcher, "exact_scores", True):
             return searcher.search(queries, k)
-        _, candidates = searcher.search(queries, k, depth=searcher.depth(k))  # [batch, depth]
+        approximate, candidates = searcher.search(queries, k, depth=searcher.depth(k))  # [batch, depth] each
         rows = self.block_embeddings(candidates)  # [batch, depth, dim]
         exact = tf.einsum("bd,bkd->bk", queries, rows)  # [batch, depth]
+        # A slot the searcher could not fill (score -inf, a repeated id) stays last.
+        exact = tf.where(tf.math.is_finite(approximate), exact, tf.constant(-np.inf, exact.dtype))
         top = tf.math.top_k(exact, k=tf.minimum(k, tf.shape(exact)[1]))
         return top.values, tf.gather(candidates, top.indices, batch_dims=1)
 

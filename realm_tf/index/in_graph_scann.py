@@ -78,12 +78,23 @@ class InGraphScannSearcher(tf.Module):
     def search(self, queries: tf.Tensor, k: int, depth: int | None = None) -> tuple[tf.Tensor, tf.Tensor]:
         """``(scores float32[batch, n], block_ids int32[batch, n])`` for ``queries float32[batch, dim]``: the top
         ``n = depth or k``, searched with the settings of a top-``k`` search (``scann_index.search_settings``; a
-        re-ordering depth of at least n), as ``ScannIndex.search_batched`` searches."""
+        re-ordering depth of at least n), as ``ScannIndex.search_batched`` searches.
+
+        Where the searched leaves hold fewer than n blocks (ScaNN pads them with datapoint 0 and a NaN score), the
+        missing slots repeat the query's best block with score -inf: a valid id to gather, and no weight in a
+        softmax over the scores."""
         n = depth or k
         leaves, pre_reorder = scann_index.search_settings(self._params, k, self._num_blocks, n)
         leaves = -1 if leaves is None else leaves
         pre_reorder = -1 if pre_reorder is None else pre_reorder
         rows, scores = scann_ops.scann_search_batched(self._handle(), queries, n, pre_reorder, leaves, False)
-        shape = [tf.shape(queries)[0], n]  # the op's outputs have no static rank
-        block_ids = tf.gather(self.positions, tf.reshape(tf.cast(rows, tf.int32), shape))  # [batch, n]
-        return tf.reshape(scores, shape), block_ids
+        rows = tf.ensure_shape(rows, [None, None])  # [batch, <=n]: the op's outputs have no static shape
+        scores = tf.ensure_shape(scores, [None, None])  # [batch, <=n]
+        short = n - tf.shape(rows)[1]  # every query's list is as long as the longest one's
+        rows = tf.pad(rows, [[0, 0], [0, short]])  # [batch, n]
+        scores = tf.pad(scores, [[0, 0], [0, short]], constant_values=np.nan)  # [batch, n]
+        found = tf.logical_not(tf.math.is_nan(scores))  # [batch, n]
+        block_ids = tf.gather(self.positions, tf.cast(rows, tf.int32))  # [batch, n]
+        block_ids = tf.where(found, block_ids, block_ids[:, :1])
+        scores = tf.where(found, scores, tf.constant(-np.inf, scores.dtype))
+        return tf.ensure_shape(scores, [None, n]), tf.ensure_shape(block_ids, [None, n])

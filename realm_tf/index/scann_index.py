@@ -158,17 +158,22 @@ class _BlockIdSearcher:
         rows, scores = self._searcher.search_batched_parallel(
             queries, final_num_neighbors=depth, pre_reorder_num_neighbors=max(pre_reorder_num_neighbors, depth),
             leaves_to_search=leaves_to_search)
-        rows = to_block_ids(np.asarray(rows, np.int64), self._positions)
+        rows, scores = block_results(rows, scores, self._positions)
         if not reorders_int8(self._params):
-            return rows, np.asarray(scores, np.float32)
+            return rows, scores
         return rerank_exactly(queries, rows, self._embeddings, final_num_neighbors)
 
 
-def to_block_ids(rows: np.ndarray, positions: np.ndarray | None) -> np.ndarray:
-    """ScaNN's datapoint positions (int64 ``[B, k]``, -1 for none) as block ids through ``positions``."""
-    if positions is None:
-        return rows
-    return np.where(rows >= 0, positions[np.maximum(rows, 0)], -1)
+def block_results(rows: Any, scores: Any, positions: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """ScaNN's results as block ids: ``(rows int64 [B, k], scores float32 [B, k])`` with -1 / -inf where a query
+    has no result. ScaNN pads a query whose searched leaves hold fewer than k datapoints with datapoint 0 and a NaN
+    score; ``positions`` (a sliced build's datapoint -> block id, None: the same) maps the others."""
+    rows, scores = np.array(rows, np.int64), np.array(scores, np.float32)  # [B, k] each, copies
+    missing = np.isnan(scores)
+    rows[missing], scores[missing] = -1, -np.inf
+    if positions is not None:
+        rows = np.where(rows >= 0, positions[np.maximum(rows, 0)], -1)
+    return rows, scores
 
 
 class ScannIndex(mips_index.MipsIndex):
@@ -269,8 +274,7 @@ class ScannIndex(mips_index.MipsIndex):
                   else self._searcher.search_batched)
         rows, scores = search(queries, final_num_neighbors=depth, pre_reorder_num_neighbors=pre_reorder,
                               leaves_to_search=leaves)
-        rows = to_block_ids(np.asarray(rows).astype(np.int64), self._positions)  # [B, <=depth]
-        scores = np.asarray(scores, dtype=np.float32)  # [B, <=depth]
+        rows, scores = block_results(rows, scores, self._positions)  # [B, <=depth] each
         if reorders_int8(self.params):
             if self._exact_rows is None:
                 raise ValueError("an int8-re-ordered ScaNN index re-scores with the float rows: load it with "

@@ -182,3 +182,34 @@ def test_a_large_corpus_is_built_in_slices_and_answers_in_block_ids(corpus, tmp_
     corpus_ = knowledge_corpus.SearchableCorpus(embeddings, len(embeddings), "test", "corpus",
                                                 searcher=in_graph_scann.InGraphScannSearcher(str(tmp_path / "sliced")))
     np.testing.assert_array_equal(corpus_.search(tf.constant(queries), 10)[1].numpy(), rows)
+
+
+@pytest.mark.parametrize("reorder_dtype", ["float32", "int8"])
+def test_searched_leaves_short_of_k_blocks_leave_empty_slots_not_block_zero(tmp_path, reorder_dtype):
+    """ScaNN pads a query whose searched leaves hold fewer than k datapoints with datapoint 0 and a NaN score: the
+    index reports those slots as -1 / -inf, and the in-graph searcher as the query's best block with score -inf."""
+    rng = np.random.default_rng(1)
+    embeddings = rng.normal(size=[20_000, 16]).astype(np.float32)  # [N, 16]: 400 leaves of about 50
+    index = scann_index.ScannIndex(config.IndexConfig(num_neighbors=10, num_leaves=400, num_leaves_to_search=1,
+                                                      reorder_dtype=reorder_dtype))
+    index.build(embeddings)
+    index.save(str(tmp_path / "index"))
+    index = scann_index.ScannIndex.load(str(tmp_path / "index"), embeddings=embeddings)
+    queries = rng.normal(size=[3, 16]).astype(np.float32)
+    rows, scores = index.search_batched(queries, 200)
+    found = rows >= 0  # [3, 200]
+    assert found.sum(axis=1).max() < 200 and found.sum(axis=1).min() > 0
+    assert (np.isneginf(scores) == ~found).all() and not np.isnan(scores).any()
+    for row, score, ok in zip(rows, scores, found):
+        assert len(set(row[ok])) == ok.sum() and (ok[:-1] >= ok[1:]).all()  # distinct blocks, then the empty slots
+    if reorder_dtype == "float32":  # float re-ordering: the scores of the blocks found are their inner products
+        np.testing.assert_allclose(scores[found], np.einsum("bd,bkd->bk", queries, embeddings[np.maximum(rows, 0)])[
+            found], rtol=1e-4, atol=1e-4)
+    searcher = in_graph_scann.InGraphScannSearcher(str(tmp_path / "index"))
+    corpus = knowledge_corpus.SearchableCorpus(embeddings, len(embeddings), "test", "corpus", searcher=searcher)
+    graph_scores, graph_rows = (t.numpy() for t in corpus.search(tf.constant(queries), 200))
+    assert graph_scores.shape == graph_rows.shape == (3, 200)
+    np.testing.assert_array_equal(np.isfinite(graph_scores), found)
+    np.testing.assert_array_equal(graph_rows[found], rows[found])
+    for graph_row, row, ok in zip(graph_rows, rows, found):  # an empty slot repeats a block the query found
+        assert set(graph_row[~ok]) <= set(row[ok])
