@@ -141,40 +141,41 @@ def plan(cfg: config_lib.ExperimentConfig, work: str, params: str,
     finetune = _with(cfg, f"data.batch_size={options['finetune_batch_size']}", *one_group)
     nq = "every bundled NQ training question" if options["reader_nq"] == "all" else "the sample's NQ training questions"
     served = f"{work}/served"
-    call = stages.Call
+    stage = lambda name, what, *calls: stages.Stage(name, what, calls)  # noqa: E731
     return [
-        stages.Stage("corpus", "gold passages of sampled questions, SQuAD paragraphs + as many others", (call(
+        stage("corpus", "gold passages of sampled questions, SQuAD paragraphs + as many others", stages.Call(
             "realm_tf.demo:sample_corpus", {"cfg": cfg, "corpus_out": corpus, "questions_out": questions,
                                             "squad_out": squad, "num_questions": options["num_questions"],
-                                            "squad_paragraphs": options["squad_paragraphs"]}),)),
-        stages.Stage("preprocess", "passages -> blocks of <= 288 wordpieces", (call(
+                                            "squad_paragraphs": options["squad_paragraphs"]})),
+        stage("preprocess", "passages -> blocks of <= 288 wordpieces", stages.Call(
             "beam_jobs.preprocess_corpus:JOB.call", {"config": params, "input": [corpus],
-                                                     "output": cfg.data.blocks_dir}),)),
-        stages.Stage("pretraining-data", "salient-span masked queries", (call(
-            "beam_jobs.generate_pretraining_data:JOB.call", {"config": params}),)),
-        stages.Stage("init-retriever", "the import's projection fitted to the corpus (model.projection_init)", (call(
+                                                     "output": cfg.data.blocks_dir})),
+        stage("pretraining-data", "salient-span masked queries", stages.Call(
+            "beam_jobs.generate_pretraining_data:JOB.call", {"config": params})),
+        stage("init-retriever", "the import's projection fitted to the corpus (model.projection_init)", stages.Call(
             "realm_tf.tasks.projection_init:init_retriever",
-            {"cfg": cfg, "out": f"{work}/retriever_init", "num_blocks": 256}),)),
+            {"cfg": cfg, "out": f"{work}/retriever_init", "num_blocks": 256})),
         # Pre-training finds this index and builds none (in its own process it would keep the memory).
-        stages.Stage("index", "Embed_doc exported, every block embedded, the first ScaNN index published", (
-            call("realm_tf.core.warm_start:export_retriever_of_run", {"cfg": cfg, "run_dir": f"{work}/retriever_init"},
-                 report="realm_tf.core.warm_start:format_retriever_export"),
-            call("beam_jobs.embed_blocks:refresh_index", {"config": params}))),
-        stages.Stage("pretrain", "REALM pre-training steps", (call(
+        stage("index", "Embed_doc exported, every block embedded, the first ScaNN index published",
+              stages.Call("realm_tf.core.warm_start:export_retriever_of_run",
+                          {"cfg": cfg, "run_dir": f"{work}/retriever_init"},
+                          report="realm_tf.core.warm_start:format_retriever_export"),
+              stages.Call("beam_jobs.embed_blocks:refresh_index", {"config": params})),
+        stage("pretrain", "REALM pre-training steps", stages.Call(
             "realm_tf.tasks.realm_pretraining:pretrain", {"cfg": pretrain},
-            report="realm_tf.tasks.realm_pretraining:format_result"),)),
-        stages.Stage("train-reader", f"the reader warm start on gold blocks, SQuAD + {nq} (at most "
-                                     f"{options['reader_minutes']:g} min)", _warm_start(cfg, work, params, options)),
-        stages.Stage("finetune", "Open-QA fine-tuning (retriever + span reader)", (call(
-            "realm_tf.tasks.open_qa:finetune", {"cfg": finetune, "train_path": questions}),)),
-        stages.Stage("evaluate", "held-out questions: EM, retrieval accuracy@k", (call(
+            report="realm_tf.tasks.realm_pretraining:format_result")),
+        stage("train-reader", f"the reader warm start on gold blocks, SQuAD + {nq} (at most "
+                              f"{options['reader_minutes']:g} min)", *_warm_start(cfg, work, params, options)),
+        stage("finetune", "Open-QA fine-tuning (retriever + span reader)", stages.Call(
+            "realm_tf.tasks.open_qa:finetune", {"cfg": finetune, "train_path": questions})),
+        stage("evaluate", "held-out questions: EM, retrieval accuracy@k", stages.Call(
             "realm_tf.tasks.open_qa:evaluate", {"cfg": cfg, "questions_path": questions, "split": "dev",
-                                                "metrics_path": f"{work}/metrics.json"}),)),
-        stages.Stage("export", "one SavedModel: tokenize, embed, ScaNN search, read, decode", (call(
-            "realm_tf.tasks.open_qa:export_for_serving", {"cfg": cfg, "out": served}),)),
-        stages.Stage("ask", "sample held-out questions", (call(
+                                                "metrics_path": f"{work}/metrics.json"})),
+        stage("export", "one SavedModel: tokenize, embed, ScaNN search, read, decode", stages.Call(
+            "realm_tf.tasks.open_qa:export_for_serving", {"cfg": cfg, "out": served})),
+        stage("ask", "sample held-out questions", stages.Call(
             "realm_tf.demo:ask_held_out", {"model": served, "questions_path": questions,
-                                           "dev_fraction": cfg.data.qa_dev_fraction, "count": options["samples"]}),)),
+                                           "dev_fraction": cfg.data.qa_dev_fraction, "count": options["samples"]})),
     ]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import collections
 import pathlib
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -78,6 +79,8 @@ def _tree_imports(tree: ast.AST, module: str | None, is_package: bool, where: st
                 continue
             names.extend((f"{base}.{alias.name}" if alias.name != "*" else base, not node.level)
                          for alias in node.names)
+        elif isinstance(node, ast.Call) and _called_name(node.func) == "Call":
+            names.extend((target.split(":")[0], True) for target in _call_targets(node))
         elif (isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Constant)
               and isinstance(node.value.value, str)):
             try:
@@ -86,6 +89,18 @@ def _tree_imports(tree: ast.AST, module: str | None, is_package: bool, where: st
                 continue
             names.extend(_tree_imports(script, None, False, f"{where}: script at line {node.lineno}"))
     return names
+
+
+def _called_name(func: ast.expr) -> str:
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+
+
+def _call_targets(node: ast.Call) -> list[str]:
+    """The ``"package.module:function"`` names of a ``stages.Call(target, ..., report=...)``: the modules a stage
+    imports when it runs."""
+    given = [*node.args[:1], *(k.value for k in node.keywords if k.arg in ("target", "report"))]
+    return [v.value for v in given if isinstance(v, ast.Constant) and isinstance(v.value, str)
+            and re.fullmatch(r"[A-Za-z_][\w.]*:[\w.]+", v.value)]
 
 
 def resolve(name: str, modules: Iterable[str]) -> str | None:
@@ -115,7 +130,8 @@ def file_imports(path: pathlib.Path, modules: Iterable[str], module: str | None 
     for name, absolute in imported_names(path, module):
         target = resolve(name, modules)
         if target is not None:
-            internal.add(target)
+            if target != module:  # a stage naming a function of its own module
+                internal.add(target)
         elif absolute and name.split(".")[0] not in sys.stdlib_module_names:
             external.add(pypi_name(name))
     return internal, external
