@@ -282,8 +282,9 @@ def measure_point(args: argparse.Namespace, n: int) -> dict:
     sizes resumes where it stopped."""
     workdir = os.path.join(args.workdir, f"{n}-w{args.words}")
     saved = os.path.join(workdir, "point.json")
+    # Points measured before these changes are measured again.
     settings = {"words": args.words, "target_recall": args.target_recall, "tuning_queries": "leave-one-out",
-                "scann_build": "sliced, pages dropped"}  # points measured before these changes are measured again
+                "scann_build": "sliced, pages dropped", "block_emb_read": "memory-mapped rows"}
     if os.path.exists(saved):
         with open(saved, encoding="utf-8") as f:
             point = json.load(f)

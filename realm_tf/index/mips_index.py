@@ -103,11 +103,24 @@ def check_embeddings(embeddings: np.ndarray) -> np.ndarray:
     if not np.issubdtype(embeddings.dtype, np.floating):
         raise ValueError(f"embeddings must be floating point, got {embeddings.dtype}")
     embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)  # no copy of a float32 matrix (or memory map)
-    step = 1 << 20  # rows checked at a time: no [num_blocks, dim] temporary (13M x 128 would be 1.7 GB)
-    if not all(np.isfinite(embeddings[i:i + step]).all() for i in range(0, embeddings.shape[0], step)):
-        raise ValueError("embeddings contain NaN or Inf")
-    artifacts.drop_mapped_pages(embeddings)
+    step = 1 << 18  # rows checked at a time: no [num_blocks, dim] temporary (13M x 128 would be 1.7 GB)
+    for first in range(0, embeddings.shape[0], step):
+        finite = np.isfinite(embeddings[first:first + step]).all()
+        artifacts.drop_mapped_pages(embeddings)  # a memory map's pages leave RSS chunk by chunk, not at the end
+        if not finite:
+            raise ValueError("embeddings contain NaN or Inf")
     return embeddings
+
+
+def gather_rows(embeddings: np.ndarray, ids: np.ndarray, step: int = 1 << 13) -> np.ndarray:
+    """``embeddings[ids]`` (float32 ``[len(ids), dim]``, a copy) gathered ``step`` rows at a time, the pages of a
+    memory-mapped ``embeddings`` dropped after each: a sample spread over the whole file would otherwise leave
+    most of it resident."""
+    out = np.empty([len(ids), embeddings.shape[1]], np.float32)  # [len(ids), dim]
+    for first in range(0, len(ids), step):
+        out[first:first + step] = embeddings[ids[first:first + step]]
+        artifacts.drop_mapped_pages(embeddings)
+    return out
 
 
 def check_queries(queries: np.ndarray, k: int, index: MipsIndex) -> np.ndarray:

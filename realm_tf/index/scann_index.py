@@ -161,7 +161,9 @@ class _BlockIdSearcher:
         rows, scores = block_results(rows, scores, self._positions)
         if not reorders_int8(self._params):
             return rows, scores
-        return rerank_exactly(queries, rows, self._embeddings, final_num_neighbors)
+        reranked = rerank_exactly(queries, rows, self._embeddings, final_num_neighbors)
+        artifacts.drop_mapped_pages(self._embeddings)  # the tuner's many searches would map most of the rows
+        return reranked
 
 
 def block_results(rows: Any, scores: Any, positions: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
@@ -226,10 +228,9 @@ class ScannIndex(mips_index.MipsIndex):
         """The sliced build of :meth:`build`: ``(searcher, positions int32 [num_blocks])``."""
         num_blocks = embeddings.shape[0]
         sample = np.sort(np.random.default_rng(0).choice(num_blocks, params["training_sample_size"], replace=False))
-        builder = scann_ops_pybind.builder(np.ascontiguousarray(embeddings[sample]), params["num_neighbors"],
+        builder = scann_ops_pybind.builder(mips_index.gather_rows(embeddings, sample), params["num_neighbors"],
                                            "dot_product")
         searcher = _configure(builder, params).set_n_training_threads(self.training_threads).build()
-        artifacts.drop_mapped_pages(embeddings)
         searcher.reserve(num_blocks)  # ScaNN's arrays sized once, not grown (and copied) slice after slice
         rest = np.setdiff1d(np.arange(num_blocks), sample)  # [num_blocks - sample], ascending
         for first in range(0, len(rest), BUILD_SLICE):

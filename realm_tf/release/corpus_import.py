@@ -11,8 +11,9 @@ Block i here is record i there.
 * :func:`import_blocks` writes ``blocks_dir`` as ``realm-tf preprocess`` does (``blocks-SSSSS-of-NNNNN.tfrecord``,
   ``example_schemas.block_feature_spec``, ``manifest.json`` last, published atomically), tokenizing title and
   text with our tokenizer. A page's consecutive blocks share its title as ``doc_id``.
-* :func:`import_block_embeddings` reads ``block_emb`` in row slices (``RestoreV2`` with a slice spec) into the
-  memory-mapped ``embeddings.npy`` of the new version, builds the index over that map (``index.kind``: ScaNN's
+* :func:`import_block_embeddings` copies ``block_emb`` in row slices (memory-mapped from a local checkpoint's data
+  file, :mod:`tensor_bundle`; ``RestoreV2`` with a slice spec elsewhere) into the memory-mapped ``embeddings.npy``
+  of the new version, builds the index over that map (``index.kind``: ScaNN's
   tree + anisotropic hashing above ``scann_index.TREE_MIN_BLOCKS`` blocks) and publishes the version with the
   same file moved in: the 6.8 GB matrix of 13.35M blocks is never held twice (ScaNN keeps its own copy of the
   dataset, as for every index built here, for exact re-scoring).
@@ -24,7 +25,7 @@ import os
 import tempfile
 import time
 import uuid
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -37,6 +38,7 @@ from realm_tf.index import index_kinds
 from realm_tf.index import index_publisher
 from realm_tf.layers import bert_tokenizer
 from realm_tf.release import checkpoint_import
+from realm_tf.release import tensor_bundle
 
 logger = logging.getLogger(__name__)
 
@@ -183,8 +185,9 @@ def import_block_embeddings(block_emb_path: str, index_dir: str, index_config: c
     try:
         start = time.time()
         matrix = np.lib.format.open_memmap(matrix_file, mode="w+", dtype=np.float32, shape=shape)  # [n, dim]
+        read = _row_reader(prefix, shape)
         for first in range(0, shape[0], rows_per_read):
-            matrix[first:first + rows_per_read] = _read_rows(prefix, shape, first, rows_per_read)
+            matrix[first:first + rows_per_read] = read(first, rows_per_read)
             matrix.flush()
             artifacts.drop_mapped_pages(matrix)  # written: out of this process's RSS (13.35M rows would hold 6.8 GB)
         del matrix
@@ -232,6 +235,25 @@ def _records(blocks_path: str, titles_path: str | None, batch_size: int) -> Iter
             raise CorpusImportError(f"{titles_path} has more records than the {seen} of {blocks_path}")
     except tf.errors.OpError as e:
         raise CorpusImportError(f"{blocks_path} / {titles_path}: cannot read the records: {e.message}") from e
+
+
+def _row_reader(prefix: str, shape: tuple[int, int]) -> Callable[[int, int], np.ndarray]:
+    """``read(first, count)``: rows of ``block_emb``. From a local checkpoint they are memory-mapped from its data
+    file (:mod:`tensor_bundle`): ``RestoreV2`` reads the whole tensor for every slice and the process keeps it
+    (512 bytes a block). Elsewhere (gs://), or for a bundle that reader does not know, ``RestoreV2`` slices."""
+    if artifacts.is_local(prefix):
+        try:
+            rows = tensor_bundle.memory_map(artifacts.local_path(prefix), BLOCK_EMB)  # [num_blocks, dim]
+        except (tensor_bundle.BundleFormatError, KeyError, OSError) as e:
+            logger.warning("%s: reading %s through TensorFlow (%s)", prefix, BLOCK_EMB, e)
+        else:
+            if rows.shape == shape and rows.dtype == np.float32:
+                def read(first: int, count: int) -> np.ndarray:
+                    out = np.array(rows[first:first + count])  # [count, dim], read from the file
+                    artifacts.drop_mapped_pages(rows)
+                    return out
+                return read
+    return lambda first, count: _read_rows(prefix, shape, first, count)
 
 
 def _read_rows(prefix: str, shape: tuple[int, int], first: int, count: int) -> np.ndarray:

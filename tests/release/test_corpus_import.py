@@ -89,7 +89,10 @@ def test_titles_must_match_the_blocks(release):
     assert no_titles["source_titles"] is None and store.titles == [""] * 6 and len(store.blocks_of_documents()) == 6
 
 
-def test_block_emb_is_streamed_into_a_scann_ah_index(tmp_path):
+def test_block_emb_is_streamed_into_a_scann_ah_index(tmp_path, monkeypatch):
+    # A local checkpoint's rows are memory-mapped from its data file (TensorFlow's RestoreV2 reads the whole
+    # tensor for each slice): its reader is not called.
+    monkeypatch.setattr(corpus_import, "_read_rows", lambda *args: pytest.fail("read through RestoreV2"))
     rng = np.random.default_rng(0)
     matrix = rng.standard_normal([300, 16]).astype(np.float32)
     prefix = _write_block_emb(str(tmp_path / "encoded" / "encoded.ckpt"), matrix)
