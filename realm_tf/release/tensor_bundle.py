@@ -58,8 +58,8 @@ def _block(data: bytes, offset: int, size: int, path: str) -> list[tuple[bytes, 
     return entries
 
 
-def _lookup(prefix: str, key: bytes) -> bytes | None:
-    """The value of ``key`` in the table ``<prefix>.index`` (None: no such key)."""
+def _lookup(prefix: str, keys: tuple[bytes, ...]) -> list[bytes | None]:
+    """The values of ``keys`` in the table ``<prefix>.index`` (None: no such key), the file read once."""
     path = f"{prefix}.index"
     with open(path, "rb") as f:
         data = f.read()
@@ -69,27 +69,34 @@ def _lookup(prefix: str, key: bytes) -> bytes | None:
     for _ in range(2):  # the metaindex block's handle, then the index block's
         offset, pos = _varint(data, pos)
         size, pos = _varint(data, pos)
-    for last_key, handle in _block(data, offset, size, path):  # one entry per data block: its last key
-        if key <= last_key:
-            block_offset, at = _varint(handle, 0)
-            block_size, _ = _varint(handle, at)
-            return dict(_block(data, block_offset, block_size, path)).get(key)
-    return None
+    index = _block(data, offset, size, path)  # one entry per data block: its last key, its handle
+    values: list[bytes | None] = []
+    for key in keys:
+        handle = next((h for last_key, h in index if key <= last_key), None)
+        if handle is None:
+            values.append(None)
+            continue
+        block_offset, at = _varint(handle, 0)
+        block_size, _ = _varint(handle, at)
+        values.append(dict(_block(data, block_offset, block_size, path)).get(key))
+    return values
 
 
-def bundle_entry(prefix: str, name: str) -> tensor_bundle_pb2.BundleEntryProto:
-    """The index entry of tensor ``name`` of the checkpoint ``prefix`` (KeyError: no such tensor)."""
-    value = _lookup(prefix, name.encode())
+def _entry_and_header(prefix: str, name: str) -> tuple[tensor_bundle_pb2.BundleEntryProto,
+                                                       tensor_bundle_pb2.BundleHeaderProto]:
+    """The index entry of tensor ``name`` (dtype, shape, shard, offset, size) and the bundle's header (KeyError: no
+    such tensor)."""
+    value, header = _lookup(prefix, (name.encode(), b""))  # the bundle's header is the entry of the empty key
     if value is None:
         raise KeyError(f"{prefix}: no tensor {name!r}")
-    return tensor_bundle_pb2.BundleEntryProto.FromString(value)
+    return (tensor_bundle_pb2.BundleEntryProto.FromString(value),
+            tensor_bundle_pb2.BundleHeaderProto.FromString(header or b""))
 
 
 def memory_map(prefix: str, name: str) -> np.ndarray:
     """Tensor ``name`` of the checkpoint ``prefix``, memory-mapped read-only from its data shard (nothing is read
     until its rows are used)."""
-    entry = bundle_entry(prefix, name)
-    header = tensor_bundle_pb2.BundleHeaderProto.FromString(_lookup(prefix, b"") or b"")
+    entry, header = _entry_and_header(prefix, name)
     if entry.slices:
         raise BundleFormatError(f"{prefix}: {name!r} was saved in slices (a partitioned variable)")
     if header.endianness != tensor_bundle_pb2.BundleHeaderProto.LITTLE or entry.dtype not in _DTYPES:
