@@ -192,9 +192,7 @@ class BeamJob(abc.ABC):
         process takes ``realm-tf``'s TensorFlow settings (:mod:`realm_tf.process_settings`), as do the DirectRunner's
         worker processes, which inherit its environment, and its quiet start (``REALM_TF_VERBOSE=1``: everything,
         as ``realm-tf --verbose``)."""
-        library_logs.show_on_stderr()
-        process_settings.apply()  # before the job's first tensor
-        library_logs.quiet_known_noise()  # REALM_TF_VERBOSE=1 keeps everything
+        process_settings.prepare_process()  # before the job's first tensor; REALM_TF_VERBOSE=1 keeps everything
         try:
             self.run(sys.argv[1:])
         except (errors.UserError, FileNotFoundError) as e:

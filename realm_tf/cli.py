@@ -13,7 +13,6 @@ from typing import Sequence
 
 import realm_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
 from realm_tf import errors
-from realm_tf import library_logs
 from realm_tf import process_settings
 from realm_tf.commands import command
 from realm_tf.commands import experiments
@@ -66,10 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2
-    library_logs.show_on_stderr()
-    process_settings.apply()  # before the command's first tensor: TensorFlow reads them then
-    # the demo's own process starts no TensorFlow (each stage runs in a child that does this itself)
-    library_logs.quiet_known_noise(verbose=args.verbose, find_devices=args.command not in ("demo", "train"))
+    # Before the command's first tensor: TensorFlow reads the settings then. The demo's own process starts no
+    # TensorFlow (each stage runs in a child that does this itself).
+    process_settings.prepare_process(verbose=args.verbose, find_devices=args.command not in ("demo", "train"))
     try:
         return int(args.handler(args) or 0)
     except (errors.UserError, FileNotFoundError) as e:

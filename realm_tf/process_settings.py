@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 from typing import MutableMapping
 
+from realm_tf import library_logs
+
 #: Where compiled XLA programs are kept between processes: ``$XDG_CACHE_HOME/realm_tf/xla``.
 XLA_CACHE_DIR = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "realm_tf", "xla")
 #: The cache is kept under this size (``REALM_TF_XLA_CACHE_MAX_MB``, default 2 GiB): each process start drops the
@@ -87,3 +89,12 @@ def native_bfloat16(cpuinfo: str = "/proc/cpuinfo") -> bool:
                 flags = set(line.split(":", 1)[1].split())
                 return bool(flags & {"avx512_bf16", "amx_bf16"})
     return False
+
+
+def prepare_process(verbose: bool = False, find_devices: bool = True) -> None:
+    """What ``realm-tf``, a Beam job's module and a stage's child process set up before their first tensor: the
+    library's messages on stderr, :data:`DEFAULTS` (:func:`apply`), and a quiet start
+    (``library_logs.quiet_known_noise``; ``verbose``: everything shown)."""
+    library_logs.show_on_stderr()
+    apply()
+    library_logs.quiet_known_noise(verbose=verbose, find_devices=find_devices)

@@ -19,7 +19,6 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from realm_tf import library_logs
 from realm_tf import process_settings
 
 
@@ -90,14 +89,6 @@ def call_here(call: Call) -> Any:
     return plain(result)
 
 
-def prepare_process(verbose: bool = False) -> None:
-    """What ``realm-tf`` sets up in a process before its first tensor: library logs on stderr, the TensorFlow
-    settings of :mod:`realm_tf.process_settings`, and a quiet start (``verbose``: everything shown)."""
-    library_logs.show_on_stderr()
-    process_settings.apply()
-    library_logs.quiet_known_noise(verbose=verbose)
-
-
 def call_in_child(call: Call, verbose: bool = False) -> Any:
     """Runs ``call`` in a fresh child process (``spawn``: no state of this one is inherited) and returns its
     :func:`plain` result; the child's output goes to ours, and what it raises is raised here.
@@ -108,7 +99,7 @@ def call_in_child(call: Call, verbose: bool = False) -> Any:
     sys.stdout.flush()
     sys.stderr.flush()
     context = multiprocessing.get_context("spawn")
-    with futures.ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=prepare_process,
+    with futures.ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=process_settings.prepare_process,
                                      initargs=(verbose,)) as pool:
         return pool.submit(call_here, call).result()
 
