@@ -238,27 +238,34 @@ def _records(blocks_path: str, titles_path: str | None, batch_size: int) -> Iter
 
 
 def _row_reader(prefix: str, shape: tuple[int, int]) -> Callable[[int, int], np.ndarray]:
-    """``read(first, count)``: rows of ``block_emb``. From a local checkpoint they are memory-mapped from its data
-    file (:mod:`tensor_bundle`): ``RestoreV2`` reads the whole tensor for every slice and the process keeps it
-    (512 bytes a block). Elsewhere (gs://), or for a bundle that reader does not know, ``RestoreV2`` slices."""
-    if artifacts.is_local(prefix):
-        try:
-            rows = tensor_bundle.memory_map(artifacts.local_path(prefix), BLOCK_EMB)  # [num_blocks, dim]
-        except (tensor_bundle.BundleFormatError, KeyError, OSError) as e:
-            logger.warning("%s: reading %s through TensorFlow (%s)", prefix, BLOCK_EMB, e)
-        else:
-            if rows.shape == shape and rows.dtype == np.float32:
-                def read(first: int, count: int) -> np.ndarray:
-                    out = np.array(rows[first:first + count])  # [count, dim], read from the file
-                    artifacts.drop_mapped_pages(rows)
-                    return out
-                return read
-    return lambda first, count: _read_rows(prefix, shape, first, count)
+    """``read(first, count)``: rows of ``block_emb``, memory-mapped from a local checkpoint's data file
+    (:mod:`tensor_bundle`), else (gs://, or a bundle that reader does not know) through ``RestoreV2``."""
+    rows = _mapped_block_emb(prefix)
+    if rows is None:
+        return lambda first, count: _read_rows(prefix, shape, first, count)
+
+    def read(first: int, count: int) -> np.ndarray:
+        out = np.array(rows[first:first + count])  # [count, dim], read from the file
+        artifacts.drop_mapped_pages(rows)
+        return out
+
+    return read
+
+
+def _mapped_block_emb(prefix: str) -> np.ndarray | None:
+    """``block_emb`` memory-mapped from the checkpoint's data shard; None (logged) where that cannot be done."""
+    if not artifacts.is_local(prefix):
+        return None
+    try:
+        return tensor_bundle.memory_map(artifacts.local_path(prefix), BLOCK_EMB)  # [num_blocks, dim]
+    except (tensor_bundle.BundleFormatError, KeyError, OSError) as e:
+        logger.warning("%s: reading %s through TensorFlow (%s)", prefix, BLOCK_EMB, e)
+        return None
 
 
 def _read_rows(prefix: str, shape: tuple[int, int], first: int, count: int) -> np.ndarray:
-    """Rows ``first .. first + count - 1`` of ``block_emb`` ``float32[rows, dim]``, read alone from the checkpoint
-    (a slice spec ``"<rows> <dim> <first>,<count>:-"``: TF reads only those bytes)."""
+    """Rows ``first .. first + count - 1`` of ``block_emb`` ``float32[rows, dim]`` through ``RestoreV2`` with a slice
+    spec ``"<rows> <dim> <first>,<count>:-"`` (TensorFlow reads the whole tensor for it, and keeps it)."""
     count = min(count, shape[0] - first)
     spec = f"{shape[0]} {shape[1]} {first},{count}:-"
     return tf.raw_ops.RestoreV2(prefix=prefix, tensor_names=[BLOCK_EMB], shape_and_slices=[spec],
