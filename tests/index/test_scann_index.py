@@ -163,11 +163,11 @@ def test_a_large_corpus_is_built_in_slices_and_answers_in_block_ids(corpus, tmp_
     embeddings, queries, (exact_rows, _) = corpus
     settings = config.IndexConfig(num_neighbors=10, num_leaves=141, num_leaves_to_search=48, training_sample_size=5_000,
                                   reorder_dtype="int8")
-    one_shot = scann_index.ScannIndex(settings)  # 20k blocks < 4 x 5k: ScaNN's own build, trained on 5k
+    one_shot = scann_index.ScannIndex(settings, training_threads=1)  # 20k < 4 x 5k: one-shot, trained on 5k
     one_shot.build(embeddings)
     monkeypatch.setattr(scann_index, "BUILD_SLICE", 3_000)  # 20k blocks: 5k sampled, the rest in 5 slices
     monkeypatch.setattr(scann_index, "SLICED_BUILD_FACTOR", 2)
-    index = scann_index.ScannIndex(settings)
+    index = scann_index.ScannIndex(settings, training_threads=1)  # one training thread: the same trees every run
     index.build(embeddings)
     positions = index._positions  # pylint: disable=protected-access
     assert positions is not None and sorted(positions.tolist()) == list(range(20_000))
