@@ -2,6 +2,7 @@
 tiny REALM workspace (real bundled passages run through the real data jobs) for the training and serving tests."""
 import gzip
 import itertools
+import json
 import os
 import pathlib
 import sys
@@ -168,17 +169,55 @@ def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argu
 
 
 @pytest.fixture(scope="session")
-def retro_sets(tmp_path_factory, pretraining_workspace, tiny_bert_checkpoint):
-    """A tiny RETRO chunk database (m = 8, n = 32): ``(root, --set overrides)``."""
+def corpus_vocabulary(tmp_path_factory, pretraining_workspace):
+    """The tiny workspace's passages over the wordpieces they use: ``(root, --set overrides)``, where ``root``
+    holds ``vocab.txt`` (MiniLM's vocabulary cut to those pieces and the special tokens, in its order), a tiny
+    BERT over it (``bert/bert``) and the passages preprocessed with it (``blocks/``).
+
+    WordPiece's greedy longest match finds the same pieces in the cut vocabulary (each piece MiniLM's chose is
+    kept, and no longer one exists), so the texts are tokenized as before, over about 3,000 ids instead of 30,522.
+    The RETRO decoder predicts over the vocabulary (tied embeddings, RETRO §2.4): its softmax was most of a
+    training step's time."""
+    import tensorflow as tf
+
+    from beam_jobs import preprocess_corpus
+    from realm_tf import config
+    from realm_tf.layers import bert_tokenizer
+    from realm_tf.networks import bert_encoder
+    from realm_tf.networks import bert_weight_import
+
+    root = tmp_path_factory.mktemp("corpus_vocabulary")
+    vocab_file = config.load_config(TINY).model.vocab_file
+    with open(pretraining_workspace / "corpus.jsonl", encoding="utf-8") as f:
+        texts = [value for line in f for value in json.loads(line).values() if isinstance(value, str)]
+    used = set(bert_tokenizer.BertTokenizer(vocab_file)(tf.constant(texts)).flat_values.numpy().tolist())
+    vocab = [piece for i, piece in enumerate(bert_tokenizer.read_vocab(vocab_file))
+             if i in used or piece in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")]
+    (root / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    sets = [f"model.vocab_file={root}/vocab.txt", f"model.encoder.vocab_size={len(vocab)}",
+            f"data.blocks_dir={root}/blocks"]
+    encoder = bert_encoder.build_bert_encoder(config.load_config(TINY, sets).model.encoder)
+    bert_weight_import.ensure_built(encoder)
+    tf.train.Checkpoint(encoder=encoder).write(str(root / "bert" / "bert"))
+    preprocess_corpus.JOB.call(config=TINY, overrides=sets, input=[str(pretraining_workspace / "corpus.jsonl")],
+                               output=str(root / "blocks"))
+    return root, sets
+
+
+@pytest.fixture(scope="session")
+def retro_sets(tmp_path_factory, corpus_vocabulary):
+    """A tiny RETRO chunk database (m = 8, n = 32) over the workspace's passages, in the corpus's own vocabulary:
+    ``(root, --set overrides)``."""
+    vocabulary, vocabulary_sets = corpus_vocabulary
     root = tmp_path_factory.mktemp("retro")
-    sets = [f"data.blocks_dir={pretraining_workspace}/blocks", f"retro.chunks_dir={root}/chunks",
-            f"retro.index_dir={root}/index", "index.kind=brute_force",
-            f"retro.embedder_checkpoint={tiny_bert_checkpoint}", "retro.chunk_length=8", "retro.continuation_length=8",
-            "retro.sequence_length=32", "retro.num_neighbours=2", "retro.decoder_layers=2", "retro.decoder_width=16",
-            "retro.decoder_heads=2", "retro.decoder_intermediate=32",
-            "retro.dropout_rate=0.0", "retro.validation_fraction=0.2", "retro.test_fraction=0.1", "data.batch_size=2",
-            "data.shuffle_buffer=8", "retro_trainer.steps=3", "retro_trainer.warmup_steps=0",
-            "retro_trainer.summary_every_steps=1", "retro_trainer.checkpoint_every_steps=3"]
+    sets = vocabulary_sets + [
+        f"retro.chunks_dir={root}/chunks", f"retro.index_dir={root}/index", "index.kind=brute_force",
+        f"retro.embedder_checkpoint={vocabulary}/bert/bert", "retro.chunk_length=8", "retro.continuation_length=8",
+        "retro.sequence_length=32", "retro.num_neighbours=2", "retro.decoder_layers=2", "retro.decoder_width=16",
+        "retro.decoder_heads=2", "retro.decoder_intermediate=32",
+        "retro.dropout_rate=0.0", "retro.validation_fraction=0.2", "retro.test_fraction=0.1", "data.batch_size=2",
+        "data.shuffle_buffer=8", "retro_trainer.steps=3", "retro_trainer.warmup_steps=0",
+        "retro_trainer.summary_every_steps=1", "retro_trainer.checkpoint_every_steps=3"]
     build_chunk_database.JOB.call(config=TINY, overrides=sets)
     return root, sets
 
