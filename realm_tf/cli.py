@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--verbose", action="store_true",
                        help="also show the start-up messages of TensorFlow and Beam that are known to be harmless "
                             "(no GPU found, Beam's Google Cloud extras not installed)")
-        p.set_defaults(handler=c.run, entry_point=main)
+        p.set_defaults(handler=c.run, entry_point=main, starts_tensorflow=c.starts_tensorflow)
     return parser
 
 
@@ -66,8 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     # Before the command's first tensor: TensorFlow reads the settings then. The demo's own process starts no
-    # TensorFlow (each stage runs in a child that does this itself).
-    process_settings.prepare_process(verbose=args.verbose, find_devices=args.command not in ("demo", "train"))
+    # TensorFlow (each stage runs in a child that does this itself), nor does printing a config.
+    process_settings.prepare_process(verbose=args.verbose, find_devices=args.starts_tensorflow)
     try:
         return int(args.handler(args) or 0)
     except (errors.UserError, FileNotFoundError) as e:

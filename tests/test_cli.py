@@ -28,6 +28,15 @@ def test_config_prints_overrides_and_bad_key_is_a_clean_error():
     result = _run("config", "--config", "configs/tiny.yaml", "--set", "pretrain.nope=1")
     assert result.returncode == 2
     assert "unknown key 'pretrain.nope'" in result.stderr and "Traceback" not in result.stderr
+    # Printing a config starts no TensorFlow (a fraction of a second, not TensorFlow's seconds); a command that
+    # runs TensorFlow imports it before its handler, quietly.
+    probe = ("import sys; from realm_tf import cli; cli.main(sys.argv[1:]); "
+             "print('TF' if 'tensorflow' in sys.modules else 'no TF')")
+    for argv, expected in ((["config", "--config", "configs/tiny.yaml"], "no TF"),
+                           (["verify", "configs"], "TF")):
+        out = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3"))
+        assert out.stdout.strip().splitlines()[-1] == expected, (argv, out.stdout[-500:], out.stderr[-2000:])
 
 
 def test_export_retriever_from_a_run_without_checkpoints_is_a_clean_error(tmp_path, capsys):

@@ -17,12 +17,16 @@ from realm_tf import config as config_lib
 
 @dataclasses.dataclass(frozen=True)
 class Command:
-    """``realm-tf NAME``: ``run(args)`` returns the exit code; ``add_args(parser)`` declares its arguments."""
+    """``realm-tf NAME``: ``run(args)`` returns the exit code; ``add_args(parser)`` declares its arguments.
+    ``starts_tensorflow``: the command runs TensorFlow in its own process, which then starts it quietly before its
+    first tensor (False: it never imports TensorFlow, or its children do, and it starts in a fraction of a
+    second instead of TensorFlow's seconds)."""
 
     name: str
     help: str
     run: Callable[[argparse.Namespace], int]
     add_args: Callable[[argparse.ArgumentParser], None]
+    starts_tensorflow: bool = True
 
 
 def add_config_args(parser: argparse.ArgumentParser, required: bool = True) -> None:

@@ -154,7 +154,7 @@ def _args_verify(p: argparse.ArgumentParser) -> None:
 COMMANDS = [
     command.Command("config",
                     "print the resolved experiment config (YAML + --set overrides)",
-                    _cmd_config, _args_config),
+                    _cmd_config, _args_config, starts_tensorflow=False),
     command.Command("import-bert",
                     "convert a Hugging Face BERT directory (safetensors) to a TF checkpoint",
                     _cmd_import_bert, _args_import_bert),
@@ -165,7 +165,7 @@ COMMANDS = [
     command.Command("demo",
                     "run the whole loop on the bundled data: blocks, index, pre-train, fine-tune, evaluate, export, "
                     "ask",
-                    _cmd_demo, _args_demo),
+                    _cmd_demo, _args_demo, starts_tensorflow=False),
     command.Command("verify",
                     "check published artifacts (index versions, exports, served models, job outputs) file by file "
                     "against the SHA-256 digests in their markers; exit code 1 when one is damaged",

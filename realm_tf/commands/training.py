@@ -145,7 +145,7 @@ def _args_train(p: argparse.ArgumentParser) -> None:
 
 COMMANDS = [
     command.Command("train", "train a named experiment (--experiment ict, pretrain, reader, finetune, retro): its "
-                    "command, generated from the experiment registry", _train, _args_train),
+                    "command, generated from the experiment registry", _train, _args_train, starts_tensorflow=False),
     command.Command("init-retriever",
                     "the retriever from model.init_checkpoint with its projection fitted to the corpus "
                     "(model.projection_init: pca keeps an imported embedder's ranking), saved as a run",
