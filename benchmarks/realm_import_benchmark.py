@@ -436,7 +436,8 @@ def write_model_record(args: argparse.Namespace, measured: dict, model: dict) ->
         m = model[stage]
         points = "; ".join(f"{n / 1e6:g}M {_rss(measured[n], stage) / 1024:.1f} GiB (model "
                            f"{(m['rss_constant_mib'] + m['rss_per_block_bytes'] * n / 2 ** 20) / 1024:.1f}"
-                           f"{'' if not args.fit_sizes or n in args.fit_sizes else ', held out'})" for n in sizes)
+                           f"{'' if not args.fit_sizes or n in args.fit_sizes else ', held out'}), "
+                           f"{_stage(measured[n], stage)['seconds']:,.0f} s" for n in sizes)
         cells.append(f"{stage}: {m['rss_per_block_bytes']:,.0f} B/block + {m['rss_constant_mib']:,} MiB; {points}; at "
                      f"{args.target_blocks / 1e6:.2f}M ~{m['target_gb']} GB, ~{m['target_minutes']} min")
     if any("latency_ms" in measured[n] for n in sizes):
