@@ -190,10 +190,14 @@ def corpus_vocabulary(tmp_path_factory, pretraining_workspace):
     vocab_file = config.load_config(TINY).model.vocab_file
     with open(pretraining_workspace / "corpus.jsonl", encoding="utf-8") as f:
         texts = [value for line in f for value in json.loads(line).values() if isinstance(value, str)]
-    used = set(bert_tokenizer.BertTokenizer(vocab_file)(tf.constant(texts)).flat_values.numpy().tolist())
-    vocab = [piece for i, piece in enumerate(bert_tokenizer.read_vocab(vocab_file))
-             if i in used or piece in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")]
+    full = bert_tokenizer.read_vocab(vocab_file)
+    ids = bert_tokenizer.BertTokenizer(vocab_file)(tf.constant(texts)).flat_values.numpy()  # [pieces]
+    used = set(ids.tolist())
+    specials = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+    vocab = [piece for i, piece in enumerate(full) if i in used or piece in specials]
     (root / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    cut = bert_tokenizer.BertTokenizer(str(root / "vocab.txt"))(tf.constant(texts)).flat_values.numpy()
+    assert [vocab[i] for i in cut] == [full[i] for i in ids]  # the same pieces, only renumbered
     sets = [f"model.vocab_file={root}/vocab.txt", f"model.encoder.vocab_size={len(vocab)}",
             f"data.blocks_dir={root}/blocks"]
     encoder = bert_encoder.build_bert_encoder(config.load_config(TINY, sets).model.encoder)
