@@ -18,7 +18,11 @@ sequence's chunks after its first: the causal shift, §2.4), per bucket of leaka
 (§2.6), with 95% paired bootstrap intervals over documents; RETRO-fit with k = 2 neighbours (as trained) and
 k = 10 (the paper's evaluation on Wikitext103), and with retrieval off.
 
-Resumable (``<out>/stages.json``; training resumes from its checkpoints)::
+Resumable (``<out>/stages.json``; training resumes from its checkpoints). The three seeds take longer than one
+machine lives here, so each evaluation (and the database's facts) is also kept in the repository
+(``benchmarks/kept/retro_natural-<settings>/``, :mod:`stages`): commit them as they come, and a later run on a new
+machine trains and scores only the seeds not yet kept. The record is written after every seed, over the seeds kept
+so far::
 
     nohup .venv/bin/python benchmarks/retro_natural.py --out runs/bench/retro_natural --seeds 0,1,2 \
         >> runs/bench/retro_natural.log 2>&1 &
@@ -26,6 +30,7 @@ Resumable (``<out>/stages.json``; training resumes from its checkpoints)::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -41,6 +46,8 @@ import stages  # noqa: E402  (benchmarks/)
 
 #: Every bundled Wikipedia paragraph (CC BY-SA; data/README.md).
 CORPUS = ("data/open_qa/passages.jsonl.gz", "data/reading/squad_train_passages-*.jsonl.gz")
+#: The repository's copy of finished evaluations (per setting): a seed whose evaluations are kept is not trained again.
+KEPT_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kept")
 #: The r(C) buckets above α = 0.125: chunks with a database neighbour sharing at least an eighth of their text.
 LEAKED = ("(0.125, 0.25]", "(0.25, 0.5]", "(0.5, 1]")
 
@@ -75,22 +82,19 @@ def main() -> int:
     parser.add_argument("--training-fraction", dest="training_fraction", default="0.1",
                         help="retro.training_document_fraction: the rest of the non-held-out text is database only")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="for every run")
+    parser.add_argument("--kept-root", dest="kept_root", default=KEPT_ROOT,
+                        help="where the repository keeps finished evaluations, so that a later run on another "
+                             "machine goes on from them (benchmarks/stages.py)")
     args = parser.parse_args()
 
     out = args.out.rstrip("/")
-    stage = stages.Stages(out)
+    stage = stages.Stages(out, kept_dir=kept_dir(args))
     seeds = [int(s) for s in args.seeds.split(",") if s]
     common = [f"data.blocks_dir={out}/blocks", f"retro.chunks_dir={out}/chunks", f"retro.index_dir={out}/index",
               f"retro.knn_dir={out}/knn", "retro.validation_fraction=0.02", "retro.test_fraction=0.04",
               f"retro.training_document_fraction={args.training_fraction}",
               "retro_trainer.checkpoint_every_steps=200", "retro_trainer.summary_every_steps=50", *args.overrides]
     flags = lambda sets: ["--config", args.config, *sum((["--set", s] for s in sets), [])]  # noqa: E731
-
-    stage("blocks", lambda: stages.cli(["preprocess", "--config", args.config,
-                                        *sum((["--input", c] for c in CORPUS), []), "--output", f"{out}/blocks",
-                                        "--overwrite", "--progress_interval", "0"]))
-    stage("chunks", lambda: stages.cli(["build-chunk-database", *flags(common)]))
-    stage("database_facts", lambda: database_facts(config_lib.load_config(args.config, common)))
 
     def run_sets(kind: str, seed: int) -> list[str]:
         sets = common + [f"retro_trainer.seed={seed}", f"retro_trainer.model_dir={out}/{kind}_s{seed}"]
@@ -101,38 +105,59 @@ def main() -> int:
             sets += [f"retro_trainer.steps={args.baseline_steps}"]
         return sets
 
-    for seed in seeds:
-        stage(f"train_baseline_s{seed}", lambda seed=seed: stages.cli(
-            ["train-retro", *flags(run_sets("baseline", seed)), "--baseline"]))
-        stage(f"train_fit_s{seed}", lambda seed=seed: stages.cli(["train-retro", *flags(run_sets("fit", seed))]))
-    stage("knn_datastore", lambda: stages.cli(["build-knn-datastore", *flags(run_sets("baseline", seeds[0])),
-                                               "--progress_interval", "0"]))
+    def evaluations(seed: int) -> list[tuple[str, list[str], bool, dict[str, Any]]]:
+        """A seed's evaluations on the test split: (name, settings, retrieval, options)."""
+        fit = run_sets("fit", seed)
+        return [(f"fit_s{seed}_k2", fit, True, {}), (f"fit_s{seed}_off", fit, True, {"neighbours": False}),
+                (f"fit_s{seed}_k10", fit + ["retro.num_neighbours=10"], True, {}),
+                (f"baseline_s{seed}", run_sets("baseline", seed), False, {"knn": seed == seeds[0]})]
 
-    def evaluation(name: str, sets: list[str], retrieval: bool, **options: Any) -> dict[str, Any]:
-        def run() -> str:
-            from realm_tf.retro import lm_evaluation  # pylint: disable=import-outside-toplevel
-
-            cfg = config_lib.load_config(args.config, sets)
-            result = lm_evaluation.evaluate(cfg, cfg.retro_trainer.model_dir, retrieval=retrieval, split="test",
-                                            **options)
-            path = f"{out}/eval/{name}.json"
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            config_lib.atomic_write_text(path, json.dumps(result) + "\n")
-            return path
-
-        with open(stage(f"eval_{name}", run), encoding="utf-8") as f:
-            return json.load(f)
+    pending = {seed: [e for e in evaluations(seed) if not stage.is_kept(f"eval_{e[0]}")] for seed in seeds}
+    if any(pending.values()) or not stage.is_kept("database_facts"):
+        stage("blocks", lambda: stages.cli(["preprocess", "--config", args.config,
+                                            *sum((["--input", c] for c in CORPUS), []), "--output", f"{out}/blocks",
+                                            "--overwrite", "--progress_interval", "0"]))
+        stage("chunks", lambda: stages.cli(["build-chunk-database", *flags(common)]))
+    stage("database_facts", lambda: database_facts(config_lib.load_config(args.config, common)), kept=True)
 
     table: dict[str, dict[str, Any]] = {}
     for seed in seeds:
-        table[f"baseline_s{seed}"] = evaluation(f"baseline_s{seed}", run_sets("baseline", seed), False,
-                                                knn=seed == seeds[0])
-        table[f"fit_s{seed}_k2"] = evaluation(f"fit_s{seed}_k2", run_sets("fit", seed), True)
-        table[f"fit_s{seed}_off"] = evaluation(f"fit_s{seed}_off", run_sets("fit", seed), True, neighbours=False)
-        table[f"fit_s{seed}_k10"] = evaluation(f"fit_s{seed}_k10", run_sets("fit", seed) + ["retro.num_neighbours=10"],
-                                               True)
-    report(args, out, seeds, table, stage)
+        if pending[seed]:  # a seed whose evaluations the repository keeps needs no training here
+            stage(f"train_baseline_s{seed}", lambda seed=seed: stages.cli(
+                ["train-retro", *flags(run_sets("baseline", seed)), "--baseline"]))
+            stage(f"train_fit_s{seed}", lambda seed=seed: stages.cli(["train-retro", *flags(run_sets("fit", seed))]))
+        for name, sets, retrieval, options in evaluations(seed):
+            if options.get("knn") and not stage.is_kept(f"eval_{name}"):
+                stage("knn_datastore", lambda: stages.cli(["build-knn-datastore", *flags(run_sets("baseline", seed)),
+                                                           "--progress_interval", "0"]))
+            table[name] = stage(f"eval_{name}", lambda sets=sets, retrieval=retrieval, options=options: evaluation(
+                config_lib.load_config(args.config, sets), retrieval, options), kept=True)
+        report(args, seeds[:seeds.index(seed) + 1], table, stage)
     return 0
+
+
+def kept_dir(args: argparse.Namespace) -> str:
+    """Where the repository keeps this run's evaluations and database facts: one directory per setting (a result is
+    reused only by a run of the same settings; the seeds are not part of it)."""
+    settings = {k: v for k, v in sorted(vars(args).items()) if k not in ("out", "seeds", "kept_root")}
+    key = hashlib.sha1(json.dumps(settings, sort_keys=True).encode("utf-8")).hexdigest()[:10]
+    path = os.path.join(args.kept_root, f"retro_natural-{key}")
+    os.makedirs(path, exist_ok=True)
+    config_lib.atomic_write_text(os.path.join(path, "settings.json"), json.dumps(settings, indent=1) + "\n")
+    return path
+
+
+def evaluation(cfg: config_lib.ExperimentConfig, retrieval: bool, options: dict[str, Any]) -> dict[str, Any]:
+    """``lm_evaluation.evaluate`` on the test split, without what the report does not read (the per-document
+    bits over all chunks), bits rounded to a thousandth: small enough to keep in the repository."""
+    from realm_tf.retro import lm_evaluation  # pylint: disable=import-outside-toplevel
+
+    result = lm_evaluation.evaluate(cfg, cfg.retro_trainer.model_dir, retrieval=retrieval, split="test", **options)
+    result.pop("per_document", None)
+    for key in ("later_chunks", "knn_later_chunks"):
+        for docs in result.get(key, {}).get("per_document_by_bucket", {}).values():
+            docs["bits"] = [round(b, 3) for b in docs["bits"]]
+    return result
 
 
 def database_facts(cfg: config_lib.ExperimentConfig) -> dict[str, Any]:
@@ -147,9 +172,10 @@ def database_facts(cfg: config_lib.ExperimentConfig) -> dict[str, Any]:
     return {"chunks": {s: int(c) for s, c in zip(splits.tolist(), counts.tolist())}, "documents": documents}
 
 
-def report(args: argparse.Namespace, out: str, seeds: list[int], table: dict[str, dict[str, Any]],
+def report(args: argparse.Namespace, seeds: list[int], table: dict[str, dict[str, Any]],
            stage: stages.Stages) -> None:
-    """The per-bucket table on the later chunks, then the records."""
+    """The per-bucket tables on the later chunks (bpb; RETRO-fit minus baseline with its interval), then the record
+    over the seeds evaluated so far (its verdict stays open below three seeds)."""
     from realm_tf.retro import lm_evaluation  # pylint: disable=import-outside-toplevel
 
     facts = stage.result("database_facts")
@@ -165,6 +191,15 @@ def report(args: argparse.Namespace, out: str, seeds: list[int], table: dict[str
     rows.append((f"kNN-LM (baseline_s{seeds[0]})", knn["knn_later_chunks"]["bpb_by_bucket"]))
     for name, by_bucket in rows:
         print(f"| {name} | " + " | ".join(f"{by_bucket[b]:.4f}" for b in buckets) + " |")
+    print("\n== RETRO-fit (k = 2) minus its baseline, bpb per bucket [95% paired bootstrap over documents] ==")
+    for seed in seeds:
+        cells = []
+        for b in buckets:
+            base = table[f"baseline_s{seed}"]["later_chunks"]["per_document_by_bucket"][b]
+            fit = table[f"fit_s{seed}_k2"]["later_chunks"]["per_document_by_bucket"][b]
+            diff, low, high = lm_evaluation.bpb_difference(base, fit)
+            cells.append(f"{diff:+.4f} [{low:+.4f}, {high:+.4f}]")
+        print(f"| seed {seed} | " + " | ".join(cells) + " |")
     print("\nstage minutes: " + stage.minutes())
 
     def leaked(result: dict[str, Any], key: str = "later_chunks") -> dict[str, list]:
@@ -182,14 +217,14 @@ def report(args: argparse.Namespace, out: str, seeds: list[int], table: dict[str
     versus_knn = lm_evaluation.bpb_difference(knn_docs, fit0)
     chunks = sum(knn["later_chunks"]["chunks_by_bucket"][b] for b in LEAKED)
     mean_gain = sum(g[0] for g in gains) / len(gains)
-    holds = all(g[1] >= 0.03 for g in gains) and versus_knn[1] <= 0.0
+    holds = len(seeds) >= 3 and all(g[1] >= 0.03 for g in gains) and versus_knn[1] <= 0.0
     result_records.write(
         "retro-natural-setting", area="RETRO and kNN-LM", order=42, verdict="holds" if holds else "open",
         claim="In a natural setting (held-out Wikipedia paragraphs, a database of the other paragraphs ~10x the "
               "training text, nothing forced), RETRO-fit beats its baseline by >= 3% bpb on the chunks >= 1 with a "
-              "database neighbour of r(C) > 0.125, and matches or beats kNN-LM there",
+              "database neighbour of r(C) > 0.125, and matches or beats kNN-LM there (three seeds or more)",
         figure=f"RETRO-fit (k = 2) vs baseline on {chunks} such test chunks, mean {mean_gain:+.1%} over "
-               f"{len(seeds)} seeds ({'; '.join(lines)}); kNN-LM {bpb(knn_docs):.4f} vs RETRO-fit "
+               f"{len(seeds)} seed(s) ({'; '.join(lines)}); kNN-LM {bpb(knn_docs):.4f} vs RETRO-fit "
                f"{bpb(fit0):.4f} (seed {seeds[0]}); database {ratio:.1f}x the training chunks, baseline "
                f"{args.baseline_steps} steps, RETRO-fit {args.fit_steps} steps at lr {args.fit_lr}",
         interval=f"per seed, 95% paired bootstrap over documents (in brackets, as a share of the baseline's bpb); "
