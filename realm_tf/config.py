@@ -45,7 +45,7 @@ ReorderDtype = Literal["float32", "int8"]
 RefreshMode = Literal["process", "thread", "external"]
 Strategy = Literal["default", "mirrored", "multi_worker", "tpu"]
 Precision = Literal["float32", "mixed_bfloat16"]
-LearningRateDecay = Literal["linear", "constant"]
+LearningRateDecay = Literal["linear", "constant", "budget"]
 
 
 def choices(literal: Any) -> tuple[str, ...]:
@@ -258,8 +258,10 @@ class TrainerConfig:
     ``eval_every_steps`` > 0: train and evaluate: every that many steps the task's held-out evaluation runs
     (TensorBoard ``eval``), and the model of the best score so far is kept in ``<model_dir>/best``
     (``core/experiment``); 0: no evaluation during training.
-    ``learning_rate_decay``: ``linear`` (REALM, BERT: linear decay to 0 at ``steps``) or ``constant`` (no decay
-    after the warm-up: a run continued step by step for as long as it improves, with no length fixed in advance).
+    ``learning_rate_decay``: ``linear`` (REALM, BERT: linear decay to 0 at ``steps``), ``constant`` (no decay
+    after the warm-up: a run continued step by step for as long as it improves, with no length fixed in advance)
+    or ``budget`` (linear decay to 0 at ``steps`` or at the step ``max_minutes`` allows on this machine, whichever
+    comes first, measured as the run goes: ``core/optimizer.BudgetedLinearDecay``).
     ``learning_rate_scales``: ``"REGEX=SCALE"`` items; variables whose name matches REGEX (first match wins)
     train at ``learning_rate × SCALE``, e.g. ``["masked_lm=10", "knowledge_retriever=0.1"]`` for a new MLM head
     and a retriever kept near its warm start (``core/optimizer.ScaledAdamWeightDecay``).

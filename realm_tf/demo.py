@@ -58,6 +58,9 @@ def _overrides(work: str, pretrain_steps: int, finetune_steps: int, reader_steps
         # training span accuracy reached 0.06 at 1e-4, 0.12-0.13 at 3e-4 and 6e-4 (benchmarks/RESULTS.md).
         f"reader.steps={reader_steps}", f"reader.max_minutes={reader_minutes:g}", "reader.learning_rate=3e-4",
         f"reader.precision={precision}",
+        # On a machine too slow for all the steps in the minutes, the rate still decays to 0 when they run out
+        # (a schedule cut halfway stops at half its peak rate, unannealed).
+        "reader.learning_rate_decay=budget",
         "reader.warmup_steps=5", "reader.summary_every_steps=5", "reader.checkpoint_every_steps=1000",
         f"qa.reader_negatives={reader_negatives}",
         # Fine-tuning: the retriever from the pre-training run, the reader from its warm start; a short schedule.

@@ -54,7 +54,9 @@ def run_experiment(task: base_task.Task, strategy: tf.distribute.Strategy | None
     logs: dict[str, float] = {}
     try:
         task.initialize(model, loop)
-        all_hooks = (*task.train_hooks(model, loop), *_train_and_eval(task, model, loop), *hooks)
+        budget = optimizer_lib.budget_hook(optimizer, trainer, lambda: loop.run_started)
+        all_hooks = (*task.train_hooks(model, loop), *_train_and_eval(task, model, loop), *hooks,
+                     *([budget] if budget else []))
         iterators: dict[tuple, Iterator] = {}
         for phase in task.phases(loop.step) if train else ():
             if loop.step >= (phase.until_step if phase.until_step is not None else trainer.steps):

@@ -102,6 +102,11 @@ class TrainingLoop:
         return int(self.global_step.numpy())
 
     @property
+    def run_started(self) -> float:
+        """When the first :meth:`run` of this loop started (``time.time()``): what ``max_minutes`` counts from."""
+        return getattr(self, "_run_start", time.time())
+
+    @property
     def tracing_count(self) -> int:
         """How many times the last :meth:`run` traced its step function (a handful, whatever the lengths)."""
         step = getattr(self, "_train_step", None)

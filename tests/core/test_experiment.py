@@ -203,3 +203,20 @@ def test_train_and_eval_keeps_the_model_of_the_best_evaluation(tmp_path):
     want = np.mean((features["x"].numpy() @ kernel[:, 0] + bias[0] - labels["y"].numpy()) ** 2)
     np.testing.assert_allclose(best_loss, want, rtol=1e-5)
     assert not list(tmp_path.glob("run/.staging-*")) and not list(tmp_path.glob("run/.replaced-*"))
+
+
+def test_a_run_stopped_by_its_time_budget_ends_its_learning_rate_near_zero(tmp_path):
+    """``learning_rate_decay: budget``: a run that ``max_minutes`` stops long before ``steps`` has annealed by then
+    (with ``linear`` it would stop near the peak rate)."""
+    cfg = config.load_config("configs/tiny.yaml", [
+        f"pretrain.model_dir={tmp_path}/run", "pretrain.steps=1000000", "pretrain.learning_rate=0.05",
+        "pretrain.warmup_steps=0", "pretrain.checkpoint_every_steps=1000000", "pretrain.summary_every_steps=100",
+        "data.batch_size=4", "pretrain.learning_rate_decay=budget", "pretrain.max_minutes=0.05"])
+    task = _Regression(cfg)
+    result = experiment.run_experiment(task)
+    assert result["stopped_by"] == "max_minutes" and 50 < result["step"] < 1_000_000
+    optimizer = task.loop.checkpoint.optimizer
+    last = float(optimizer.learning_rate(result["step"]))
+    assert 0.0 <= last <= 0.15 * 0.05, (result["step"], last)
+    middle = float(optimizer.learning_rate(result["step"] // 2))
+    assert 0.3 * 0.05 < middle < 0.7 * 0.05  # a linear decay over the budget, not a cut to 0
