@@ -192,6 +192,7 @@ def report(args: argparse.Namespace, seeds: list[int], table: dict[str, dict[str
     for name, by_bucket in rows:
         print(f"| {name} | " + " | ".join(f"{by_bucket[b]:.4f}" for b in buckets) + " |")
     print("\n== RETRO-fit (k = 2) minus its baseline, bpb per bucket [95% paired bootstrap over documents] ==")
+    by_bucket_lines = []
     for seed in seeds:
         cells = []
         for b in buckets:
@@ -200,7 +201,21 @@ def report(args: argparse.Namespace, seeds: list[int], table: dict[str, dict[str
             diff, low, high = lm_evaluation.bpb_difference(base, fit)
             cells.append(f"{diff:+.4f} [{low:+.4f}, {high:+.4f}]")
         print(f"| seed {seed} | " + " | ".join(cells) + " |")
+        by_bucket_lines.append(f"seed {seed}: " + "; ".join(f"r(C) {b} {c}" for b, c in zip(buckets, cells)))
     print("\nstage minutes: " + stage.minutes())
+    means = {name: {b: sum(table[f"{name.format(s)}"]["later_chunks"]["bpb_by_bucket"][b] for s in seeds) / len(seeds)
+                    for b in buckets} for name in ("baseline_s{}", "fit_s{}_k2", "fit_s{}_k10", "fit_s{}_off")}
+    result_records.write(
+        "retro-natural-setting-by-bucket", area="RETRO and kNN-LM", order=43, verdict="holds",
+        claim="RETRO-fit's bits in the natural setting, by leakage bucket r(C) of the test chunks >= 1 (RETRO §2.6, "
+              "Fig. 6): where retrieval helps and where it does not (measured, not a goal)",
+        figure="mean bpb over seeds, baseline / RETRO-fit k = 2 / k = 10 / retrieval off" + (
+            f" / kNN-LM (seed {seeds[0]})") + ": " + "; ".join(
+            f"r(C) {b} ({knn['later_chunks']['chunks_by_bucket'][b]} chunks) "
+            + " / ".join(f"{means[n][b]:.4f}" for n in means) + f" / {knn['knn_later_chunks']['bpb_by_bucket'][b]:.4f}"
+            for b in buckets),
+        interval="RETRO-fit minus baseline, 95% paired bootstrap over documents per bucket: "
+                 + " | ".join(by_bucket_lines))
 
     def leaked(result: dict[str, Any], key: str = "later_chunks") -> dict[str, list]:
         return merged(result[key]["per_document_by_bucket"], LEAKED)
