@@ -38,6 +38,10 @@ def run_experiment(task: base_task.Task, strategy: tf.distribute.Strategy | None
     whatever the task's :meth:`~realm_tf.core.base_task.Task.finish` adds.
     """
     trainer = task.trainer_config
+    if trainer.strategy == "multi_worker" and trainer.max_minutes > 0:
+        # Each worker would stop (and, with ``learning_rate_decay: budget``, decay) by its own clock.
+        raise config_lib.ConfigError(f"{task.trainer_section}.max_minutes needs a single-worker strategy: each "
+                                     "worker would stop at its own time and leave the others waiting in an all-reduce")
     if train:
         config_lib.save_params(task.cfg, trainer.model_dir)
     distribution.set_intra_op_threads(trainer.intra_op_threads)  # before the strategy's first op

@@ -4,6 +4,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 import tensorflow as tf
 import tf_keras
 
@@ -220,3 +221,12 @@ def test_a_run_stopped_by_its_time_budget_ends_its_learning_rate_near_zero(tmp_p
     assert 0.0 <= last <= 0.15 * 0.05, (result["step"], last)
     middle = float(optimizer.learning_rate(result["step"] // 2))
     assert 0.3 * 0.05 < middle < 0.7 * 0.05  # a linear decay over the budget, not a cut to 0
+
+
+def test_a_time_budget_with_several_workers_is_refused_before_training(tmp_path):
+    cfg = config.load_config("configs/tiny.yaml", [
+        f"pretrain.model_dir={tmp_path}/run", "pretrain.strategy=multi_worker", "pretrain.max_minutes=1",
+        "pretrain.learning_rate_decay=budget"])
+    with pytest.raises(config.ConfigError, match="pretrain.max_minutes needs a single-worker strategy"):
+        experiment.run_experiment(_Regression(cfg))
+    assert not os.path.exists(tmp_path / "run")  # refused before anything was written
