@@ -21,6 +21,10 @@ Levers (``--levers``; each a set of config overrides, or extra question files):
   questions, 8× the bundled SQuAD dev questions), compared with ``steps_x3``: the same steps, more distinct
   questions. The three files are drawn about equally often (``qa.reader_source_temperature`` near 0), so the NQ
   questions keep about the share they have without it (a third, against 41%) instead of falling to 7%.
+- ``minutes_linear`` / ``minutes_budget``: a warm start bound by time, as the demo's (``--minutes``; a schedule
+  of 3× the steps, so the minutes run out first): the linear schedule cut where the time ends, against a decay
+  that ends with the time (``reader.learning_rate_decay=budget``; Li et al., 2020, "Budgeted Training"). Their
+  step counts are the machine's; the table gives both.
 
 Stages are resumable (``<out>/stages.json``; a killed warm start resumes from its checkpoint):
 
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from typing import Any
 
@@ -53,9 +58,11 @@ LEVERS: dict[str, list[str]] = {
     "negatives_2": ["qa.reader_negatives=2"],
     "lr_1e-4": ["reader.learning_rate=1e-4"],
     "squad_train": ["reader.steps={steps_x3}", "qa.reader_source_temperature=0.01"],
+    "minutes_linear": ["reader.steps={steps_x3}", "reader.max_minutes={minutes}"],
+    "minutes_budget": ["reader.steps={steps_x3}", "reader.max_minutes={minutes}", "reader.learning_rate_decay=budget"],
 }
 #: What each lever is compared with (paired, on the same questions): the base, or the lever it adds one thing to.
-REFERENCE = {"squad_train": "steps_x3"}
+REFERENCE = {"squad_train": "steps_x3", "minutes_budget": "minutes_linear"}
 
 
 def base_overrides(steps: int, blocks: str) -> list[str]:
@@ -77,6 +84,13 @@ def paired_bootstrap(a: np.ndarray, b: np.ndarray, samples: int = 10_000, seed: 
     return float(diff.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
+def trained_steps(model_dir: str) -> int:
+    """The step of the newest checkpoint in ``model_dir`` (a run bound by time stops where its machine got to)."""
+    found = [int(m.group(1)) for m in (re.fullmatch(r"ckpt-(\d+)\.index", n) for n in
+                                        os.listdir(os.path.join(model_dir, "checkpoints"))) if m]
+    return max(found, default=0)
+
+
 def per_question(path: str, key: str) -> dict[str, float]:
     """``{question id: value of key}`` from a predictions file."""
     return {p["id"]: float(p[key]) for p in answer_errors.read_predictions(path)}
@@ -88,8 +102,11 @@ def main() -> int:
     parser.add_argument("--config", default="configs/minilm.yaml")
     parser.add_argument("--out", default="runs/bench/levers")
     parser.add_argument("--levers", default="base,steps_x3,squad_train,span_width_24",
-                        help=f"comma-separated, from: {', '.join(LEVERS)} (base is always run)")
+                        help=f"comma-separated, from: {', '.join(LEVERS)} (base runs whenever a lever is compared "
+                             "with it)")
     parser.add_argument("--steps", type=int, default=1200, help="the base warm start's steps of 8 questions")
+    parser.add_argument("--minutes", type=float, default=5.0,
+                        help="the time bound of the minutes_* levers (the demo's reader has 7.5)")
     parser.add_argument("--split", default="tune", choices=("tune", "dev"),
                         help="held-out NQ questions scored (choose levers on tune; report dev)")
     parser.add_argument("--questions", default="data/open_qa/qa_qed_train.jsonl.gz", help="the NQ questions scored")
@@ -104,7 +121,9 @@ def main() -> int:
     args = parser.parse_args()
 
     out = args.out.rstrip("/")
-    names = ["base"] + [n for n in args.levers.split(",") if n and n != "base"]
+    names = [n for n in args.levers.split(",") if n]
+    if "base" not in names and any(REFERENCE.get(n, "base") == "base" for n in names):
+        names.insert(0, "base")
     unknown = [n for n in names if n not in LEVERS]
     if unknown:
         raise SystemExit(f"reader_levers: unknown levers {unknown}: one of {', '.join(LEVERS)}")
@@ -123,7 +142,8 @@ def main() -> int:
     for name in names:
         blocks = f"{out}/blocks_squad_train" if name == "squad_train" else f"{out}/blocks"
         sets = [*base_overrides(args.steps, blocks), *args.overrides,
-                *(o.format(steps_x3=3 * args.steps) for o in LEVERS[name]), f"reader.model_dir={out}/{name}"]
+                *(o.format(steps_x3=3 * args.steps, minutes=args.minutes) for o in LEVERS[name]),
+                f"reader.model_dir={out}/{name}"]
         flags = ["--config", args.config, *sum((["--set", o] for o in sets), [])]
         reading = list(args.reading) + ([args.squad_train[0]] if name == "squad_train" else [])
         stage(f"reader_{name}", lambda flags=flags, reading=reading: stages.cli(
@@ -155,6 +175,7 @@ def main() -> int:
               f"{reference} | {em:+.3f} [{em_low:+.3f}, {em_high:+.3f}] | {f1:+.3f} [{f1_low:+.3f}, {f1_high:+.3f}] |")
         record[name] = {"exact_match": metrics["exact_match"], "f1": metrics["f1"],
                         "num_questions": metrics["num_questions"], "compared_with": reference,
+                        "steps": trained_steps(f"{out}/{name}"),
                         "em_difference": list(differences["exact_match"]), "f1_difference": list(differences["f1"]),
                         "outcomes": metrics["outcomes"], "reader_oracle": metrics["reader_oracle"]}
     for name in names:
@@ -175,7 +196,8 @@ def main() -> int:
             claim=f"Reader lever {name} against {r['compared_with']} ({args.split} gold blocks): "
                   + ("helps" if helps else "no difference outside the interval"),
             figure=f"EM {r['exact_match']:.3f} ({em:+.3f}), F1 {r['f1']:.3f} ({f1:+.3f}) on {r['num_questions']} "
-                   f"questions",
+                   f"questions, {r['steps']} warm-start steps ({r['compared_with']}: "
+                   f"{record[r['compared_with']]['steps']})",
             interval=f"95% paired bootstrap: EM [{em_low:+.3f}, {em_high:+.3f}], F1 [{f1_low:+.3f}, {f1_high:+.3f}]")
     print("\nstage minutes: " + stage.minutes())
     print(json.dumps(record))
