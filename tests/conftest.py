@@ -240,3 +240,28 @@ def trained(retro_sets):
                                            f"retro.retro_fit_from={root}/baseline"])
     assert experiment.run_experiment(retro_lm.RetroLmTask(fit))["step"] == 3
     return root, sets
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):  # pylint: disable=unused-argument
+    """With ``REALM_TF_TEST_CPU=<file>``: each test's CPU seconds (this process's and its waited-for children's,
+    set-up and teardown included) and wall seconds, appended as JSON lines to ``<file>.<xdist worker>``: which tests
+    cost the suite's CPU time, a measure that two cores shared with other work distort less than wall time."""
+    path = os.environ.get("REALM_TF_TEST_CPU")
+    if not path:
+        yield
+        return
+    import resource
+    import time
+
+    def cpu():
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+    (own0, children0), wall0 = cpu(), time.time()
+    yield
+    (own1, children1), wall1 = cpu(), time.time()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with open(f"{path}.{worker}", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"test": item.nodeid, "cpu": round(own1 - own0, 2),
+                            "children_cpu": round(children1 - children0, 2), "wall": round(wall1 - wall0, 2)}) + "\n")
