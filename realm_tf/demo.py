@@ -149,7 +149,8 @@ def plan(cfg: config_lib.ExperimentConfig, work: str, params: str,
         stage("corpus", "gold passages of sampled questions, SQuAD paragraphs + as many others", stages.Call(
             "realm_tf.demo:sample_corpus", {"cfg": cfg, "corpus_out": corpus, "questions_out": questions,
                                             "squad_out": squad, "num_questions": options["num_questions"],
-                                            "squad_paragraphs": options["squad_paragraphs"]})),
+                                            "squad_paragraphs": options["squad_paragraphs"]},
+            starts_tensorflow=False)),
         stage("preprocess", "passages -> blocks of <= 288 wordpieces", stages.Call(
             "beam_jobs.preprocess_corpus:JOB.call", {"config": params, "input": [corpus],
                                                      "output": cfg.data.blocks_dir})),

@@ -28,11 +28,15 @@ class Call:
 
     ``report`` (optional, named the same way) turns the call's result into the text printed after it, in the
     process that ran it (the result itself may hold what cannot leave that process, such as a Keras model).
+    ``starts_tensorflow``: the call runs TensorFlow, which its child process then starts quietly before the call
+    (:func:`process_settings.prepare_process`); False for a call that never does, whose child then does not pay
+    TensorFlow's import.
     """
 
     target: str
     kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     report: str | None = None
+    starts_tensorflow: bool = True
 
     def __post_init__(self) -> None:
         for name in (self.target, self.report):
@@ -100,7 +104,7 @@ def call_in_child(call: Call, verbose: bool = False) -> Any:
     sys.stderr.flush()
     context = multiprocessing.get_context("spawn")
     with futures.ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=process_settings.prepare_process,
-                                     initargs=(verbose,)) as pool:
+                                     initargs=(verbose, call.starts_tensorflow)) as pool:
         return pool.submit(call_here, call).result()
 
 

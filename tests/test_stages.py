@@ -1,4 +1,5 @@
 """Stages: a library call in a child process of its own, its output ours, its result and errors returned."""
+import dataclasses
 import os
 from concurrent import futures
 
@@ -11,30 +12,38 @@ from realm_tf import stages
 
 def test_a_call_runs_in_a_fresh_child_and_returns_plain_data(capfd):
     cfg = config.load_config("configs/tiny.yaml", ["pretrain.steps=78"])
-    call = stages.Call("realm_tf.config:to_dict", {"obj": cfg}, report="json:dumps")
+    call = stages.Call("realm_tf.config:to_dict", {"obj": cfg}, report="json:dumps", starts_tensorflow=False)
     result = stages.call_in_child(call)
     assert result == config.to_dict(cfg) and result["pretrain"]["steps"] == 78
     assert '"steps": 78' in capfd.readouterr().out  # the report, printed by the child, reaches our stdout
-    assert stages.call_in_child(stages.Call("os:getpid")) != os.getpid()
+    assert stages.call_in_child(stages.Call("os:getpid", starts_tensorflow=False)) != os.getpid()
     # The same call here, for --one-process.
     assert stages.call_here(call) == result
+
+
+def test_only_a_call_that_runs_tensorflow_has_its_child_import_it():
+    loaded = stages.Call("sys:modules.__repr__")  # the child's modules, after its set-up
+    assert "'tensorflow':" in stages.call_in_child(loaded)
+    assert "'tensorflow':" not in stages.call_in_child(dataclasses.replace(loaded, starts_tensorflow=False))
 
 
 def test_what_the_child_raises_is_raised_here_and_a_killed_child_is_reported():
     with pytest.raises(config.ConfigError, match="unknown key 'pretrain.nope'"):
         stages.call_in_child(stages.Call("realm_tf.config:load_config",
-                                         {"path": "configs/tiny.yaml", "overrides": ["pretrain.nope=1"]}))
+                                         {"path": "configs/tiny.yaml", "overrides": ["pretrain.nope=1"]},
+                                         starts_tensorflow=False))
     with pytest.raises(futures.process.BrokenProcessPool):
-        stages.call_in_child(stages.Call("os:abort"))  # dies without a result, as an OOM kill does
+        # dies without a result, as an OOM kill does
+        stages.call_in_child(stages.Call("os:abort", starts_tensorflow=False))
 
 
 def test_a_stage_runs_its_calls_in_order_and_returns_the_last_result(tmp_path):
     path = tmp_path / "params.yaml"
     stage = stages.Stage("write-then-read", "", (
         stages.Call("realm_tf.config:save_params", {"cfg": config.load_config("configs/tiny.yaml"),
-                                                     "model_dir": str(tmp_path)}),
-        stages.Call("realm_tf.config:to_dict", {"obj": {"exists": str(path)}}),
-        stages.Call("os.path:exists", {"path": str(path)})))
+                                                     "model_dir": str(tmp_path)}, starts_tensorflow=False),
+        stages.Call("realm_tf.config:to_dict", {"obj": {"exists": str(path)}}, starts_tensorflow=False),
+        stages.Call("os.path:exists", {"path": str(path)}, starts_tensorflow=False)))
     assert stages.run_stage(stage, in_children=False) is True
     assert stages.run_stage(stage) is True
 
