@@ -187,7 +187,7 @@ def report(args: argparse.Namespace, seeds: list[int], table: dict[str, dict[str
     retrievable = facts["chunks"].get("train", 0) + facts["chunks"].get("database", 0)
     ratio = retrievable / max(facts["chunks"].get("train", 1), 1)
     first = table[f"baseline_s{seeds[0]}"]["later_chunks"]
-    buckets = list(first["bpb_by_bucket"])
+    buckets = [b for b in first["bpb_by_bucket"] if first["chunks_by_bucket"][b] > 0]  # an empty bucket has no bpb
     print(f"\n== RETRO natural setting: test bpb (original UTF-8 bytes) on chunks >= 1, by r(C) bucket; database "
           f"{retrievable:,} chunks = {ratio:.1f}x the training chunks ==")
     print("| model | " + " | ".join(f"{b} ({first['chunks_by_bucket'][b]})" for b in buckets) + " |")
@@ -239,8 +239,8 @@ def goal_record(args: argparse.Namespace, seeds: list[int], table: dict[str, dic
         base, fit = leaked(table[f"baseline_s{seed}"]), leaked(table[f"fit_s{seed}_k2"])
         diff, low, high = lm_evaluation.bpb_difference(base, fit)
         gains.append((-diff / bpb(base), -high / bpb(base), -low / bpb(base)))
-        lines.append(f"seed {seed}: {bpb(base):.4f} -> {bpb(fit):.4f}, {-diff / bpb(base):+.1%} "
-                     f"[{-high / bpb(base):+.1%}, {-low / bpb(base):+.1%}]")
+        lines.append(f"seed {seed}: {bpb(base):.4f} -> {bpb(fit):.4f}, {-diff / bpb(base):+.2%} "
+                     f"[{-high / bpb(base):+.2%}, {-low / bpb(base):+.2%}]")
     chunks = sum(table[f"baseline_s{seeds[0]}"]["later_chunks"]["chunks_by_bucket"][b] for b in LEAKED)
     mean_gain = sum(g[0] for g in gains) / len(gains)
     versus, knn_text = None, "kNN-LM not yet evaluated"
@@ -254,7 +254,7 @@ def goal_record(args: argparse.Namespace, seeds: list[int], table: dict[str, dic
         claim="In a natural setting (held-out Wikipedia paragraphs, a database of the other paragraphs ~10x the "
               "training text, nothing forced), RETRO-fit beats its baseline by >= 3% bpb on the chunks >= 1 with a "
               "database neighbour of r(C) > 0.125, and matches or beats kNN-LM there (three seeds or more)",
-        figure=f"RETRO-fit (k = 2) vs baseline on {chunks} such test chunks, mean {mean_gain:+.1%} over "
+        figure=f"RETRO-fit (k = 2) vs baseline on {chunks} such test chunks, mean {mean_gain:+.2%} over "
                f"{len(seeds)} seed(s) ({'; '.join(lines)}); {knn_text}; database {ratio:.1f}x the training chunks, "
                f"baseline {args.baseline_steps} steps, RETRO-fit {args.fit_steps} steps at lr {args.fit_lr}",
         interval="per seed, 95% paired bootstrap over documents (in brackets, as a share of the baseline's bpb)"
