@@ -38,10 +38,7 @@ def run_experiment(task: base_task.Task, strategy: tf.distribute.Strategy | None
     whatever the task's :meth:`~realm_tf.core.base_task.Task.finish` adds.
     """
     trainer = task.trainer_config
-    if trainer.strategy == "multi_worker" and trainer.max_minutes > 0:
-        # Each worker would stop (and, with ``learning_rate_decay: budget``, decay) by its own clock.
-        raise config_lib.ConfigError(f"{task.trainer_section}.max_minutes needs a single-worker strategy: each "
-                                     "worker would stop at its own time and leave the others waiting in an all-reduce")
+    _refuse_worker_clocks(task)
     if train:
         config_lib.save_params(task.cfg, trainer.model_dir)
     distribution.set_intra_op_threads(trainer.intra_op_threads)  # before the strategy's first op
@@ -58,9 +55,8 @@ def run_experiment(task: base_task.Task, strategy: tf.distribute.Strategy | None
     logs: dict[str, float] = {}
     try:
         task.initialize(model, loop)
-        budget = optimizer_lib.budget_hook(optimizer, trainer, lambda: loop.run_started)
         all_hooks = (*task.train_hooks(model, loop), *_train_and_eval(task, model, loop), *hooks,
-                     *([budget] if budget else []))
+                     *filter(None, [optimizer_lib.budget_hook(optimizer, trainer, lambda: loop.run_started)]))
         iterators: dict[tuple, Iterator] = {}
         for phase in task.phases(loop.step) if train else ():
             if loop.step >= (phase.until_step if phase.until_step is not None else trainer.steps):
@@ -89,6 +85,15 @@ def run_experiment(task: base_task.Task, strategy: tf.distribute.Strategy | None
     result["stopped_by"] = loop.stopped_by
     result["train"] = logs
     return result
+
+
+def _refuse_worker_clocks(task: base_task.Task) -> None:
+    """``max_minutes`` needs one clock: with several workers each would stop (and, with ``learning_rate_decay:
+    budget``, decay) by its own, and leave the others waiting in an all-reduce."""
+    trainer = task.trainer_config
+    if trainer.strategy == "multi_worker" and trainer.max_minutes > 0:
+        raise config_lib.ConfigError(f"{task.trainer_section}.max_minutes needs a single-worker strategy: each "
+                                     "worker would stop at its own time and leave the others waiting in an all-reduce")
 
 
 BEST_DIR = "best"  # <model_dir>/best: the model of the best evaluation of a train-and-eval run
