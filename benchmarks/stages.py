@@ -86,15 +86,8 @@ def write_kept(path: str, name: str, minutes: float, result: Any) -> None:
     entry = {"stage": name, "minutes": round(minutes, 2), "commit": result_records.commit(),
              "machine": result_records.machine(), "date": datetime.date.today().isoformat(), "result": result}
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as f:
-            f.write((json.dumps(entry, sort_keys=True) + "\n").encode("utf-8"))
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    config_lib.atomic_write_bytes(path, gzip.compress((json.dumps(entry, sort_keys=True) + "\n").encode("utf-8"),
+                                                      mtime=0))
 
 
 def read_kept(path: str) -> dict[str, Any]:
