@@ -8,6 +8,12 @@ PY := $(VENV)/bin/python
 SETUP_HASH := $(shell sha256sum setup.py | cut -c1-16)
 STAMP := $(VENV)/.setup-$(SETUP_HASH)
 export TF_USE_LEGACY_KERAS := 1
+# Python writes the bytecode of what a run imports, so that the next process reads it instead of compiling
+# TensorFlow's, Keras's and Beam's modules again: an environment that sets PYTHONDONTWRITEBYTECODE (as some
+# sandboxes and containers do) otherwise makes every process -- each test worker, each CLI child, each demo stage
+# -- compile them anew (with pip's --no-compile, nothing is compiled before): `import tensorflow` then costs three
+# times the CPU it costs with the bytecode written.
+unexport PYTHONDONTWRITEBYTECODE
 export TF_CPP_MIN_LOG_LEVEL := 2
 
 .PHONY: venv test test-fast lint build-file demo faults clean

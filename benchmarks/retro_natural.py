@@ -124,6 +124,7 @@ def main() -> int:
                                             "--overwrite", "--progress_interval", "0"]))
         stage("chunks", lambda: stages.cli(["build-chunk-database", *flags(common)]))
     stage("database_facts", lambda: database_facts(config_lib.load_config(args.config, common)), kept=True)
+    stage("neighbour_reach", lambda: neighbour_reach(config_lib.load_config(args.config, common)), kept=True)
 
     table: dict[str, dict[str, Any]] = {}
     for seed in seeds:
@@ -177,6 +178,46 @@ def database_facts(cfg: config_lib.ExperimentConfig) -> dict[str, Any]:
     return {"chunks": {s: int(c) for s, c in zip(splits.tolist(), counts.tolist())}, "documents": documents}
 
 
+def neighbour_reach(cfg: config_lib.ExperimentConfig) -> dict[str, Any]:
+    """What the decoder can read, per split (train: what RETRO-fit learns from; test: what it is scored on).
+
+    For every chunk C_u after a sequence's first, two overlaps with the database (r = LCS / |C_u|, RETRO §2.6):
+    ``leakage``, against C_u's own 10 nearest neighbours (the paper's r(C), the evaluation's buckets), and
+    ``readable``, against the k neighbours of C_{u-1} that chunked cross-attention actually reads for C_u (§2.4's
+    causal shift; [N, F] values, so a neighbour whose continuation F holds C_u's text counts). Chunk counts per
+    bucket of each, and their joint counts: a chunk can leak without its text being in what it reads."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    from realm_tf.retro import knn_lm  # pylint: disable=import-outside-toplevel
+    from realm_tf.retro import lm_evaluation  # pylint: disable=import-outside-toplevel
+    from realm_tf.retro import retro_lm  # pylint: disable=import-outside-toplevel
+
+    task = retro_lm.RetroLmTask(cfg, retrieval=False)
+    positions = task.sequence_positions()
+    edges = np.asarray(lm_evaluation.ALPHAS)
+    names = [lm_evaluation.bucket_name(low, high) for low, high in zip([None, *edges[:-1]], edges)]
+
+    def bucket(r: float) -> int:  # the evaluation's buckets: "0", then (low, high]
+        return int(np.searchsorted(edges, r - 1e-9, side="left"))
+
+    out: dict[str, Any] = {"buckets": names}
+    for split in ("train", "test"):
+        table = task.neighbour_table(split)  # [num_chunks, k]: what training (and scoring) reads
+        later = [(int(ids[u - 1]), int(ids[u])) for _, ids in task.document_chunks(split)
+                 for u in range(1, ids.size) if positions[ids[u]] > 0]
+        previous, current = (np.array(x, np.int64) for x in zip(*later))
+        leakage = lm_evaluation.chunk_overlaps(task, current)  # [C]
+        values, mask = task.store.values(table[previous], task.retriever.value_length)  # [C, k, r]
+        readable = np.array([knn_lm.chunk_overlap_ratio(task.store.tokens(c), [v[m] for v, m in zip(vs, ms)])
+                             for c, vs, ms in zip(current.tolist(), values, mask)])  # [C]
+        joint = np.zeros([len(names), len(names)], np.int64)  # [leakage bucket, readable bucket]
+        for a, b in zip(leakage.tolist(), readable.tolist()):
+            joint[bucket(a), bucket(b)] += 1
+        out[split] = {"later_chunks": int(current.size), "joint": joint.tolist(),
+                      "mean_leakage": float(leakage.mean()), "mean_readable": float(readable.mean())}
+    return out
+
+
 def report(args: argparse.Namespace, seeds: list[int], table: dict[str, dict[str, Any]], stage: stages.Stages,
            knn: dict[str, Any] | None, knn_seed: int) -> None:
     """The per-bucket tables on the later chunks (bpb; RETRO-fit minus baseline with its interval), then the records
@@ -208,6 +249,7 @@ def report(args: argparse.Namespace, seeds: list[int], table: dict[str, dict[str
             cells.append(f"{diff:+.4f} [{low:+.4f}, {high:+.4f}]")
         print(f"| seed {seed} | " + " | ".join(cells) + " |")
         by_bucket_lines.append(f"seed {seed}: " + "; ".join(f"r(C) {b} {c}" for b, c in zip(buckets, cells)))
+    reach_record(stage.result("neighbour_reach"))
     print("\nstage minutes: " + stage.minutes())
     means = {name: {b: sum(table[name.format(s)]["later_chunks"]["bpb_by_bucket"][b] for s in seeds) / len(seeds)
                     for b in buckets} for name in ("baseline_s{}", "fit_s{}_k2", "fit_s{}_k10", "fit_s{}_off")}
@@ -223,6 +265,35 @@ def report(args: argparse.Namespace, seeds: list[int], table: dict[str, dict[str
         interval="RETRO-fit minus baseline, 95% paired bootstrap over documents per bucket: "
                  + " | ".join(by_bucket_lines))
     goal_record(args, seeds, table, knn, knn_seed, ratio)
+
+
+def reach_record(reach: dict[str, Any]) -> None:
+    """Prints :func:`neighbour_reach`'s joint tables and records what share of the chunks the decoder reads its own
+    text for, in training and in the test's leaked chunks."""
+    names, lines = reach["buckets"], []
+    for split in ("train", "test"):
+        facts = reach[split]
+        joint = facts["joint"]
+        print(f"\n== {split}: chunks >= 1 ({facts['later_chunks']}) by r(C) (rows, own 10 neighbours) and by the "
+              "overlap with the k neighbours read (columns) ==")
+        print("| r(C) \\ read | " + " | ".join(names) + " |")
+        print("| --- |" + " ---: |" * len(names))
+        for name, row in zip(names, joint):
+            print(f"| {name} | " + " | ".join(str(c) for c in row) + " |")
+        leaked = [row for name, row in zip(names, joint) if name in LEAKED]
+        total = sum(map(sum, leaked))
+        read = sum(sum(c for n, c in zip(names, row) if n in LEAKED) for row in leaked)
+        strong = sum(row[-1] for row in joint)
+        lines.append(f"{split}: {total} of {facts['later_chunks']} chunks >= 1 leak (r(C) > 0.125), {read} of them "
+                     f"({read / max(total, 1):.0%}) read a neighbour holding > 0.125 of their text; {strong} "
+                     f"({strong / facts['later_chunks']:.1%}) read one holding more than half")
+    print("\n" + "\n".join(lines))
+    result_records.write(
+        "retro-natural-neighbour-reach", area="RETRO and kNN-LM", order=44, verdict="holds",
+        claim="In the natural setting, how often the k = 2 neighbours a chunk reads (retrieved with the chunk before "
+              "it, RETRO §2.4) hold its own text: in training, what RETRO-fit can learn to copy from; in the test, "
+              "what it could use (measured, not a goal)",
+        figure="; ".join(lines), interval="counts over every chunk >= 1 of the split (no sampling)")
 
 
 def goal_record(args: argparse.Namespace, seeds: list[int], table: dict[str, dict[str, Any]],
