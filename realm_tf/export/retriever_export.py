@@ -72,13 +72,26 @@ class RetrieverExportModule(tf.Module):
         return {"embedding": self.retriever.embed_blocks(packed, training=False)}  # [B, dim]
 
 
+def _export_module(retriever: knowledge_retriever.KnowledgeRetriever, tokenizer: bert_tokenizer.BertTokenizer,
+                   query_seq_length: int, block_seq_length: int) -> RetrieverExportModule:
+    """The retriever's export module, built once per retriever and lengths: a trainer exports the same towers every
+    few hundred steps, and the module's signatures, traced at the first save (seconds for each BERT tower), are
+    reused by every later one (a SavedModel save reads the variables' current values)."""
+    key = (tokenizer.vocab_hash, query_seq_length, block_seq_length)
+    cached = getattr(retriever, "_realm_export_module", None)
+    if cached is None or cached[0] != key:
+        cached = (key, RetrieverExportModule(retriever, tokenizer, query_seq_length, block_seq_length))
+        object.__setattr__(retriever, "_realm_export_module", cached)  # not a tracked attribute of the Keras model
+    return cached[1]
+
+
 def export_retriever(retriever: knowledge_retriever.KnowledgeRetriever, cfg: config_lib.ExperimentConfig,
                      step: int, tokenizer: bert_tokenizer.BertTokenizer | None = None,
                      export_dir: str | None = None) -> str:
     """Writes ``<export_dir>/<step>/`` atomically and prunes old exports; returns the export path."""
     tokenizer = tokenizer or bert_tokenizer.BertTokenizer(cfg.model.vocab_file, cfg.model.lower_case)
     export_dir = export_dir or cfg.refresh.export_dir
-    module = RetrieverExportModule(retriever, tokenizer, cfg.model.query_seq_length, cfg.model.block_seq_length)
+    module = _export_module(retriever, tokenizer, cfg.model.query_seq_length, cfg.model.block_seq_length)
     final = os.path.join(export_dir, str(int(step)))
     start = time.time()
     # A re-export of the same step (e.g. after a resume) replaces it.

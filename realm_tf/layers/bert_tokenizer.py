@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import types
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -78,6 +78,19 @@ def _fast_bert_tokenizer(vocab: list[str], vocab_sha1: str, lower_case: bool) ->
     return tokenizer
 
 
+class _Vocabulary:
+    """The wordpieces and their ids, held as one plain object: tf.Module walks every attribute of a module (and of
+    the models and SavedModel exports that hold the tokenizer) to collect variables, descending into tuples and
+    mappings, so a 30k-entry tuple or mapping attribute costs half a second per walk, and a SavedModel save walks
+    hundreds of times. An object that is neither a module nor a nested structure is one leaf."""
+
+    __slots__ = ("tokens", "ids")
+
+    def __init__(self, tokens: Sequence[str]) -> None:
+        self.tokens: tuple[str, ...] = tuple(tokens)
+        self.ids: Mapping[str, int] = types.MappingProxyType({token: i for i, token in enumerate(self.tokens)})
+
+
 class BertTokenizer(tf_keras.layers.Layer):
     """WordPiece tokenizer over a BERT vocabulary, with REALM's ``join_BERT`` packing.
 
@@ -91,16 +104,19 @@ class BertTokenizer(tf_keras.layers.Layer):
         self._vocab_file = vocab_file
         self._lower_case = lower_case
         vocab = read_vocab(vocab_file)
-        # Immutable containers: Keras wraps a list or dict attribute to track each of its 30k entries (a second).
-        self.vocab: tuple[str, ...] = tuple(vocab)
+        self._vocabulary = _Vocabulary(vocab)
         self.vocab_hash = _hash(vocab)
-        self._ids = types.MappingProxyType({token: i for i, token in enumerate(vocab)})
-        self.pad_id = self._ids["[PAD]"]
-        self.unk_id = self._ids["[UNK]"]
-        self.cls_id = self._ids["[CLS]"]
-        self.sep_id = self._ids["[SEP]"]
-        self.mask_id = self._ids["[MASK]"]
+        self.pad_id = self.token_id("[PAD]")
+        self.unk_id = self.token_id("[UNK]")
+        self.cls_id = self.token_id("[CLS]")
+        self.sep_id = self.token_id("[SEP]")
+        self.mask_id = self.token_id("[MASK]")
         self._tokenizer = _fast_bert_tokenizer(vocab, self.vocab_hash, lower_case)
+
+    @property
+    def vocab(self) -> tuple[str, ...]:
+        """The wordpieces, by id."""
+        return self._vocabulary.tokens
 
     @property
     def vocab_size(self) -> int:
@@ -108,7 +124,7 @@ class BertTokenizer(tf_keras.layers.Layer):
 
     def token_id(self, token: str) -> int:
         """The id of a vocabulary token (KeyError names the token if absent)."""
-        return self._ids[token]
+        return self._vocabulary.ids[token]
 
     def call(self, text: tf.Tensor) -> tf.RaggedTensor:
         """Tokenizes ``string[batch]`` into ``RaggedTensor[batch, (num_wordpieces)]`` of int32 ids."""

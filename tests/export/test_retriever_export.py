@@ -82,3 +82,23 @@ def test_keeps_newest_exports(exported):
     retriever_export.export_retriever(model, cfg, step=10, tokenizer=tok)
     assert retriever_export.list_exports(os.path.dirname(path)) == [10]  # keep_exports=1
     assert not any(n.startswith(".staging") and n != ".staging-9-abc" for n in os.listdir(os.path.dirname(path)))
+
+
+def test_a_later_export_of_the_same_towers_carries_their_new_weights(tmp_path):
+    """The export module (and its traced signatures) is reused for every export of one retriever: each save must
+    still write the weights the towers hold at that moment."""
+    cfg = config.load_config("configs/tiny.yaml", [f"refresh.export_dir={tmp_path}", "refresh.keep_exports=2"])
+    model = knowledge_retriever.build_knowledge_retriever(cfg.model)
+    tok = bert_tokenizer.BertTokenizer(cfg.model.vocab_file)
+    first = retriever_export.export_retriever(model, cfg, step=1, tokenizer=tok)
+    before = _keras_embeddings(cfg, model, tok)
+    rng = np.random.default_rng(0)
+    model.set_weights([w + rng.normal(0.0, 0.05, w.shape).astype(w.dtype) for w in model.get_weights()])
+    second = retriever_export.export_retriever(model, cfg, step=2, tokenizer=tok)
+    after = _keras_embeddings(cfg, model, tok)
+    assert np.abs(before[0] - after[0]).max() > 1e-2  # the towers did change
+    for path, (q, d) in ((first, before), (second, after)):
+        loaded = tf.saved_model.load(path)
+        got_q = loaded.signatures["embed_query"](text=tf.constant(QUERIES))["embedding"].numpy()
+        got_d = loaded.signatures["embed_block"](title=tf.constant(TITLES), text=tf.constant(TEXTS))["embedding"]
+        assert np.abs(got_q - q).max() <= 1e-5 and np.abs(got_d.numpy() - d).max() <= 1e-5, path
