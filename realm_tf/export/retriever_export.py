@@ -74,15 +74,16 @@ class RetrieverExportModule(tf.Module):
 
 def _export_module(retriever: knowledge_retriever.KnowledgeRetriever, tokenizer: bert_tokenizer.BertTokenizer,
                    query_seq_length: int, block_seq_length: int) -> RetrieverExportModule:
-    """The retriever's export module, built once per retriever and lengths: a trainer exports the same towers every
-    few hundred steps, and the module's signatures, traced at the first save (seconds for each BERT tower), are
-    reused by every later one (a SavedModel save reads the variables' current values)."""
-    key = (tokenizer.vocab_hash, query_seq_length, block_seq_length)
+    """The retriever's export module, built once per retriever, tokenizer and lengths: a trainer exports the same
+    towers with the same tokenizer every few hundred steps, and the module's signatures, traced at the first save
+    (seconds for each BERT tower), are reused by every later one (a SavedModel save reads the variables' current
+    values)."""
     cached = getattr(retriever, "_realm_export_module", None)
-    if cached is None or cached[0] != key:
-        cached = (key, RetrieverExportModule(retriever, tokenizer, query_seq_length, block_seq_length))
+    if (cached is None or cached.tokenizer is not tokenizer
+            or (cached._query_seq_length, cached._block_seq_length) != (query_seq_length, block_seq_length)):
+        cached = RetrieverExportModule(retriever, tokenizer, query_seq_length, block_seq_length)
         object.__setattr__(retriever, "_realm_export_module", cached)  # not a tracked attribute of the Keras model
-    return cached[1]
+    return cached
 
 
 def export_retriever(retriever: knowledge_retriever.KnowledgeRetriever, cfg: config_lib.ExperimentConfig,
