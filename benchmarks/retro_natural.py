@@ -194,13 +194,7 @@ def neighbour_reach(cfg: config_lib.ExperimentConfig) -> dict[str, Any]:
 
     task = retro_lm.RetroLmTask(cfg, retrieval=False)
     positions = task.sequence_positions()
-    edges = np.asarray(lm_evaluation.ALPHAS)
-    names = [lm_evaluation.bucket_name(low, high) for low, high in zip([None, *edges[:-1]], edges)]
-
-    def bucket(r: float) -> int:  # the evaluation's buckets: "0", then (low, high]
-        return int(np.searchsorted(edges, r - 1e-9, side="left"))
-
-    out: dict[str, Any] = {"buckets": names}
+    out: dict[str, Any] = {}
     for split in ("train", "test"):
         table = task.neighbour_table(split)  # [num_chunks, k]: what training (and scoring) reads
         later = [(int(ids[u - 1]), int(ids[u])) for _, ids in task.document_chunks(split)
@@ -210,10 +204,11 @@ def neighbour_reach(cfg: config_lib.ExperimentConfig) -> dict[str, Any]:
         values, mask = task.store.values(table[previous], task.retriever.value_length)  # [C, k, r]
         readable = np.array([knn_lm.chunk_overlap_ratio(task.store.tokens(c), [v[m] for v, m in zip(vs, ms)])
                              for c, vs, ms in zip(current.tolist(), values, mask)])  # [C]
-        joint = np.zeros([len(names), len(names)], np.int64)  # [leakage bucket, readable bucket]
-        for a, b in zip(leakage.tolist(), readable.tolist()):
-            joint[bucket(a), bucket(b)] += 1
-        out[split] = {"later_chunks": int(current.size), "joint": joint.tolist(),
+        by_leakage = list(lm_evaluation._buckets(leakage, lm_evaluation.ALPHAS))  # the evaluation's buckets
+        by_reading = [m for _, m in lm_evaluation._buckets(readable, lm_evaluation.ALPHAS)]
+        joint = [[int((a & b).sum()) for b in by_reading] for _, a in by_leakage]  # [leakage bucket, read bucket]
+        out["buckets"] = [name for name, _ in by_leakage]
+        out[split] = {"later_chunks": int(current.size), "joint": joint,
                       "mean_leakage": float(leakage.mean()), "mean_readable": float(readable.mean())}
     return out
 
