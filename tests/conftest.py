@@ -61,10 +61,39 @@ def workspace_overrides():
             "refresh.poll_seconds=0.2"]
 
 
+def _built_once(tmp_path_factory, name, build):
+    """A session fixture's result built once for the whole run, not once per xdist worker: ``build(directory)``
+    runs in the first worker that asks, under a file lock in the directory the workers share (pytest's base temp
+    dir of the run), and its JSON result is read by every later one. Without xdist it is built in this process's
+    own temp dir. What is built is read, never changed, by the tests."""
+    import fcntl
+
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return build(tmp_path_factory.mktemp(name))
+    shared = tmp_path_factory.getbasetemp().parent
+    with open(shared / f"{name}.lock", "w", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when a worker dies holding it
+        done = shared / f"{name}.json"
+        if done.exists():
+            return json.loads(done.read_text(encoding="utf-8"))
+        directory = shared / name
+        if directory.exists():  # a worker died while building it
+            import shutil
+
+            shutil.rmtree(directory)
+        directory.mkdir()
+        result = build(directory)
+        done.write_text(json.dumps(result), encoding="utf-8")
+        return result
+
+
 @pytest.fixture(scope="session")
 def pretraining_workspace(tmp_path_factory):
     """``(shared_dir)`` holding ``blocks/`` (80 passages) and ``pretraining/`` (salient-span examples)."""
-    shared = tmp_path_factory.mktemp("realm_shared")
+    return pathlib.Path(_built_once(tmp_path_factory, "realm_shared", _build_pretraining_workspace))
+
+
+def _build_pretraining_workspace(shared):
     with gzip.open("data/open_qa/passages.jsonl.gz", "rt") as f:
         lines = list(itertools.islice(f, 80))
     with open(shared / "corpus.jsonl", "w") as f:
@@ -78,12 +107,16 @@ def pretraining_workspace(tmp_path_factory):
                                output=str(shared / "blocks"))
     generate_pretraining_data.JOB.call(config=TINY, overrides=sets)
     assert os.listdir(shared / "pretraining")
-    return shared
+    return str(shared)
 
 
 @pytest.fixture(scope="session")
 def tiny_bert_checkpoint(tmp_path_factory):
     """A TF checkpoint prefix of a (random) tiny-config BERT: fixed weights every process can restore."""
+    return _built_once(tmp_path_factory, "tiny_bert", _build_tiny_bert_checkpoint)
+
+
+def _build_tiny_bert_checkpoint(directory):
     import tensorflow as tf
 
     from realm_tf import config
@@ -92,7 +125,7 @@ def tiny_bert_checkpoint(tmp_path_factory):
 
     encoder = bert_encoder.build_bert_encoder(config.load_config(TINY).model.encoder)
     bert_weight_import.ensure_built(encoder)
-    return tf.train.Checkpoint(encoder=encoder).write(str(tmp_path_factory.mktemp("tiny_bert") / "bert"))
+    return tf.train.Checkpoint(encoder=encoder).write(str(directory / "bert"))
 
 
 @pytest.fixture(scope="session")
@@ -178,6 +211,12 @@ def corpus_vocabulary(tmp_path_factory, pretraining_workspace):
     kept, and no longer one exists), so the texts are tokenized as before, over about 3,000 ids instead of 30,522.
     The RETRO decoder predicts over the vocabulary (tied embeddings, RETRO §2.4): its softmax was most of a
     training step's time."""
+    root, sets = _built_once(tmp_path_factory, "corpus_vocabulary",
+                             lambda root: _build_corpus_vocabulary(root, pretraining_workspace))
+    return pathlib.Path(root), sets
+
+
+def _build_corpus_vocabulary(root, pretraining_workspace):
     import tensorflow as tf
 
     from beam_jobs import preprocess_corpus
@@ -186,7 +225,6 @@ def corpus_vocabulary(tmp_path_factory, pretraining_workspace):
     from realm_tf.networks import bert_encoder
     from realm_tf.networks import bert_weight_import
 
-    root = tmp_path_factory.mktemp("corpus_vocabulary")
     vocab_file = config.load_config(TINY).model.vocab_file
     with open(pretraining_workspace / "corpus.jsonl", encoding="utf-8") as f:
         texts = [value for line in f for value in json.loads(line).values() if isinstance(value, str)]
@@ -205,15 +243,19 @@ def corpus_vocabulary(tmp_path_factory, pretraining_workspace):
     tf.train.Checkpoint(encoder=encoder).write(str(root / "bert" / "bert"))
     preprocess_corpus.JOB.call(config=TINY, overrides=sets, input=[str(pretraining_workspace / "corpus.jsonl")],
                                output=str(root / "blocks"))
-    return root, sets
+    return str(root), sets
 
 
 @pytest.fixture(scope="session")
 def retro_sets(tmp_path_factory, corpus_vocabulary):
     """A tiny RETRO chunk database (m = 8, n = 32) over the workspace's passages, in the corpus's own vocabulary:
     ``(root, --set overrides)``."""
+    root, sets = _built_once(tmp_path_factory, "retro", lambda root: _build_retro_sets(root, corpus_vocabulary))
+    return pathlib.Path(root), sets
+
+
+def _build_retro_sets(root, corpus_vocabulary):
     vocabulary, vocabulary_sets = corpus_vocabulary
-    root = tmp_path_factory.mktemp("retro")
     sets = vocabulary_sets + [
         f"retro.chunks_dir={root}/chunks", f"retro.index_dir={root}/index", "index.kind=brute_force",
         f"retro.embedder_checkpoint={vocabulary}/bert/bert", "retro.chunk_length=8", "retro.continuation_length=8",
@@ -223,13 +265,17 @@ def retro_sets(tmp_path_factory, corpus_vocabulary):
         "data.shuffle_buffer=8", "retro_trainer.steps=3", "retro_trainer.warmup_steps=0",
         "retro_trainer.summary_every_steps=1", "retro_trainer.checkpoint_every_steps=3"]
     build_chunk_database.JOB.call(config=TINY, overrides=sets)
-    return root, sets
+    return str(root), sets
 
 
 @pytest.fixture(scope="session")
-def trained(retro_sets):
+def trained(tmp_path_factory, retro_sets):
     """A baseline decoder trained 3 steps, then RETRO-fitted 3 steps (``<root>/baseline``, ``<root>/fit``)."""
-    root, sets = retro_sets
+    _built_once(tmp_path_factory, "trained", lambda _: _train(*retro_sets))
+    return retro_sets
+
+
+def _train(root, sets):
     from realm_tf import config  # pylint: disable=import-outside-toplevel
     from realm_tf.core import experiment  # pylint: disable=import-outside-toplevel
     from realm_tf.retro import retro_lm  # pylint: disable=import-outside-toplevel
@@ -239,7 +285,7 @@ def trained(retro_sets):
     fit = config.load_config(TINY, sets + [f"retro_trainer.model_dir={root}/fit",
                                            f"retro.retro_fit_from={root}/baseline"])
     assert experiment.run_experiment(retro_lm.RetroLmTask(fit))["step"] == 3
-    return root, sets
+    return True
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,5 +1,5 @@
 """`realm-tf pretrain` end to end on a tiny config, as separate processes: the asynchronous index refresh (with
-the index builder SIGKILLed mid-publish) and a trainer SIGKILLed and rerun."""
+the index builder SIGKILLed mid-publish), then the trainer SIGKILLed and rerun, in one run of the loop."""
 import os
 import re
 import signal
@@ -59,15 +59,19 @@ def _tail(path, chars=4000):
         return f.read()[-chars:] if chars else f.read()
 
 
-def test_async_refresh_process_and_builder_killed_mid_publish(tmp_path, pretraining_workspace, workspace_overrides,
-                                                               read_scalars):
+def test_async_refresh_builder_killed_mid_publish_trainer_killed_and_rerun(tmp_path, pretraining_workspace,
+                                                                          workspace_overrides, read_scalars):
+    """The trainer bootstraps the first index and exports; a builder process refreshes it and the trainer's input
+    pipeline switches; a second builder is SIGKILLed with its version staged, not committed; the trainer is
+    SIGKILLed, and its rerun resumes from the last checkpoint on the existing index, then stops on SIGTERM."""
     sets = workspace_overrides(tmp_path, pretraining_workspace) + [
         "refresh.mode=external", "refresh.export_every_steps=3", "pretrain.steps=100000", "pretrain.max_minutes=8",
-        "pretrain.summary_every_steps=1", "pretrain.checkpoint_every_steps=100"]
+        "pretrain.summary_every_steps=1", "pretrain.checkpoint_every_steps=5"]
     index_dir = str(tmp_path / "index")
-    logs = {name: open(tmp_path / f"{name}.log", "w") for name in ("trainer", "builder", "killed")}  # noqa: SIM115
+    logs = {name: open(tmp_path / f"{name}.log", "w")  # noqa: SIM115
+            for name in ("trainer", "builder", "killed", "rerun")}
     trainer = _cli(["pretrain"], sets, logs["trainer"])
-    builder = killed = None
+    builder = killed = rerun = None
     try:
         # The trainer bootstraps index version 0 itself, then exports every 3 steps.
         _wait(lambda: index_publisher.complete_versions(index_dir), 240, "the first index version", [trainer])
@@ -90,50 +94,36 @@ def test_async_refresh_process_and_builder_killed_mid_publish(tmp_path, pretrain
         assert trainer.poll() is None, _tail(tmp_path / "trainer.log")  # still training
         # Batches retrieved before the switch are still in the prefetch buffer: train past them.
         switched = _switch_step(tmp_path / "trainer.log")
-        _wait(lambda: _trainer_step(tmp_path / "trainer.log") >= switched + 6, 300, "training on the new index",
-              [trainer])
-        trainer.terminate()  # SIGTERM: checkpoint, stop, evaluate, exit 143 (stopped early, not finished)
-        assert trainer.wait(300) == 128 + signal.SIGTERM, _tail(tmp_path / "trainer.log")
+        _wait(lambda: _trainer_step(tmp_path / "trainer.log") >= switched + 6 and _checkpoint_step(tmp_path) >= 5,
+              300, "training on the new index", [trainer])
+        trainer.send_signal(signal.SIGKILL)  # no checkpoint, no evaluation: the rerun starts from the last saved one
+        trainer.wait(30)
+        killed_at = _checkpoint_step(tmp_path)
+        rerun = _cli(["pretrain"], sets, logs["rerun"])
+        _wait(lambda: _trainer_step(tmp_path / "rerun.log") >= killed_at + 2, 300, "the rerun's steps", [rerun])
+        rerun.terminate()  # SIGTERM: checkpoint, stop, evaluate, exit 143 (stopped early, not finished)
+        assert rerun.wait(300) == 128 + signal.SIGTERM, _tail(tmp_path / "rerun.log")
     finally:
-        for p in (trainer, builder, killed):
+        for p in (trainer, builder, killed, rerun):
             if p is not None and p.poll() is None:
                 p.kill()
         for f in logs.values():
             f.close()
-    scalars = read_scalars(tmp_path / "model" / "train")
-    versions = [v for _, v in scalars["index_version"]]
+    out = _tail(tmp_path / "rerun.log", chars=None)
+    assert f"-{killed_at} at step {killed_at}" in out, out[:3000]  # "resumed from .../ckpt-N at step N"
+    assert "no index in" not in out  # the index the first run built and refreshed is used
+    assert "held-out salient spans" in out and "stopping at step" in out and "SIGTERM" in out
+    assert "input pipeline switched to index version" in _tail(tmp_path / "trainer.log", chars=None)
+    # One value per step: the rerun repeats the steps after its checkpoint, on the same index version or a newer one.
+    versions = [v for _, v in sorted(dict(read_scalars(tmp_path / "model" / "train")["index_version"]).items())]
     assert len(set(versions)) >= 2 and versions[0] == 0.0, versions  # the first index, then refreshed ones
     assert max(versions) == previous  # never the killed builder's version
-    assert versions == sorted(versions)  # the trainer only moves forward
+    assert versions == sorted(versions)  # the trainers only move forward
+    scalars = read_scalars(tmp_path / "model" / "train")
     assert min(v for _, v in scalars["off_policy_delay_steps"]) >= 0
     assert min(v for _, v in scalars["off_policy_delay_seconds"]) >= 0
-    out = _tail(tmp_path / "trainer.log", chars=None)
-    assert "input pipeline switched to index version" in out and "held-out salient spans" in out
-    assert "stopping at step" in out and "SIGTERM" in out
 
 
-def test_trainer_killed_and_rerun_resumes_from_last_checkpoint(tmp_path, pretraining_workspace, workspace_overrides):
-    sets = workspace_overrides(tmp_path, pretraining_workspace) + [
-        "refresh.mode=external", "refresh.export_every_steps=0", "pretrain.steps=30",
-        "pretrain.checkpoint_every_steps=5"]
-    checkpoints = str(tmp_path / "model" / "checkpoints")
-    with open(tmp_path / "first.log", "w") as log:
-        trainer = _cli(["pretrain", "--no-eval"], sets, log)
-        try:
-            def step():
-                latest = tf.train.latest_checkpoint(checkpoints)
-                return int(latest.rsplit("-", 1)[1]) if latest else 0
-            _wait(lambda: step() >= 10, 300, "checkpoint 10", [trainer])
-            trainer.send_signal(signal.SIGKILL)
-            trainer.wait(30)
-        finally:
-            if trainer.poll() is None:
-                trainer.kill()
-    killed_at = step()
-    assert 10 <= killed_at < 30
-    with open(tmp_path / "second.log", "w") as log:
-        assert _cli(["pretrain", "--no-eval"], sets, log).wait(400) == 0, _tail(tmp_path / "second.log")
-    out = _tail(tmp_path / "second.log", chars=None)
-    assert f"-{killed_at} at step {killed_at}" in out, out[:3000]  # "resumed from .../ckpt-N at step N"
-    assert "pretrain: step 30:" in out
-    assert "no index in" not in out  # the index built by the first run is reused
+def _checkpoint_step(root):
+    latest = tf.train.latest_checkpoint(str(root / "model" / "checkpoints"))
+    return int(latest.rsplit("-", 1)[1]) if latest else 0
