@@ -72,11 +72,28 @@ def _overrides(work: str, pretrain_steps: int, finetune_steps: int, reader_steps
     ]
 
 
+#: The stages after the reader warm start (fine-tuning, evaluation, export, questions) and the warm start's own
+#: start (its reading blocks, tracing) took 0.61 of the time of the stages before it, plus 52 s, on a 2 vCPU
+#: Xeon (162 s and 52 s after 267 s): the estimate keeps a margin over both.
+AFTER_WARM_START = (0.7, 60.0)
+
+
+def reader_minutes_left(budget_minutes: float, elapsed_seconds: float, cap_minutes: float) -> float:
+    """The reader warm start's minutes when the demo's stages must end within ``budget_minutes``: what is left
+    once the stages before it (``elapsed_seconds``) and an estimate of those after it (:data:`AFTER_WARM_START`)
+    are counted; at most ``cap_minutes``, at least one. The warm start's rate decays to 0 when its minutes run
+    out (``reader.learning_rate_decay: budget``), so a slower machine reads fewer questions, annealed."""
+    share, fixed = AFTER_WARM_START
+    left = budget_minutes * 60.0 - elapsed_seconds * (1.0 + share) - fixed
+    return max(1.0, min(cap_minutes, left / 60.0))
+
+
 def run(cfg: config_lib.ExperimentConfig, workdir: str = "runs/demo", in_children: bool = True,
         verbose: bool = False, num_questions: int = 800, pretrain_steps: int = 2, finetune_steps: int = 10,
         reader_steps: int = 800, reader_minutes: float = 7.5, reader_negatives: int = 0, reader_batch_size: int = 8,
         squad_paragraphs: int | None = None, reader_nq: str = "all", samples: int = 3,
-        pretrain_batch_size: int = 1, finetune_batch_size: int = 2, precision: str = "auto") -> int:
+        pretrain_batch_size: int = 1, finetune_batch_size: int = 2, precision: str = "auto",
+        minutes: float = 13.5) -> int:
     """Runs every stage on a subset of the bundled data; returns 0 when the loop completed.
 
     Each stage calls the library functions that the ``realm-tf`` commands call (:func:`plan`), in a child process
@@ -89,7 +106,8 @@ def run(cfg: config_lib.ExperimentConfig, workdir: str = "runs/demo", in_childre
     does not learn a small reading set by heart (with the SQuAD questions of 100 paragraphs it did, in 700 steps:
     benchmarks/RESULTS.md). ``reader_nq="sample"``: only the demo's sample of NQ questions, on its corpus.
     The 800 bundled questions are a seeded random sample (:func:`sample_corpus`); their dev split is the held-out
-    set.
+    set. ``minutes`` (0: none): the stages' time budget (the README's 15 minutes less the set-up's); the warm start
+    gets what the others leave (:func:`reader_minutes_left`), at most ``reader_minutes``.
     """
     if reader_nq not in ("all", "sample"):
         raise ValueError(f"reader_nq={reader_nq!r}: 'all' or 'sample'")
@@ -106,9 +124,30 @@ def run(cfg: config_lib.ExperimentConfig, workdir: str = "runs/demo", in_childre
     options = {"num_questions": num_questions, "squad_paragraphs": squad_paragraphs, "reader_nq": reader_nq,
                "reader_minutes": reader_minutes, "reader_batch_size": reader_batch_size, "samples": samples,
                "pretrain_batch_size": pretrain_batch_size, "finetune_batch_size": finetune_batch_size}
+    params = config_lib.save_params(cfg, work)
+    results = _run_stages(cfg, work, params, options, started, minutes, in_children, verbose)
+    stats, metrics = results["corpus"], results["evaluate"]
+    print(f"\nrealm-tf demo finished in {(time.time() - started) / 60:.1f} min on {stats['passages']} passages; "
+          f"held-out questions: {metrics['num_questions']}")
+    print(f"outputs: {work}/ (blocks, index, pretrain, finetune, served); metrics {work}/metrics.json; "
+          f"predictions {metrics['predictions']}; TensorBoard: tensorboard --logdir {work}")
+    print(f"EM {metrics['exact_match']:.3f}  F1 {metrics['f1']:.3f}  accuracy@5 {metrics['accuracy@5']:.3f}  "
+          f"(reader oracle {metrics['reader_oracle']:.3f}, accuracy@20 {metrics['accuracy@20']:.3f})")
+    return 0
+
+
+def _run_stages(cfg: config_lib.ExperimentConfig, work: str, params: str, options: dict[str, Any], started: float,
+                minutes: float, in_children: bool, verbose: bool) -> dict[str, Any]:
+    """Runs :func:`plan`'s stages in order (the warm start planned again with the minutes ``minutes`` leaves it);
+    ``{stage name: result}``."""
     results: dict[str, Any] = {}
-    steps = plan(cfg, work, config_lib.save_params(cfg, work), options)
+    steps = plan(cfg, work, params, options)
     for number, stage in enumerate(steps, 1):
+        if stage.name == "train-reader" and minutes > 0:
+            left = reader_minutes_left(minutes, time.time() - started, options["reader_minutes"])
+            replanned = plan(_with(cfg, f"reader.max_minutes={left:.2f}"), work, params,
+                             {**options, "reader_minutes": round(left, 2)})
+            stage = next(s for s in replanned if s.name == stage.name)
         print(f"\n=== [{number}/{len(steps)}] {stage.name}: {stage.what}  (t={time.time() - started:.0f}s)", flush=True)
         start = time.time()
         try:
@@ -121,14 +160,7 @@ def run(cfg: config_lib.ExperimentConfig, workdir: str = "runs/demo", in_childre
             stats = results[stage.name]
             print(f"  {stats['passages']} passages, {stats['questions']} questions ({stats['dev']} held out), "
                   f"{stats['squad_questions']} SQuAD questions for the reader warm start")
-    stats, metrics = results["corpus"], results["evaluate"]
-    print(f"\nrealm-tf demo finished in {(time.time() - started) / 60:.1f} min on {stats['passages']} passages; "
-          f"held-out questions: {metrics['num_questions']}")
-    print(f"outputs: {work}/ (blocks, index, pretrain, finetune, served); metrics {work}/metrics.json; "
-          f"predictions {metrics['predictions']}; TensorBoard: tensorboard --logdir {work}")
-    print(f"EM {metrics['exact_match']:.3f}  F1 {metrics['f1']:.3f}  accuracy@5 {metrics['accuracy@5']:.3f}  "
-          f"(reader oracle {metrics['reader_oracle']:.3f}, accuracy@20 {metrics['accuracy@20']:.3f})")
-    return 0
+    return results
 
 
 def plan(cfg: config_lib.ExperimentConfig, work: str, params: str,

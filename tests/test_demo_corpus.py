@@ -68,3 +68,12 @@ def test_squad_paragraphs_caps_the_paragraphs(tmp_path):
     assert {10, 11} <= set(ids) and len(ids) == len(set(ids)) == 4 + 2 + 4
     _, _, _, none = _subset(tmp_path, cfg, 4, 0)
     assert none == []
+
+
+def test_the_reader_warm_start_gets_the_minutes_the_budget_leaves():
+    share, fixed = demo.AFTER_WARM_START
+    elapsed = 267.0  # seconds of the stages before it
+    expected = (13.5 * 60 - elapsed * (1 + share) - fixed) / 60  # the stages after it estimated from those before
+    assert demo.reader_minutes_left(13.5, elapsed, cap_minutes=7.5) == expected < 7.5
+    assert demo.reader_minutes_left(30.0, elapsed, cap_minutes=7.5) == 7.5  # a fast machine: the cap
+    assert demo.reader_minutes_left(3.0, elapsed, cap_minutes=7.5) == 1.0  # nothing left: the floor

@@ -85,7 +85,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     # Sizes not given on the command line keep demo.run's defaults (one place for them).
     sizes = {name: getattr(args, name) for name in ("pretrain_steps", "finetune_steps", "reader_steps",
                                                     "reader_minutes", "reader_negatives", "squad_paragraphs",
-                                                    "reader_nq", "precision")}
+                                                    "reader_nq", "precision", "minutes")}
     return demo.run(command.load(args), workdir=args.workdir, in_children=not args.one_process, verbose=args.verbose,
                     num_questions=args.questions, **{name: value for name, value in sizes.items() if value is not None})
 
@@ -101,7 +101,11 @@ def _args_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reader-steps", dest="reader_steps", type=int,
                    help="reader warm-start steps (at most --reader-minutes)")
     p.add_argument("--reader-minutes", dest="reader_minutes", type=float,
-                   help="time budget of the reader warm start")
+                   help="time budget of the reader warm start (at most; see --minutes)")
+    p.add_argument("--minutes", type=float,
+                   help="the stages end within about this many minutes (default 13.5: make demo's 15 "
+                        "with the set-up); the reader warm start gets what the other stages leave, at "
+                        "most --reader-minutes (0: no budget)")
     p.add_argument("--reader-negatives", dest="reader_negatives", type=int,
                    help="BM25 blocks without the answer read next to each gold block in the "
                         "warm start (0: gold blocks only)")
