@@ -83,11 +83,11 @@ def train_until_plateau(out: str, flags: list[str], reading: list[str], args: ar
     """Trains the reader chunk by chunk, scoring the tune split's gold blocks after each, until the scores
     plateau or ``--max-chunks``; the curve (one point per chunk)."""
     path = f"{out}/curve.json"
-    curve = read_curve(path)
+    curve = stages.read_curve(path)
     while (not held_out_progress.plateaued(curve, WATCHED, args.patience, args.min_delta)
            and len(curve) < args.max_chunks):
         if time.time() > deadline:
-            raise OutOfTime(f"chunk {len(curve) + 1}")
+            raise stages.OutOfTime(f"chunk {len(curve) + 1}")
         step = (curve[-1]["step"] if curve else 0) + args.chunk
         started = time.time()
         stages.cli(["train-reader", *flags, "--set", f"reader.steps={step}", "--questions", *reading])
@@ -108,18 +108,6 @@ def train_until_plateau(out: str, flags: list[str], reading: list[str], args: ar
         print(f"reader_curve: step {step}: tune gold-block EM {metrics['exact_match']:.3f}, F1 {metrics['f1']:.3f} "
               f"({trained / 60:.1f} min of training)", flush=True)
     return curve
-
-
-def read_curve(path: str) -> list[dict[str, Any]]:
-    """The curve written so far (empty before the first chunk)."""
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
-class OutOfTime(Exception):
-    """``--max-hours`` reached between two chunks."""
 
 
 def plot_curve(curve: list[dict[str, Any]], path: str) -> None:
@@ -175,14 +163,9 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     parser.add_argument("--config", default="configs/minilm.yaml")
     parser.add_argument("--out", default="runs/bench/reader_curve")
-    parser.add_argument("--chunk", type=int, default=600, help="warm-start steps between tune evaluations")
-    parser.add_argument("--patience", type=int, default=3, help="evaluations without improvement before stopping")
-    parser.add_argument("--min-delta", dest="min_delta", type=float, default=0.01,
-                        help="what counts as an improvement of EM or F1 (about half the standard error of EM on the "
-                             "346 tune questions)")
-    parser.add_argument("--max-chunks", dest="max_chunks", type=int, default=100)
-    parser.add_argument("--max-hours", dest="max_hours", type=float, default=0.0,
-                        help="stop between chunks after this long (0: never); the same command resumes")
+    stages.add_plateau_args(parser, 600, "warm-start steps between tune evaluations", 0.01,
+                            "what counts as an improvement of EM or F1 (about half the standard error of EM on the "
+                            "346 tune questions)", 100)
     parser.add_argument("--questions", default="data/open_qa/qa_qed_train.jsonl.gz", help="the NQ questions scored")
     parser.add_argument("--reading", nargs="*", default=["data/open_qa/qa_squad_dev.jsonl.gz",
                                                          "data/open_qa/qa_qed_train.jsonl.gz",
@@ -204,7 +187,7 @@ def main() -> int:
                                         *sum((["--input", p] for p in args.passages), [])]))
     try:
         curve = train_until_plateau(out, flags, args.reading, args, deadline)
-    except OutOfTime as stopped:
+    except stages.OutOfTime as stopped:
         print(f"reader_curve: --max-hours reached before {stopped}; the same command continues", flush=True)
         return 0
     plot_curve(curve, f"{out}/curve.png")

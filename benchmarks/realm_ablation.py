@@ -71,28 +71,17 @@ DEFAULT_ROWS = "import,ict_retriever,realm_retriever,realm_reader,realm,realm_ra
 WATCHED = ("mlm_accuracy", "retrieval_utility")
 
 
-class OutOfTime(Exception):
-    """``--max-hours`` reached between two stages."""
-
-
-def read_curve(path: str) -> list[dict[str, float]]:
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
 def pretrain_until_plateau(name: str, out: str, sets: list[str], data: str, eval_data: str, args: argparse.Namespace,
                            deadline: float) -> list[dict[str, float]]:
     """Pre-trains run ``name`` chunk by chunk until its held-out scores plateau (``held_out_progress``), or for
     ``--max-chunks``; its curve."""
     run = f"{out}/{name}"
     path = f"{run}/curve.json"
-    curve = read_curve(path)
+    curve = stages.read_curve(path)
     while (not held_out_progress.plateaued(curve, WATCHED, args.patience, args.min_delta)
            and len(curve) < args.max_chunks):
         if time.time() > deadline:
-            raise OutOfTime(name)
+            raise stages.OutOfTime(name)
         step = (curve[-1]["step"] if curve else 0) + args.chunk
         started = time.time()
         metrics = f"{run}/metrics-{step}.json"
@@ -136,12 +125,9 @@ def main() -> int:
     parser.add_argument("--rows", default=DEFAULT_ROWS, help=f"comma-separated, from: {', '.join(ROWS)}")
     parser.add_argument("--corpus", default="data/open_qa/passages.jsonl.gz")
     parser.add_argument("--questions", default="data/open_qa/qa_qed_train.jsonl.gz")
-    parser.add_argument("--chunk", type=int, default=200, help="pre-training steps between held-out evaluations")
-    parser.add_argument("--patience", type=int, default=3, help="evaluations without improvement before stopping")
-    parser.add_argument("--min-delta", dest="min_delta", type=float, default=0.005,
-                        help="what counts as an improvement of a watched score (about one standard error of "
-                             "the held-out MLM accuracy at the default --eval-examples)")
-    parser.add_argument("--max-chunks", dest="max_chunks", type=int, default=1000)
+    stages.add_plateau_args(parser, 200, "pre-training steps between held-out evaluations", 0.005,
+                            "what counts as an improvement of a watched score (about one standard error of the "
+                            "held-out MLM accuracy at the default --eval-examples)", 1000)
     parser.add_argument("--eval-examples", dest="eval_examples", type=int, default=2048)
     parser.add_argument("--pretrain", dest="pretrain_overrides", action="append", default=[],
                         help="overrides of every pre-training run (e.g. data.batch_size=4)")
@@ -150,8 +136,6 @@ def main() -> int:
     parser.add_argument("--finetune", dest="finetune_overrides", action="append", default=[],
                         help="overrides of every row's fine-tuning")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="for every stage")
-    parser.add_argument("--max-hours", dest="max_hours", type=float, default=0.0,
-                        help="stop between stages after this long (0: never); the same command resumes")
     args = parser.parse_args()
 
     out = args.out.rstrip("/")
@@ -168,7 +152,7 @@ def main() -> int:
 
     def timed(name: str, fn):
         if name not in stage.state and time.time() > deadline:
-            raise OutOfTime(name)
+            raise stages.OutOfTime(name)
         return stage(name, fn)
 
     try:
@@ -199,7 +183,7 @@ def main() -> int:
         if curves:
             plot_curves(curves, f"{out}/curves.png")
         results = {row: run_row(row, out, sets, args, timed) for row in rows}
-    except OutOfTime as stopped:
+    except stages.OutOfTime as stopped:
         print(f"realm_ablation: --max-hours reached before {stopped}; the same command continues", flush=True)
         return 0
     print_table(results, out)
@@ -266,7 +250,8 @@ def print_table(results: dict[str, dict[str, Any]], out: str) -> None:
               f"{r['gold_exact_match']:.3f} |")
     for row, r in results.items():
         print(f"\n{row}:\n{answer_errors.format_table(r['outcomes'])}")
-    curves = {os.path.basename(os.path.dirname(p)): read_curve(p) for p in sorted(glob.glob(f"{out}/*/curve.json"))}
+    curves = {os.path.basename(os.path.dirname(p)): stages.read_curve(p)
+              for p in sorted(glob.glob(f"{out}/*/curve.json"))}
     for name, curve in curves.items():
         print(f"\npre-training run {name}: " + ", ".join(
             f"step {p['step']}: MLM acc {p['mlm_accuracy']:.4f}, utility {p['retrieval_utility']:.4f}" for p in curve))

@@ -101,3 +101,27 @@ def read_kept(path: str) -> dict[str, Any]:
     if missing:
         raise ValueError(f"{path}: kept stage result lacks {sorted(missing)}")
     return entry
+
+
+class OutOfTime(Exception):
+    """``--max-hours`` reached between two stages or chunks: the same command continues the run."""
+
+
+def read_curve(path: str) -> list[dict[str, Any]]:
+    """A training curve written so far (one point per chunk; empty before the first)."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def add_plateau_args(parser: Any, chunk: int, chunk_help: str, min_delta: float, min_delta_help: str,
+                     max_chunks: int) -> None:
+    """The flags of a run that trains in chunks until its held-out scores plateau
+    (``realm_tf.tasks.held_out_progress.plateaued``), resumable across sessions of limited length."""
+    parser.add_argument("--chunk", type=int, default=chunk, help=chunk_help)
+    parser.add_argument("--patience", type=int, default=3, help="evaluations without improvement before stopping")
+    parser.add_argument("--min-delta", dest="min_delta", type=float, default=min_delta, help=min_delta_help)
+    parser.add_argument("--max-chunks", dest="max_chunks", type=int, default=max_chunks)
+    parser.add_argument("--max-hours", dest="max_hours", type=float, default=0.0,
+                        help="stop between stages after this long (0: never); the same command resumes")
