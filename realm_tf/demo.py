@@ -72,9 +72,10 @@ def _overrides(work: str, pretrain_steps: int, finetune_steps: int, reader_steps
     ]
 
 
-#: The stages after the reader warm start (fine-tuning, evaluation, export, questions) and the warm start's own
-#: start (its reading blocks, tracing) took 0.61 of the time of the stages before it, plus 52 s, on a 2 vCPU
-#: Xeon (162 s and 52 s after 267 s): the estimate keeps a margin over both.
+#: The estimate of what follows the reader warm start's training (its own start: reading blocks, tracing; then
+#: fine-tuning, evaluation, export, questions): ``(share, seconds)``, that share of the time the stages before it
+#: took plus that many seconds. The stages on both sides are process starts, traces and BERT passes, so they
+#: scale together with the machine's speed; the figures behind the values are in benchmarks/RESULTS.md (make demo).
 AFTER_WARM_START = (0.7, 60.0)
 
 
