@@ -115,11 +115,11 @@ def test_async_refresh_builder_killed_mid_publish_trainer_killed_and_rerun(tmp_p
     assert "held-out salient spans" in out and "stopping at step" in out and "SIGTERM" in out
     assert "input pipeline switched to index version" in _tail(tmp_path / "trainer.log", chars=None)
     # One value per step: the rerun repeats the steps after its checkpoint, on the same index version or a newer one.
-    versions = [v for _, v in sorted(dict(read_scalars(tmp_path / "model" / "train")["index_version"]).items())]
+    scalars = read_scalars(tmp_path / "model" / "train")
+    versions = [v for _, v in sorted(dict(scalars["index_version"]).items())]
     assert len(set(versions)) >= 2 and versions[0] == 0.0, versions  # the first index, then refreshed ones
     assert max(versions) == previous  # never the killed builder's version
     assert versions == sorted(versions)  # the trainers only move forward
-    scalars = read_scalars(tmp_path / "model" / "train")
     assert min(v for _, v in scalars["off_policy_delay_steps"]) >= 0
     assert min(v for _, v in scalars["off_policy_delay_seconds"]) >= 0
 
