@@ -358,9 +358,11 @@ def evaluate(cfg: config_lib.ExperimentConfig, model_dir: str, retrieval: bool, 
 
 def _bucket_summary(scores: TokenScores, overlaps: dict[int, float], doc_index: np.ndarray,
                     alphas: Sequence[float]) -> dict[str, Any]:
-    """bpb over all of ``scores``, then bpb, chunk counts and per-document bits and bytes of each r(C) bucket."""
+    """bpb over all of ``scores`` and their per-document bits and bytes, then bpb, chunk counts and per-document
+    bits and bytes of each r(C) bucket."""
     by_bucket = bits_per_byte_by_bucket(scores, overlaps, alphas)
     return {"bpb": retro_sequences.bits_per_byte(-scores.log_probs.sum(), int(scores.bytes.sum())),
+            "per_document": per_document(scores, doc_index),
             "bpb_by_bucket": {b: v[0] for b, v in by_bucket.items()},
             "chunks_by_bucket": {b: v[1] for b, v in by_bucket.items()},
             "per_document_by_bucket": per_document_by_bucket(scores, overlaps, doc_index, alphas)}

@@ -161,6 +161,9 @@ def test_evaluate_lm_and_knn_datastore_match_numpy(trained, capsys, progress_tot
         buckets = later["per_document_by_bucket"].values()  # the whole is its buckets' bits over their bytes
         np.testing.assert_allclose(later["bpb"], sum(sum(d["bits"]) for d in buckets) /
                                    sum(sum(d["bytes"]) for d in buckets), rtol=1e-9)
+        whole = later["per_document"]  # and its documents' bits over their bytes, the same bytes as the buckets'
+        assert sum(whole["bytes"]) == sum(sum(d["bytes"]) for d in buckets) < result["bytes"]
+        np.testing.assert_allclose(later["bpb"], sum(whole["bits"]) / sum(whole["bytes"]), rtol=1e-9)
     # Chunked cross-attention reads any number of neighbours: a model trained with k = 2 is scored with k = 3
     # (RETRO evaluates with more neighbours than it trained with) by the same path as the numpy reference.
     more = config.load_config(TINY, fit + ["retro.num_neighbours=3"])
