@@ -15,8 +15,10 @@ with ``tf.matmul`` (oneDNN's batched matmul). Its four projections are
 mask are applied right after the scores product, where oneDNN applies them as the scores are written. The
 weights, their names, the mask's values and the returned scores are Keras' own; only the order of the
 floating-point work differs, so the outputs agree with ``MultiHeadAttention``'s to float rounding. In training,
-dropout on the attention probabilities draws 16 random bits per element and multiplies by its mask, at half the
-cost of ``tf.nn.dropout`` (:func:`_attention_dropout`).
+dropout on the attention probabilities decides each element on 16 random bits and multiplies the probabilities by
+its 0/1 mask (:mod:`realm_tf.layers.integer_dropout`); the inverted-dropout scale is applied to the product with V,
+``[batch, heads, target_len, value_dim]``, instead of to the ``[batch, heads, target_len, source_len]``
+probabilities: ((P ⊙ M) · s) V = s ((P ⊙ M) V).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import math
 import tensorflow as tf
 import tf_keras
 
+from realm_tf.layers import integer_dropout
 from realm_tf.layers import matmul_einsum_dense
 
 
@@ -73,42 +76,22 @@ class HeadMajorAttention(tf_keras.layers.MultiHeadAttention):
             keep = tf.cast(tf.expand_dims(attention_mask, 1), scores.dtype)  # [batch, 1, target_len, source_len]
             scores = tf.add(scores, (1.0 - keep) * _masked_score(scores.dtype))
         scores = self._softmax(scores)  # [batch, heads, target_len, source_len]
-        if isinstance(training, bool) and self._dropout > 0:  # the usual case: a Python flag
-            dropped = _attention_dropout(scores, self._dropout) if training else scores
+        if isinstance(training, bool) and 0.0 < self._dropout < 1.0:  # the usual case: a Python flag
+            output = _dropped_product(scores, value, self._dropout) if training else tf.matmul(scores, value)
         else:  # a symbolic flag, or no dropout: Keras' layer decides
             dropped = self._dropout_layer(scores, training=training)  # [batch, heads, target_len, source_len]
-        output = tf.matmul(dropped, value)  # [batch, heads, target_len, value_dim]
+            output = tf.matmul(dropped, value)  # [batch, heads, target_len, value_dim]
         return tf.transpose(output, [0, 2, 1, 3]), scores  # [batch, target_len, heads, value_dim]
 
 
-#: Dropout decides on 16 random bits per element.
-_DROPOUT_BITS = 16
-
-
-def _attention_dropout(probabilities: tf.Tensor, rate: float) -> tf.Tensor:
-    """Inverted dropout (Srivastava et al., 2014) on ``[batch, heads, target_len, source_len]`` attention
-    probabilities, as BERT applies it (Devlin et al., 2019): each element is zeroed with probability ``rate`` and the
-    rest are scaled so that the expectation is unchanged.
-
-    ``tf.nn.dropout`` (inside Keras' ``Dropout``) draws one 32-bit Philox number per element, turns it into a float,
-    compares, and selects between the scaled input and a broadcast zero. Here each element takes 16 random bits
-    (half a 32-bit draw), kept when they are at least ``round(rate · 2¹⁶)``, and the mask is multiplied in.
-    Forward and backward on ``[8, 12, 320, 320]`` bfloat16: 15.6 ms against 31.4 ms (``benchmarks/bert_kernels.py``).
-    The scale is ``2¹⁶ / (2¹⁶ - threshold)``, the inverse of the exact keep probability (rounded to the compute
-    dtype, as ``tf.nn.dropout``'s is); ``tf.nn.dropout`` on bfloat16 also keeps 89.85% at rate 0.1, not 90%
-    (its uniform draws have 8 bits), and scales by 1/0.9.
-    """
-    levels = 1 << _DROPOUT_BITS
-    threshold = int(round(rate * levels))
-    shape = tf.shape(probabilities)
-    pairs = (shape[-1] + 1) // 2  # two 16-bit halves per 32-bit draw along the last axis
-    bits = tf.random.uniform(tf.concat([shape[:-1], [pairs]], 0), minval=-(1 << 31), maxval=(1 << 31) - 1,
-                             dtype=tf.int32)  # [batch, heads, target_len, ceil(source_len / 2)]
-    halves = tf.bitcast(bits, tf.uint16)  # [batch, heads, target_len, ceil(source_len / 2), 2]
-    halves = tf.reshape(halves, tf.concat([shape[:-1], [2 * pairs]], 0))[..., :shape[-1]]  # a no-op when even
-    keep = tf.cast(halves >= tf.constant(threshold, tf.uint16), probabilities.dtype)  # [batch, heads, target_len,
-    # source_len]: 1 with probability (levels - threshold) / levels
-    return probabilities * (keep * tf.constant(levels / (levels - threshold), probabilities.dtype))
+def _dropped_product(probabilities: tf.Tensor, value: tf.Tensor, rate: float) -> tf.Tensor:
+    """dropout(P) V for ``probabilities`` P ``[batch, heads, target_len, source_len]`` and ``value`` V ``[batch,
+    heads, source_len, value_dim]`` → ``[batch, heads, target_len, value_dim]``: P times a 16-bit keep mask, times
+    V, times the inverted-dropout scale (:mod:`realm_tf.layers.integer_dropout`)."""
+    mask = integer_dropout.keep_mask(tf.shape(probabilities), rate, probabilities.dtype)  # [batch, heads, target_len,
+    # source_len]
+    output = tf.matmul(probabilities * mask, value)  # [batch, heads, target_len, value_dim]
+    return output * tf.constant(integer_dropout.keep_scale(rate), output.dtype)
 
 
 def _masked_score(dtype: tf.dtypes.DType) -> float:

@@ -5,11 +5,12 @@
 :class:`realm_tf.layers.head_major_attention.HeadMajorAttention`, whose attention products are batched matmuls
 instead of einsums, and the two dense layers into
 :class:`realm_tf.layers.matmul_einsum_dense.MatmulEinsumDense`, with the GELU moved into the first, so that each
-is one oneDNN matmul with its bias and activation fused, and its layer norms into
+is one oneDNN matmul with its bias and activation fused, its layer norms into
 :class:`realm_tf.layers.fused_layer_normalization.FusedLayerNormalization`, one oneDNN kernel each at BERT's
-ε = 1e-12. The layer objects stay the ones the block
-made (the subclasses add methods, no state), so the variables, their names, their order and the checkpoint keys
-are the block's own, and so is every output up to float rounding.
+ε = 1e-12, and its dropouts into :class:`realm_tf.layers.integer_dropout.IntegerDropout` (16 random bits per
+element). The layer objects stay the ones the block made (the subclasses add methods, no state), so the
+variables, their names, their order and the checkpoint keys are the block's own, and so is every output up to
+float rounding (in training, with other dropout masks).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from official.nlp.modeling import layers
 
 from realm_tf.layers import fused_layer_normalization
 from realm_tf.layers import head_major_attention
+from realm_tf.layers import integer_dropout
 from realm_tf.layers import matmul_einsum_dense
 
 
@@ -48,3 +50,6 @@ class HeadMajorEncoderBlock(layers.TransformerEncoderBlock):
         for norm in (self._attention_layer_norm, self._output_layer_norm):
             if type(norm) is tf_keras.layers.LayerNormalization:  # pylint: disable=unidiomatic-typecheck
                 norm.__class__ = fused_layer_normalization.FusedLayerNormalization  # not built yet; no new state
+        for dropout in (self._attention_dropout, self._inner_dropout_layer, self._output_dropout):
+            if type(dropout) is tf_keras.layers.Dropout:  # pylint: disable=unidiomatic-typecheck
+                dropout.__class__ = integer_dropout.IntegerDropout  # only `call` differs; no state

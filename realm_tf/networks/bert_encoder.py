@@ -16,6 +16,7 @@ from official.nlp.modeling import networks
 from realm_tf import config as config_lib
 from realm_tf.layers import fused_layer_normalization
 from realm_tf.layers import head_major_encoder_block
+from realm_tf.layers import integer_dropout
 
 #: The packed inputs every BERT here takes, each ``int32[batch, seq_len]``.
 INPUT_KEYS = ("input_word_ids", "input_mask", "input_type_ids")
@@ -52,6 +53,8 @@ class BertEncoder(networks.BertEncoderV2):
         norm = self._embedding_norm_layer
         if type(norm) is tf_keras.layers.LayerNormalization:  # pylint: disable=unidiomatic-typecheck
             norm.__class__ = fused_layer_normalization.FusedLayerNormalization  # not built yet; no new state
+        if type(self._embedding_dropout) is tf_keras.layers.Dropout:  # pylint: disable=unidiomatic-typecheck
+            self._embedding_dropout.__class__ = integer_dropout.IntegerDropout  # only `call` differs; no state
 
 
 def build_bert_encoder(cfg: config_lib.EncoderConfig, name: str = "bert") -> networks.BertEncoderV2:
