@@ -9,7 +9,7 @@ in the backward one. Here a 32-bit draw decides two elements: its two 16-bit hal
 integers reduced to a range. An element is kept with probability ``1 − round(rate · 2¹⁶) / 2¹⁶`` and kept
 elements are scaled by the inverse of exactly that (:func:`keep_scale`, rounded to the compute dtype as
 ``tf.nn.dropout``'s scale is), so the expectation is the input's. Measured against ``tf.nn.dropout`` by
-``benchmarks/bert_kernels.py``.
+``benchmarks/dropout_speed.py``.
 
 :class:`IntegerDropout` is Keras' ``Dropout`` with this mask where ``training`` is a Python flag and the layer
 has no ``noise_shape`` or seed; otherwise it is Keras' ``Dropout`` itself.
