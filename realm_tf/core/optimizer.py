@@ -21,7 +21,15 @@ logger = logging.getLogger(__name__)
 
 class ScaledAdamWeightDecay(legacy_adamw.AdamWeightDecay):
     """tf-models' AdamW where variables matching a pattern take ``learning_rate × scale`` (the update and the
-    decoupled weight decay both scale; the schedule, moments and checkpoint layout are AdamW's).
+    decoupled weight decay both scale; the schedule, moments and checkpoint layout are AdamW's), and where a
+    gradient that arrives as rows (``tf.IndexedSlices``: a word-embedding table's) is applied as the dense gradient
+    it stands for.
+
+    Adam's sparse update (Kingma & Ba, 2015, as Keras writes it) still decays both moments of every row and moves
+    every row, in five passes over the table plus the scattered rows; applied densely, the rows scattered into zeros,
+    the same update is one fused ``ApplyAdam`` pass, and the table's reads stop copying it (a variable updated by
+    scatters is read by copy). The two give the same values up to float rounding: a row without gradient has its
+    moments decayed and moves by ``m / (√v + ε)`` either way.
 
     Adam's update is invariant to the scale of the gradient, so scaling gradients cannot do this. REALM trains
     every parameter at one rate because its reader starts from BERT with its MLM head; on an import without
@@ -65,7 +73,9 @@ class ScaledAdamWeightDecay(legacy_adamw.AdamWeightDecay):
         return super()._resource_apply_dense(grad, var, self._scaled_state(var, apply_state))
 
     def _resource_apply_sparse(self, grad: Any, var: Any, indices: Any, apply_state: dict | None = None) -> Any:
-        return super()._resource_apply_sparse(grad, var, indices, self._scaled_state(var, apply_state))
+        # grad [rows, *var.shape[1:]] at unique ``indices`` [rows] (Keras sums duplicates first) -> var's shape
+        dense = tf.math.unsorted_segment_sum(grad, indices, tf.shape(var, out_type=indices.dtype)[0])
+        return self._resource_apply_dense(dense, var, apply_state)
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "lr_scales": [list(item) for item in self.lr_scales]}
@@ -183,8 +193,8 @@ def build_optimizer(cfg: config_lib.TrainerConfig,
     warm-up then linear decay to 0 at ``cfg.steps`` (``learning_rate_decay: constant``: no decay, for a run whose
     length is not fixed in advance; ``budget``: to 0 at ``cfg.steps`` or when ``max_minutes`` runs out, whichever
     comes first, :class:`BudgetedLinearDecay`);
-    :class:`ScaledAdamWeightDecay` when ``cfg.learning_rate_scales`` is set (its patterns match the paths of
-    ``model``'s variables, :func:`variable_paths`)."""
+    :class:`ScaledAdamWeightDecay`, with ``cfg.learning_rate_scales`` (their patterns match the paths of
+    ``model``'s variables, :func:`variable_paths`; none: every variable at the schedule's rate)."""
     opt_config = optimization.OptimizationConfig({
         "optimizer": {"type": "adamw", "adamw": {
             "weight_decay_rate": cfg.weight_decay,
@@ -209,8 +219,6 @@ def build_optimizer(cfg: config_lib.TrainerConfig,
         schedule = lr_schedule.LinearWarmup(BudgetedLinearDecay(cfg.learning_rate, cfg.steps), cfg.warmup_steps,
                                             warmup_learning_rate=0.0) if cfg.warmup_steps > 0 \
             else BudgetedLinearDecay(cfg.learning_rate, cfg.steps)
-    if not cfg.learning_rate_scales:
-        return factory.build_optimizer(schedule)
     kwargs = {k: v for k, v in opt_config.optimizer.get().as_dict().items() if v is not None}
     return ScaledAdamWeightDecay(lr_scales=parse_lr_scales(cfg.learning_rate_scales),
                                  paths=variable_paths(model) if model is not None else None, learning_rate=schedule,

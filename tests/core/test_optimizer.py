@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
+from official.modeling.optimization import legacy_adamw
 
 from realm_tf import config
 from realm_tf.core import optimizer as optimizer_lib
@@ -46,7 +47,7 @@ def test_scaled_variables_take_scaled_steps_and_the_rest_plain_adamw():
 def test_without_scales_the_optimizer_is_tf_models_adamw_with_the_same_steps():
     plain, scaled = optimizer_lib.build_optimizer(BASE), optimizer_lib.build_optimizer(
         dataclasses.replace(BASE, learning_rate_scales=("nothing-matches=5",)))
-    assert not isinstance(plain, optimizer_lib.ScaledAdamWeightDecay)
+    assert plain.get_config()["lr_scales"] == [] and plain.lr_scale("head/kernel") == 1.0
     a, b = _variables(), _variables()
     for step in range(3):
         grads = {k: tf.constant(np.random.default_rng(step).normal(size=[3, 2]).astype(np.float32)) for k in a}
@@ -252,3 +253,35 @@ def test_no_budget_hook_without_a_budget_or_a_budgeted_schedule():
     linear = config.TrainerConfig(steps=100, learning_rate_decay="linear", max_minutes=5.0)
     for cfg in (budget, linear):
         assert optimizer_lib.budget_hook(optimizer_lib.build_optimizer(cfg), cfg, run_start=lambda: 0.0) is None
+
+
+def test_embedding_rows_are_applied_as_the_dense_gradient_they_stand_for():
+    """A word-embedding table's gradient (``tf.IndexedSlices``, a row twice) takes the steps tf-models' AdamW takes
+    with its sparse update, and those of the same gradient given densely; the table is never scattered into."""
+    rng = np.random.default_rng(5)
+    start = rng.normal(size=[50, 4]).astype(np.float32)
+    ours, dense_ours = optimizer_lib.build_optimizer(BASE), optimizer_lib.build_optimizer(BASE)
+    theirs = legacy_adamw.AdamWeightDecay(
+        learning_rate=tf_keras.optimizers.schedules.PolynomialDecay(1e-2, BASE.steps, 0.0), weight_decay_rate=0.1,
+        exclude_from_weight_decay=list(optimizer_lib.NO_WEIGHT_DECAY), gradient_clip_norm=0.0)
+    tables = [tf.Variable(start, name="word_embeddings/embeddings") for _ in range(3)]
+    for _ in range(3):
+        indices = np.append(rng.choice(50, size=11, replace=False), 7)  # row 7 twice at most
+        values = rng.normal(size=[12, 4]).astype(np.float32)
+        dense = np.zeros_like(start)
+        np.add.at(dense, indices, values)
+        rows = tf.IndexedSlices(tf.constant(values), tf.constant(indices, tf.int64), tf.constant([50, 4], tf.int64))
+        ours.apply_gradients([(rows, tables[0])])
+        theirs.apply_gradients([(rows, tables[1])])
+        dense_ours.apply_gradients([(tf.constant(dense), tables[2])])
+    np.testing.assert_allclose(tables[0].numpy(), tables[1].numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(tables[0].numpy(), tables[2].numpy(), rtol=1e-6, atol=1e-7)
+    assert np.abs(tables[0].numpy() - start).min() > 0  # rows without a gradient moved too, as Adam's do
+
+    @tf.function
+    def step(gradient):
+        ours.apply_gradients([(gradient, tables[0])])
+
+    rows = tf.IndexedSlices(tf.constant(values), tf.constant(indices, tf.int64), tf.constant([50, 4], tf.int64))
+    types = {op.type for op in step.get_concrete_function(rows).graph.get_operations()}
+    assert "ResourceApplyAdam" in types and not {t for t in types if "Scatter" in t}
