@@ -8,8 +8,8 @@ per op on 2 cores, mixed bfloat16 where the CPU has it); their runs take turns (
 ``steps_per_second`` (TensorBoard, every 5 steps) is compared at the same step: the mean over steps from
 ``--from-step`` on, and how many of the paired intervals were faster.
 
-The other commit runs from a ``git worktree`` of it under ``--out``, imported ahead of this checkout
-(``PYTHONPATH``). Resumable (``<out>/stages.json``)::
+Each commit's runs start in its own checkout (the other commit's a ``git worktree`` under ``--out``), whose
+``realm_tf`` they import (checked). Resumable (``<out>/stages.json``)::
 
     .venv/bin/python benchmarks/reader_step_speed.py --out runs/bench/reader_step_speed --against 298a0bf
 """
@@ -32,9 +32,12 @@ import stages  # noqa: E402  (benchmarks/)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHILD = """
-import sys
+import os, sys
+import realm_tf
 from realm_tf import config as config_lib
 from realm_tf.tasks import reader_warm_start
+if not realm_tf.__file__.startswith(os.getcwd() + os.sep):
+    sys.exit(f"realm_tf imported from {realm_tf.__file__}, not from the checkout {os.getcwd()}")
 cfg = config_lib.load_config("configs/minilm.yaml", sys.argv[2:])
 reader_warm_start.train_reader(cfg, sys.argv[1].split(","))
 """
@@ -62,7 +65,8 @@ def train(root: str, data: dict[str, str], model_dir: str, steps: int, precision
             "model.reader_length_buckets=2", f"reader.intra_op_threads={1 if (os.cpu_count() or 1) <= 2 else 0}",
             "qa.reader_checkpoint=", "qa.reader_negatives=0"]
     env = {**os.environ, "PYTHONPATH": root, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    subprocess.run([sys.executable, "-c", CHILD, f"{data['squad']},{data['questions']}", *sets], cwd=REPO, env=env,
+    # ``-c`` puts the working directory first on the path: the checkout's realm_tf, checked by the child
+    subprocess.run([sys.executable, "-c", CHILD, f"{data['squad']},{data['questions']}", *sets], cwd=root, env=env,
                    check=True)
 
 
@@ -99,7 +103,7 @@ def main() -> int:
                              capture_output=True).stdout.strip()
     other = f"{out}/checkout-{against}"
     stage(f"checkout_{against}", lambda: subprocess.run(["git", "worktree", "add", "--force", "--detach", other,
-                                                         against], cwd=REPO, check=True))
+                                                         against], cwd=REPO, check=True).returncode)
     arms = {"here": REPO, against: other}
     for pair in range(args.pairs):
         for arm, root in arms.items():
