@@ -66,7 +66,7 @@ class ScaledAdamWeightDecay(legacy_adamw.AdamWeightDecay):
             return apply_state
         key = (var.device, var.dtype.base_dtype)
         coefficients = (apply_state or {}).get(key) or self._fallback_apply_state(*key)
-        # Adam's dense update reads lr_t; its sparse update (embedding rows) reads the bias-corrected lr.
+        # Adam's dense update (embedding rows included, applied densely) reads lr_t; Keras' sparse one, lr.
         return {key: dict(coefficients, lr_t=coefficients["lr_t"] * scale, lr=coefficients["lr"] * scale)}
 
     def _resource_apply_dense(self, grad: Any, var: Any, apply_state: dict | None = None) -> Any:
