@@ -16,7 +16,6 @@ Each commit's runs start in its own checkout (the other commit's a ``git worktre
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 from realm_tf import config as config_lib  # noqa: E402
 
 import result_records  # noqa: E402  (benchmarks/)
+import scalar_windows  # noqa: E402  (benchmarks/)
 import stages  # noqa: E402  (benchmarks/)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -70,19 +70,6 @@ def train(root: str, data: dict[str, str], model_dir: str, steps: int, precision
                    check=True)
 
 
-def steps_per_second(model_dir: str) -> dict[int, float]:
-    """``{step: steps_per_second}`` from the run's TensorBoard events."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-
-    rates = {}
-    for path in glob.glob(f"{model_dir}/train/events.out.tfevents.*"):
-        for event in tf.compat.v1.train.summary_iterator(path):
-            for value in event.summary.value:
-                if value.tag == "steps_per_second":
-                    rates[int(event.step)] = float(tf.make_ndarray(value.tensor))
-    return rates
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -109,7 +96,8 @@ def main() -> int:
         for arm, root in arms.items():
             stage(f"train_{arm}_{pair}", lambda root=root, arm=arm, pair=pair: train(
                 root, data, f"{out}/runs/{arm}_{pair}", args.steps, precision))
-    rates = {(arm, pair): steps_per_second(f"{out}/runs/{arm}_{pair}") for arm in arms for pair in range(args.pairs)}
+    rates = {(arm, pair): scalar_windows.read_scalars(f"{out}/runs/{arm}_{pair}/train")["steps_per_second"]
+             for arm in arms for pair in range(args.pairs)}
     compared = sorted(s for s in rates["here", 0] if s >= args.from_step)
     mean = {arm: sum(rates[arm, p][s] for p in range(args.pairs) for s in compared) / (args.pairs * len(compared))
             for arm in arms}
