@@ -94,16 +94,8 @@ def quiet_known_noise(verbose: bool = False, find_devices: bool = True) -> None:
 
         with native_stderr_filtered(NATIVE_NOISE):
             gpus = tf.config.list_physical_devices("GPU")
-            _emit_one_time_notes(tf)
         if gpus:
             logger.info("CUDA devices: %s", ", ".join(device.name for device in gpus))
-
-def _emit_one_time_notes(tf) -> None:
-    """Makes TensorFlow write, here, the notes its native code writes once per process at the first graph that
-    needs them, so that they land in the filtered stream instead of in the middle of a run: oneDNN's int64 note
-    comes with the first int64 transpose that its graph rewrite considers."""
-    tf.function(tf.transpose)(tf.zeros([1, 2], tf.int64))  # [2, 1]
-
 
 LIBRARY_LOGGERS = ("realm_tf", "beam_jobs")
 

@@ -51,34 +51,6 @@ def test_a_command_that_runs_tensorflow_and_beam_prints_none_of_the_known_noise(
         assert line not in err, err
 
 
-def test_notes_tensorflow_writes_once_at_its_first_graph_are_dropped_at_the_start():
-    """oneDNN's int64 note comes with the first int64 transpose a graph optimisation sees, long after the start
-    (the first training step); a quiet start makes TensorFlow write it inside the filtered stream."""
-    run = ("import sys; from realm_tf import library_logs; {start}; import tensorflow as tf; "
-           "print('step', file=sys.stderr, flush=True); "
-           "tf.function(lambda a: tf.transpose(a) * 2)(tf.zeros([3, 4], tf.int64))")
-    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", library_logs.VERBOSE_VARIABLE)}
-
-    def stderr_after_start(start: str) -> str:
-        done = subprocess.run([sys.executable, "-c", run.format(start=start)], capture_output=True, text=True,
-                              env=env, timeout=300, check=True)
-        return done.stderr.split("step\n", 1)[1]
-
-    quiet = stderr_after_start("library_logs.quiet_known_noise()")
-    assert not any(line in quiet for line in NOISE), quiet
-    loud = stderr_after_start("library_logs.quiet_known_noise(verbose=True)")
-    if "AVX512F" in _cpu_flags():  # where TensorFlow's oneDNN writes the note, it would have come here
-        assert "oneDNN supports DT_INT64" in loud, loud
-
-
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return f.read().upper()
-    except OSError:
-        return ""
-
-
 def test_the_environment_variable_keeps_everything(monkeypatch):
     root = logging.getLogger()
     monkeypatch.setattr(root, "filters", [])
