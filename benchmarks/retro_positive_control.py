@@ -161,15 +161,15 @@ def main() -> int:
             continue
         # The dose it needs: the smallest p from which on every larger dose tried retrieval on beats off, the
         # whole interval over documents below zero (a lower dose that reads while a higher one does not is noise).
-        needed = [p for i, (p, _) in enumerate(doses) if all(s["reads"] for _, s in doses[i:])]
-        stray = [p for p, s in doses if s["reads"] and (not needed or p < min(needed))]
+        needed = next((p for i, (p, _) in enumerate(doses) if all(s["reads"] for _, s in doses[i:])), None)
+        stray = [p for p, s in doses if s["reads"] and (needed is None or p < needed)]
         result_records.write(
             f"retro-positive-control-{family}-dose", area="RETRO and kNN-LM", order=41,
-            verdict="holds" if needed else "open",
+            verdict="holds" if needed is not None else "open",
             claim=f"The smallest dose p of forced own-chunk neighbours from which {family.replace('fit', '-fit')} "
                   f"beats its own retrieval-off score at every larger dose tried, outside the interval over documents "
                   f"(the dose it needs to read its neighbours)",
-            figure=(f"p = {min(needed):g}" if needed else "none of the doses tried")
+            figure=(f"p = {needed:g}" if needed is not None else "none of the doses tried")
                    + (f" (p = {', '.join(f'{p:g}' for p in stray)} also read, but a larger dose did not)" if stray
                       else "") + " (validation bpb on the chunks >= 1, on/off: "
                    + "; ".join(f"p {p:g}: {s['validation_on']:.3f}/{s['validation_off']:.3f}" for p, s in doses)
