@@ -323,6 +323,10 @@ class QaConfig:
       retrieval_score_weight: w in the answer score S_read(z, s) + w·S_retr(z, x) used to pick the answer
         (``evaluate``, ``export``, ``ask``); ORQA/REALM add the retrieval score as is (w = 1). Training always
         uses ORQA's joint score.
+      span_length_bias: b, added to a span's score once per wordpiece of its length before the answer is picked
+        (``evaluate``, ``export``, ``ask``): a log-linear length prior, p(s) ∝ exp(b·|s|), that calibrates the
+        reader's preference for short or long answers against the references' (b > 0 favours longer spans);
+        0 (default) is ORQA/REALM's span score. Training does not use it.
       answer_aggregation_spans: N, the best spans whose probabilities are summed by answer text before the
         answer is picked (``evaluate``, ``export``, ``ask``): 1 is ORQA/REALM's argmax over spans; N > 1 lets an
         answer that several blocks or spans agree on win (``OpenQaModel.decode``).
@@ -350,6 +354,7 @@ class QaConfig:
     recompute_doc_embeddings: bool = False
     eval_ks: tuple[int, ...] = (1, 5, 20, 100)
     retrieval_score_weight: float = 1.0
+    span_length_bias: float = 0.0
     answer_aggregation_spans: int = 1
     reader_questions: tuple[str, ...] = ("data/open_qa/qa_squad_dev.jsonl.gz", "data/open_qa/qa_qed_train.jsonl.gz")
     reader_negatives: int = 2

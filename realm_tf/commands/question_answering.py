@@ -22,7 +22,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                                index_dir=args.index, predictions_path=args.predictions,
                                retriever=args.retriever or ("gold" if reader else "dense"),
                                score_weights=args.score_weights, aggregations=args.aggregations,
-                               metrics_path=args.metrics)
+                               length_biases=args.length_biases, metrics_path=args.metrics)
     print(f"predictions: {metrics['predictions']}")
     if args.errors:
         from realm_tf.tasks import answer_errors
@@ -51,6 +51,10 @@ def _args_evaluate(p: argparse.ArgumentParser) -> None:
                    help="also report EM/F1 with the probabilities of the best N spans "
                         "summed by answer text, for each N (choose "
                         "qa.answer_aggregation_spans on --split tune)")
+    p.add_argument("--length-biases", dest="length_biases", type=float, nargs="*",
+                   default=(), metavar="B",
+                   help="also report EM/F1 with answers picked with a span length bias of B per wordpiece, for "
+                        "each B (choose qa.span_length_bias on --split tune)")
     p.add_argument("--model", default=None,
                    help="the run directory (default: finetune.model_dir; reader.model_dir with "
                         "--experiment reader)")

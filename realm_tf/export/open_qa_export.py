@@ -76,6 +76,7 @@ class OpenQaExportModule(tf.Module):
         self._block_length = cfg.model.block_seq_length
         self._retrieval_weight = cfg.qa.retrieval_score_weight
         self._aggregate_spans = cfg.qa.answer_aggregation_spans
+        self._length_bias = cfg.qa.span_length_bias
 
     def _tokenize(self, text: tf.Tensor) -> tf.RaggedTensor:
         clean = tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
@@ -87,7 +88,7 @@ class OpenQaExportModule(tf.Module):
         ids = self._tokenize(question)  # [B, (len)]
         packed = self.tokenizer.pack_single(ids, self._question_length, pad_to_seq_length=False)
         outputs = self.model({"question_" + k: v for k, v in packed.items()}, training=False)
-        decoded = self.model.decode(outputs, self._retrieval_weight, self._aggregate_spans)
+        decoded = self.model.decode(outputs, self._retrieval_weight, self._aggregate_spans, self._length_bias)
         empty = tf.equal(ids.row_lengths(), 0)  # [B]
         block_ids = outputs["block_ids"]  # [B, k]
         titles, texts = self.model.corpus.title_and_text(block_ids)  # [B, k], [B, k]

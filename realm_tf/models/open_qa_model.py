@@ -155,11 +155,12 @@ class OpenQaModel(tf_keras.Model):
         }
 
     def decode(self, outputs: Mapping[str, tf.Tensor], retrieval_weight: float = 1.0,
-               aggregate_spans: int = 1) -> dict[str, tf.Tensor]:
+               aggregate_spans: int = 1, length_bias: float = 0.0) -> dict[str, tf.Tensor]:
         """The best answer per question: ``answer`` string[batch] (cut from the block's original text),
         ``score`` (its probability among all spans of the k blocks), ``block`` (its position in the beam).
 
-        Spans are ranked by S_read(z, s) + w·S_retr(z, x), w = ``retrieval_weight`` (ORQA/REALM: 1), and
+        Spans are ranked by S_read(z, s) + b·|s| + w·S_retr(z, x), w = ``retrieval_weight`` (ORQA/REALM: 1),
+        b = ``length_bias`` per wordpiece of the span (a log-linear length prior; ORQA/REALM: 0), and
         normalised over every span of the k blocks. ``aggregate_spans`` = 1 answers with the best span (ORQA and
         REALM's argmax). N > 1 takes the N best spans and sums the probability of those whose text is the same
         answer (SQuAD-normalised, :func:`normalize_answers`), so that an answer several blocks or spans agree on
@@ -169,6 +170,9 @@ class OpenQaModel(tf_keras.Model):
         """
         joint = retrieval_weight * outputs["retrieval_logits"][:, :, None] + outputs["span_logits"]
         # joint: [batch, k, num_spans]
+        if length_bias:
+            widths = tf.cast(outputs["span_ends"] - outputs["span_starts"] + 1, joint.dtype)  # [batch, k, num_spans]
+            joint += length_bias * widths
         joint = tf.where(outputs["span_mask"], joint, span_reader.MASKED_SPAN_LOGIT)
         shape = tf.shape(joint)
         flat = tf.reshape(joint, [shape[0], -1])  # [batch, k * num_spans]

@@ -310,26 +310,31 @@ class OpenQaTask(base_task.Task):
         return dict(facts)
 
     def decode(self, model: open_qa_model.OpenQaModel, outputs: Mapping[str, tf.Tensor],
-               retrieval_weight: float | None = None, aggregate_spans: int | None = None) -> dict[str, tf.Tensor]:
-        """The best answer per question (:meth:`OpenQaModel.decode`), ranked by S_read(z, s) + w·S_retr(z, x)
-        with w = ``retrieval_weight`` (default ``qa.retrieval_score_weight``), the probabilities of the best
-        ``aggregate_spans`` spans summed by answer text (default ``qa.answer_aggregation_spans``); ``evaluate``,
-        the exported model and ``ask`` all decode there."""
+               retrieval_weight: float | None = None, aggregate_spans: int | None = None,
+               length_bias: float | None = None) -> dict[str, tf.Tensor]:
+        """The best answer per question (:meth:`OpenQaModel.decode`), ranked by S_read(z, s) + b·|s| +
+        w·S_retr(z, x) with w = ``retrieval_weight`` (default ``qa.retrieval_score_weight``) and b =
+        ``length_bias`` (default ``qa.span_length_bias``), the probabilities of the best ``aggregate_spans``
+        spans summed by answer text (default ``qa.answer_aggregation_spans``); ``evaluate``, the exported model
+        and ``ask`` all decode there."""
         weight = self.cfg.qa.retrieval_score_weight if retrieval_weight is None else retrieval_weight
         spans = self.cfg.qa.answer_aggregation_spans if aggregate_spans is None else aggregate_spans
-        return model.decode(outputs, weight, spans)
+        bias = self.cfg.qa.span_length_bias if length_bias is None else length_bias
+        return model.decode(outputs, weight, spans, bias)
 
     # ---- evaluation (realm_tf.core.evaluation: validation_step, aggregate_logs, reduce_aggregated_logs) ----
 
     def build_eval_inputs(self, examples: Sequence[questions.QaExample], blocks: block_store_lib.BlockStore,
                           given: np.ndarray | None = None, ranked: np.ndarray | None = None,
-                          score_weights: Sequence[float] = (), aggregations: Sequence[int] = ()) -> tf.data.Dataset:
+                          score_weights: Sequence[float] = (), aggregations: Sequence[int] = (),
+                          length_biases: Sequence[float] = ()) -> tf.data.Dataset:
         """The batches of an evaluation over ``examples``, read from the model's own search or from ``given``
         blocks ``[num_questions, k]`` (``ranked`` ``[num_questions, max_k]``: their ranking, for accuracy@k); the
-        answers are also decoded with each retrieval weight of ``score_weights`` and each span aggregation of
-        ``aggregations``."""
+        answers are also decoded with each retrieval weight of ``score_weights``, each span aggregation of
+        ``aggregations`` and each span length bias of ``length_biases``."""
         variants = [(f"w={w:g}", {"retrieval_weight": w}) for w in score_weights]
         variants += [(f"agg={n}", {"aggregate_spans": n}) for n in aggregations]
+        variants += [(f"len={b:g}", {"length_bias": b}) for b in length_biases]
         self._evaluation = _Evaluation(list(examples), blocks, qa_metrics.AnswerMatcher(blocks.texts),
                                        variants, ranked, max(self.cfg.qa.eval_ks))
         return self.dataset(examples, self.cfg.data.batch_size, block_ids=given)
@@ -496,7 +501,7 @@ RETRIEVERS = ("dense", "bm25", "gold")
 def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str = "all", model_dir: str | None = None,
              index_dir: str | None = None, predictions_path: str | None = None, retriever: str = "dense",
              score_weights: Sequence[float] = (), aggregations: Sequence[int] = (),
-             metrics_path: str | None = None) -> dict[str, Any]:
+             length_biases: Sequence[float] = (), metrics_path: str | None = None) -> dict[str, Any]:
     """``realm-tf evaluate``: exact match, F1, regex match, retrieval accuracy@k, reader oracle, and the count of
     each outcome of :mod:`realm_tf.tasks.answer_errors` (``outcomes``); writes predictions.
 
@@ -512,6 +517,8 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
       score_weights: also report ``exact_match@w=W`` / ``f1@w=W`` with answers picked by S_read + W·S_retr.
       aggregations: also report ``exact_match@agg=N`` / ``f1@agg=N`` with the probabilities of the best N spans
         summed by answer text (``qa.answer_aggregation_spans``).
+      length_biases: also report ``exact_match@len=B`` / ``f1@len=B`` with answers picked with a span length bias
+        of B per wordpiece (``qa.span_length_bias``).
       metrics_path: also write the metrics (and the predictions' path) to this JSON file, atomically.
     """
     if retriever not in RETRIEVERS:
@@ -530,7 +537,7 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
     model_dir = model_dir or cfg.finetune.model_dir
     restored = load_finetuned(task, model, model_dir, check_index=retriever == "dense")
     examples, given, top_given, skipped = _blocks_given(cfg, retriever, examples, blocks)
-    dataset = task.build_eval_inputs(examples, blocks, given, top_given, score_weights, aggregations)
+    dataset = task.build_eval_inputs(examples, blocks, given, top_given, score_weights, aggregations, length_biases)
     metrics = evaluation.run_evaluation(task, model, dataset, total=len(examples), description=f"evaluate {retriever}",
                                         count=lambda batch: int(batch["index"].shape[0]))
     if skipped:

@@ -239,10 +239,12 @@ def test_evaluate_and_the_export_pick_answers_with_the_same_score(exported, tmp_
 
 
 def test_evaluate_and_the_export_aggregate_answers_alike(exported, tmp_path):
-    """qa.answer_aggregation_spans N (the best N spans' probabilities summed by answer text) is applied alike by
-    `evaluate` and the exported model, and the served score is the task's decoded group probability."""
+    """qa.answer_aggregation_spans N (the best N spans' probabilities summed by answer text) and qa.span_length_bias
+    are applied alike by `evaluate` and the exported model, and the served score is the task's decoded group
+    probability."""
     cfg, _, task, model = exported
-    summed = config.apply_override(cfg, "qa.answer_aggregation_spans=30")
+    summed = config.apply_override(config.apply_override(cfg, "qa.answer_aggregation_spans=30"),
+                                   "qa.span_length_bias=0.5")
     served = answerer.Answerer(_export(summed, str(tmp_path / "served-agg")))
     questions = tmp_path / "questions.jsonl"
     questions.write_text("".join(json.dumps({"id": f"q{i}", "question": q, "answers": ["unused"]}) + "\n"
@@ -255,6 +257,8 @@ def test_evaluate_and_the_export_aggregate_answers_alike(exported, tmp_path):
                                         pad_to_seq_length=False)
     outputs = model({"question_" + k: v for k, v in packed.items()})
     decoded = open_qa.OpenQaTask(summed).decode(model, outputs)
+    unbiased = open_qa.OpenQaTask(cfg).decode(model, outputs, aggregate_spans=30)
+    assert (decoded["answer"].numpy() != unbiased["answer"].numpy()).any()  # the bias changed some answer
     np.testing.assert_allclose([a.score for a in asked], decoded["score"].numpy(), rtol=1e-4)
     np.testing.assert_allclose([p["score"] for p in evaluated], decoded["score"].numpy(), rtol=1e-4)
 

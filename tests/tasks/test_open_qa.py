@@ -1,6 +1,7 @@
 """Open-QA task: in-graph answer matching vs the numpy reference, answers cut from the original text,
 fine-tune + evaluate through the CLI, EM / regex matching."""
 import dataclasses
+import itertools
 import json
 import re
 import unicodedata
@@ -152,10 +153,11 @@ def test_decoded_answer_is_the_span_in_the_original_text(qa):
         assert decoded["score"].numpy()[i] == pytest.approx(probs.max(), rel=1e-4)
 
 
-def _aggregation_reference(outputs, texts, weight, n):
-    """numpy: probabilities over every valid (block, span) of S_read + w·S_retr, the best n, summed by SQuAD-normalised
-    text; returns (answer, score, beam position) of the best group's best span, per question."""
-    joint = weight * outputs["retrieval_logits"][:, :, None] + outputs["span_logits"]
+def _aggregation_reference(outputs, texts, weight, n, bias=0.0):
+    """numpy: probabilities over every valid (block, span) of S_read + b·|s| + w·S_retr, the best n, summed by
+    SQuAD-normalised text; returns (answer, score, beam position) of the best group's best span, per question."""
+    widths = outputs["span_ends"] - outputs["span_starts"] + 1  # [batch, k, num_spans], in wordpieces
+    joint = weight * outputs["retrieval_logits"][:, :, None] + outputs["span_logits"] + bias * widths
     joint = np.where(outputs["span_mask"], joint, -np.inf).reshape(len(joint), -1)  # [batch, k * num_spans]
     num_spans = outputs["span_logits"].shape[2]
     results = []
@@ -184,8 +186,9 @@ def _all_span_texts(model, outputs):
 
 def test_aggregated_answers_match_the_numpy_reference(qa):
     """qa.answer_aggregation_spans N > 1: the best N spans' probabilities summed by normalised answer text, the best
-    group's best span answered, against a numpy re-implementation on the same outputs (blocks read twice, so that
-    equal texts exist at different beam positions)."""
+    group's best span answered, with and without a span length bias (qa.span_length_bias), against a numpy
+    re-implementation on the same outputs (blocks read twice, so that equal texts exist at different beam
+    positions)."""
     _, _, task, model, _, examples = qa
     batch = next(iter(task.dataset(examples, len(examples))))
     question = {k: v for k, v in batch.items() if k.startswith("question_")}
@@ -198,19 +201,20 @@ def test_aggregated_answers_match_the_numpy_reference(qa):
     outputs["span_logits"] = tf.constant(logits, tf.float32)
     texts = _all_span_texts(model, outputs)
     numpy_outputs = {k: v.numpy() for k, v in outputs.items()}
-    changed = 0
-    for n in (1, 7, 60):
-        for weight in (1.0, 0.5):
-            decoded = task.decode(model, outputs, weight, n)
-            expected = _aggregation_reference(numpy_outputs, texts, weight, n)
-            for i, (answer, score, position) in enumerate(expected):
-                assert decoded["answer"].numpy()[i].decode() == answer, (n, weight, i)
-                assert decoded["score"].numpy()[i] == pytest.approx(score, rel=1e-4)
-                assert decoded["block"].numpy()[i] == position
-                assert decoded["block_id"].numpy()[i] == chosen.numpy()[i, position]
-            base = task.decode(model, outputs, weight, 1)["answer"].numpy()
-            changed += int((decoded["answer"].numpy() != base).sum())
-    assert changed > 0  # the grouping did change some answers
+    changed, lengthened = 0, 0
+    for n, weight, bias in itertools.product((1, 7, 60), (1.0, 0.5), (0.0, 0.3)):
+        decoded = task.decode(model, outputs, weight, n, bias)
+        expected = _aggregation_reference(numpy_outputs, texts, weight, n, bias)
+        for i, (answer, score, position) in enumerate(expected):
+            assert decoded["answer"].numpy()[i].decode() == answer, (n, weight, bias, i)
+            assert decoded["score"].numpy()[i] == pytest.approx(score, rel=1e-4)
+            assert decoded["block"].numpy()[i] == position
+            assert decoded["block_id"].numpy()[i] == chosen.numpy()[i, position]
+        base = task.decode(model, outputs, weight, 1, bias)["answer"].numpy()
+        changed += int((decoded["answer"].numpy() != base).sum())
+        unbiased = task.decode(model, outputs, weight, n, 0.0)["answer"].numpy()
+        lengthened += int((decoded["answer"].numpy() != unbiased).sum())
+    assert changed > 0 and lengthened > 0  # the grouping and the length bias did change some answers
 
 
 def test_an_answer_read_twice_outranks_a_stronger_single_span(qa):

@@ -103,10 +103,10 @@ def test_train_reader_then_its_reader_starts_finetuning(squad, capsys):
     assert not np.allclose(fresh.reader.span_hidden.kernel.numpy(), model.reader.span_hidden.kernel.numpy())
 
 
-def test_evaluate_on_gold_blocks_reports_f1(squad):
+def test_evaluate_on_gold_blocks_reports_f1(squad, tmp_path):
     root, path, _, sets = squad
     metrics = open_qa.evaluate(config.load_config(TINY, sets[1::2]), str(path), model_dir=str(root / "reader"),
-                               retriever="gold", score_weights=(0, 2))
+                               retriever="gold", score_weights=(0, 2), length_biases=(0, 0.5))
     predictions = [json.loads(line) for line in open(root / "reader" / "predictions-all-gold.jsonl")]
     assert metrics["num_questions"] == len(predictions) == 36 and metrics["skipped"]["no_gold_passage"] == 1
     assert all(len(p["retrieved_block_ids"]) == 1 == len(p["read_blocks_with_answer"]) for p in predictions)
@@ -115,6 +115,15 @@ def test_evaluate_on_gold_blocks_reports_f1(squad):
     # One block, no retrieval score: the weight on it cannot change the answer.
     assert metrics["exact_match@w=0"] == metrics["exact_match@w=2"] == metrics["exact_match"]
     assert metrics["f1@w=0"] == pytest.approx(metrics["f1"])
+    # qa.span_length_bias: an evaluation configured with a bias scores what the variant of that bias reports (in
+    # one evaluation: the model is the same), and the variant of no bias what the span score alone does.
+    biased = open_qa.evaluate(config.load_config(TINY, [*sets[1::2], "qa.span_length_bias=0.5"]), str(path),
+                              model_dir=str(root / "reader"), retriever="gold", length_biases=(0, 0.5),
+                              predictions_path=str(tmp_path / "biased.jsonl"))
+    assert biased["exact_match"] == biased["exact_match@len=0.5"]
+    assert biased["f1"] == pytest.approx(biased["f1@len=0.5"])
+    assert metrics["exact_match@len=0"] == metrics["exact_match"]
+    assert metrics["f1@len=0.5"] != pytest.approx(metrics["f1"])  # the bias changed answers
 
 
 def test_train_and_eval_keeps_the_reader_of_the_best_gold_block_exact_match(squad, capsys, tmp_path):
