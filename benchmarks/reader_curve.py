@@ -18,6 +18,12 @@ The first chunk's reader and the best chunk's are kept (``<out>/first``, ``<out>
 split's gold blocks, the best against the first with a paired bootstrap over questions. The curve goes to
 ``<out>/curve.json``, ``<out>/curve.png`` and the record ``open-qa-reader-curve``.
 
+A constant rate keeps the chunks comparable but leaves out the annealing that a linear schedule's end gives. With
+``--cooldown N``, the best chunk's reader is then trained N more steps with the rate decayed linearly to 0
+(``reader.learning_rate_decay=cooldown``: the warm-up-stable-decay schedule, Hu et al. 2024; Hägele et al. 2024)
+and scored on tune and dev, against the best chunk's reader on the same dev questions (record
+``open-qa-reader-cooldown``).
+
 Everything is resumable: each chunk's evaluation is kept in the curve, a killed warm start resumes from its
 checkpoint, and ``--max-hours`` stops cleanly between chunks; the same command continues:
 
@@ -174,6 +180,9 @@ def main() -> int:
     parser.add_argument("--passages", nargs="*", default=["data/open_qa/passages.jsonl.gz",
                                                           "data/reading/squad_train_passages-*.jsonl.gz"],
                         help="every passage a reading question's gold ids name")
+    parser.add_argument("--cooldown", type=int, default=0,
+                        help="after the plateau: train the best chunk's reader this many more steps, decaying the "
+                             "rate to 0, and score it (0: no cool-down)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="for every stage")
     args = parser.parse_args()
 
@@ -196,7 +205,53 @@ def main() -> int:
          "--predictions", f"{out}/predictions-dev-gold-{name}.jsonl"], f"{out}/metrics-dev-gold-{name}.json"))
         for name in ("first", "best")}
     report(out, curve, dev)
+    if args.cooldown > 0:
+        cool_down(out, flags, args, curve, stage)
     return 0
+
+
+def cool_down(out: str, flags: list[str], args: argparse.Namespace, curve: list[dict[str, Any]],
+              stage: stages.Stages) -> None:
+    """The best chunk's reader trained ``--cooldown`` more steps with the rate decayed to 0, scored on the tune and
+    dev gold blocks, and compared with the best chunk's reader on dev."""
+    best = max(curve, key=lambda p: (p["exact_match"], p["f1"]))
+    end = best["step"] + args.cooldown
+    run = f"{out}/cooldown"
+    cool = [*flags, "--set", f"reader.model_dir={run}", "--set", f"reader.steps={end}", "--set",
+            "reader.learning_rate_decay=cooldown", "--set", f"reader.cooldown_steps={args.cooldown}"]
+
+    def train() -> None:
+        if not os.path.exists(f"{run}/checkpoints"):
+            keep_checkpoint(f"{out}/best", run)  # the best chunk's checkpoint, optimiser state included
+        stages.cli(["train-reader", *cool, "--questions", *args.reading])
+
+    stage(f"cooldown_{end}", train)
+    scored = {split: stage(f"{split}_gold_cooldown_{end}", lambda split=split: open_qa_benchmark.evaluate(
+        [*cool, "--questions", args.questions, "--split", split, "--retriever", "gold", "--model", run,
+         "--predictions", f"{out}/predictions-{split}-gold-cooldown.jsonl"],
+        f"{out}/metrics-{split}-gold-cooldown.json"))
+        for split in ("tune", "dev")}
+    differences = {}
+    for key in WATCHED:
+        before = reader_levers.per_question(f"{out}/predictions-dev-gold-best.jsonl", key)
+        now = reader_levers.per_question(f"{out}/predictions-dev-gold-cooldown.jsonl", key)
+        ids = sorted(before.keys() & now.keys())
+        differences[key] = reader_levers.paired_bootstrap(np.array([before[i] for i in ids]),
+                                                          np.array([now[i] for i in ids]))
+    (em, em_low, em_high), (f1, f1_low, f1_high) = differences["exact_match"], differences["f1"]
+    dev = scored["dev"]
+    print(f"\ndev gold blocks, the best chunk's reader cooled down to step {end}: EM {dev['exact_match']:.3f}, F1 "
+          f"{dev['f1']:.3f}\n{answer_errors.format_table(dev['outcomes'])}")
+    result_records.write(
+        "open-qa-reader-cooldown", area="Open-QA", order=22, verdict="holds" if em_low > 0 else "negative",
+        claim="Annealing the constant-rate reader (its rate decayed linearly to 0 over a cool-down) reads better than "
+              "the constant-rate reader it starts from",
+        figure=f"dev gold blocks, {dev['num_questions']} questions: EM {dev['exact_match']:.3f}, F1 {dev['f1']:.3f} "
+               f"after {args.cooldown} cool-down steps from step {best['step']}; tune EM "
+               f"{scored['tune']['exact_match']:.3f} (before: {best['exact_match']:.3f}); too short "
+               f"{dev['outcomes']['too_short']}, right block wrong span {dev['outcomes']['right_block_wrong_span']}",
+        interval=f"cooled minus before, 95% paired bootstrap over dev questions: EM {em:+.3f} [{em_low:+.3f}, "
+                 f"{em_high:+.3f}], F1 {f1:+.3f} [{f1_low:+.3f}, {f1_high:+.3f}]")
 
 
 if __name__ == "__main__":

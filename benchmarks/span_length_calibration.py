@@ -93,7 +93,7 @@ def main() -> int:
     sweep = ", ".join(f"{b:g}: {tune[f'exact_match@len={b:g}']:.3f}" for b in biases)
     if chosen == 0.0:
         result_records.write(
-            "open-qa-span-length-bias", area="Open-QA", order=22, verdict="negative",
+            "open-qa-span-length-bias", area="Open-QA", order=23, verdict="negative",
             claim="A span length bias chosen on the tune split raises the reader's gold-block EM on the dev split",
             figure=f"tune chose no bias (tune gold-block EM by bias per wordpiece: {sweep}); dev gold blocks EM "
                    f"{dev[0.0]['exact_match']:.3f}, F1 {dev[0.0]['f1']:.3f} on {dev[0.0]['num_questions']} questions")
@@ -102,7 +102,7 @@ def main() -> int:
     (em, em_low, em_high), (f1, f1_low, f1_high) = diff["exact_match"], diff["f1"]
     outcomes = {b: dev[b]["outcomes"] for b in dev}
     result_records.write(
-        "open-qa-span-length-bias", area="Open-QA", order=22, verdict="holds" if em_low > 0 else "negative",
+        "open-qa-span-length-bias", area="Open-QA", order=23, verdict="holds" if em_low > 0 else "negative",
         claim="A span length bias chosen on the tune split raises the reader's gold-block EM on the dev split",
         figure=f"bias {chosen:g} per wordpiece (tune gold-block EM by bias: {sweep}); dev gold blocks, "
                f"{dev[chosen]['num_questions']} questions: EM {dev[chosen]['exact_match']:.3f}, F1 "

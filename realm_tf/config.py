@@ -45,7 +45,7 @@ ReorderDtype = Literal["float32", "int8"]
 RefreshMode = Literal["process", "thread", "external"]
 Strategy = Literal["default", "mirrored", "multi_worker", "tpu"]
 Precision = Literal["float32", "mixed_bfloat16"]
-LearningRateDecay = Literal["linear", "constant", "budget"]
+LearningRateDecay = Literal["linear", "constant", "budget", "cooldown"]
 
 
 def choices(literal: Any) -> tuple[str, ...]:
@@ -261,7 +261,10 @@ class TrainerConfig:
     ``learning_rate_decay``: ``linear`` (REALM, BERT: linear decay to 0 at ``steps``), ``constant`` (no decay
     after the warm-up: a run continued step by step for as long as it improves, with no length fixed in advance)
     or ``budget`` (linear decay to 0 at ``steps`` or at the step ``max_minutes`` allows on this machine, whichever
-    comes first, measured as the run goes: ``core/optimizer.BudgetedLinearDecay``).
+    comes first, measured as the run goes: ``core/optimizer.BudgetedLinearDecay``) or ``cooldown`` (constant, then
+    linear decay to 0 over the last ``cooldown_steps`` before ``steps``: the warm-up-stable-decay schedule, which
+    lets a constant-rate run, continued for as long as it improves, be annealed from any of its checkpoints;
+    ``core/optimizer.CooldownDecay``).
     ``learning_rate_scales``: ``"REGEX=SCALE"`` items; variables whose name matches REGEX (first match wins)
     train at ``learning_rate × SCALE``, e.g. ``["masked_lm=10", "knowledge_retriever=0.1"]`` for a new MLM head
     and a retriever kept near its warm start (``core/optimizer.ScaledAdamWeightDecay``).
@@ -274,6 +277,7 @@ class TrainerConfig:
     learning_rate: float = 3e-5
     warmup_steps: int = 100
     learning_rate_decay: LearningRateDecay = "linear"
+    cooldown_steps: int = 0
     weight_decay: float = 0.01
     clip_norm: float = 1.0
     checkpoint_every_steps: int = 200
@@ -498,6 +502,12 @@ def load_config(path: str | os.PathLike[str] | None = None,
             key = f"{section.name}.intra_op_threads"
             raise ConfigError(f"{_where(source, lines, key)}: {key} must be >= 0 (0: TensorFlow's default, one "
                               f"per core), got {trainer.intra_op_threads}")
+        if isinstance(trainer, TrainerConfig) and trainer.learning_rate_decay == "cooldown" and not (
+                1 <= trainer.cooldown_steps <= trainer.steps):
+            key = f"{section.name}.cooldown_steps"
+            raise ConfigError(f"{_where(source, lines, key)}: {section.name}.learning_rate_decay=cooldown needs "
+                              f"1 <= {key} <= {section.name}.steps, got {trainer.cooldown_steps} and "
+                              f"{trainer.steps}")
     if cfg.qa.answer_aggregation_spans < 1:
         raise ConfigError(f"{_where(source, lines, 'qa.answer_aggregation_spans')}: qa.answer_aggregation_spans must "
                           f"be >= 1 (1: the best span), got {cfg.qa.answer_aggregation_spans}")

@@ -144,6 +144,33 @@ class BudgetedLinearDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
                 "name": self.name}
 
 
+class CooldownDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
+    """``initial_learning_rate`` until ``steps - cooldown_steps``, then linear decay to 0 at ``steps``: the
+    warm-up-stable-decay schedule (Hu et al., 2024, "MiniCPM", §4.1; Hägele et al., 2024, "Scaling Laws and
+    Compute-Optimal Training Beyond Fixed Training Durations"). A run at a constant rate has no length fixed in
+    advance; resumed from any of its checkpoints with ``steps`` set ``cooldown_steps`` further on, it is annealed
+    as a linear schedule's end would anneal it."""
+
+    def __init__(self, initial_learning_rate: float, steps: int, cooldown_steps: int,
+                 name: str = "CooldownDecay") -> None:
+        super().__init__()
+        if cooldown_steps < 1 or steps < cooldown_steps:
+            raise config_lib.ConfigError(f"learning_rate_decay: cooldown needs 1 <= cooldown_steps <= steps, got "
+                                         f"cooldown_steps={cooldown_steps}, steps={steps}")
+        self.initial_learning_rate = float(initial_learning_rate)
+        self.steps = int(steps)
+        self.cooldown_steps = int(cooldown_steps)
+        self.name = name
+
+    def __call__(self, step: Any) -> tf.Tensor:
+        remaining = (float(self.steps) - tf.cast(step, tf.float32)) / float(self.cooldown_steps)  # []
+        return self.initial_learning_rate * tf.clip_by_value(remaining, 0.0, 1.0)
+
+    def get_config(self) -> dict[str, Any]:
+        return {"initial_learning_rate": self.initial_learning_rate, "steps": self.steps,
+                "cooldown_steps": self.cooldown_steps, "name": self.name}
+
+
 def budgeted_schedule(optimizer: tf_keras.optimizers.Optimizer) -> BudgetedLinearDecay | None:
     """``optimizer``'s :class:`BudgetedLinearDecay` (behind tf-models' warm-up wrapper), or None."""
     schedule = getattr(optimizer, "_learning_rate", None)
@@ -192,7 +219,8 @@ def build_optimizer(cfg: config_lib.TrainerConfig,
     """AdamW (weight decay off for normalisations and biases, :data:`NO_WEIGHT_DECAY`), global-norm clipping,
     warm-up then linear decay to 0 at ``cfg.steps`` (``learning_rate_decay: constant``: no decay, for a run whose
     length is not fixed in advance; ``budget``: to 0 at ``cfg.steps`` or when ``max_minutes`` runs out, whichever
-    comes first, :class:`BudgetedLinearDecay`);
+    comes first, :class:`BudgetedLinearDecay`; ``cooldown``: constant, then to 0 over the last
+    ``cfg.cooldown_steps``, :class:`CooldownDecay`);
     :class:`ScaledAdamWeightDecay`, with ``cfg.learning_rate_scales`` (their patterns match the paths of
     ``model``'s variables, :func:`variable_paths`; none: every variable at the schedule's rate)."""
     opt_config = optimization.OptimizationConfig({
@@ -215,10 +243,11 @@ def build_optimizer(cfg: config_lib.TrainerConfig,
     })
     factory = optimization.OptimizerFactory(opt_config)
     schedule = factory.build_learning_rate()
-    if cfg.learning_rate_decay == "budget":
-        schedule = lr_schedule.LinearWarmup(BudgetedLinearDecay(cfg.learning_rate, cfg.steps), cfg.warmup_steps,
-                                            warmup_learning_rate=0.0) if cfg.warmup_steps > 0 \
-            else BudgetedLinearDecay(cfg.learning_rate, cfg.steps)
+    if cfg.learning_rate_decay in ("budget", "cooldown"):
+        decay = (BudgetedLinearDecay(cfg.learning_rate, cfg.steps) if cfg.learning_rate_decay == "budget"
+                 else CooldownDecay(cfg.learning_rate, cfg.steps, cfg.cooldown_steps))
+        schedule = lr_schedule.LinearWarmup(decay, cfg.warmup_steps, warmup_learning_rate=0.0) \
+            if cfg.warmup_steps > 0 else decay
     kwargs = {k: v for k, v in opt_config.optimizer.get().as_dict().items() if v is not None}
     return ScaledAdamWeightDecay(lr_scales=parse_lr_scales(cfg.learning_rate_scales),
                                  paths=variable_paths(model) if model is not None else None, learning_rate=schedule,

@@ -182,18 +182,30 @@ def test_scales_follow_the_component_even_when_variables_were_built_outside_it()
         np.testing.assert_allclose(variable.numpy(), expected, rtol=0, atol=1e-6, err_msg=variable.name)
 
 
-@pytest.mark.parametrize("decay", ["linear", "constant"])
+@pytest.mark.parametrize("decay", ["linear", "constant", "cooldown"])
 def test_learning_rate_warms_up_then_decays_linearly_or_stays(decay):
-    cfg = config.TrainerConfig(learning_rate=1e-3, warmup_steps=4, steps=20, learning_rate_decay=decay)
+    cfg = config.TrainerConfig(learning_rate=1e-3, warmup_steps=4, steps=20, learning_rate_decay=decay,
+                               cooldown_steps=8)
     optimizer = optimizer_lib.build_optimizer(cfg)
     schedule = optimizer.learning_rate
     rates = np.array([float(schedule(step)) for step in range(0, 30, 2)])  # steps 0, 2, ..., 28
     steps = np.arange(0, 30, 2)
     if decay == "linear":  # tf-models: warm-up to the decayed value at that step, decay to 0 at ``steps``
         expected = np.where(steps < 4, 1e-3 * (1 - 4 / 20) * steps / 4, 1e-3 * np.maximum(1 - steps / 20, 0))
+    elif decay == "cooldown":  # constant to step 12, then linear to 0 at step 20 (the last 8 steps)
+        expected = np.where(steps < 4, 1e-3 * steps / 4, 1e-3 * np.clip((20 - steps) / 8, 0, 1))
     else:
         expected = np.where(steps < 4, 1e-3 * steps / 4, 1e-3)
     np.testing.assert_allclose(rates, expected, rtol=1e-5, atol=1e-9)
+
+
+def test_a_cooldown_longer_than_the_run_is_a_config_error_naming_the_key(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("reader:\n  steps: 100\n  learning_rate_decay: cooldown\n  cooldown_steps: 200\n")
+    with pytest.raises(config.ConfigError, match=r"run.yaml:4: reader.learning_rate_decay=cooldown needs 1 <= "
+                                                 r"reader.cooldown_steps <= reader.steps, got 200 and 100"):
+        config.load_config(str(path))
+    assert config.load_config(str(path), ["reader.cooldown_steps=100"]).reader.cooldown_steps == 100
 
 
 def test_no_normalisation_scale_or_bias_is_decayed_in_any_model():
