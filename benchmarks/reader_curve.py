@@ -183,6 +183,9 @@ def main() -> int:
     parser.add_argument("--cooldown", type=int, default=0,
                         help="after the plateau: train the best chunk's reader this many more steps, decaying the "
                              "rate to 0, and score it (0: no cool-down)")
+    parser.add_argument("--cooldown-last", dest="cooldown_last", action="store_true",
+                        help="with --cooldown: also cool down the last chunk's reader, against the best chunk's "
+                             "cooled down (more constant-rate steps before the same cool-down)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="for every stage")
     args = parser.parse_args()
 
@@ -206,52 +209,88 @@ def main() -> int:
         for name in ("first", "best")}
     report(out, curve, dev)
     if args.cooldown > 0:
-        cool_down(out, flags, args, curve, stage)
+        best = max(curve, key=lambda p: (p["exact_match"], p["f1"]))
+        cooled = {"cooldown": cool_down(out, flags, args, f"{out}/best", best["step"], stage)}
+        if args.cooldown_last and curve[-1]["step"] != best["step"]:
+            cooled["cooldown-last"] = cool_down(out, flags, args, f"{out}/reader", curve[-1]["step"], stage)
+        report_cool_downs(out, args, curve, cooled)
     return 0
 
 
-def cool_down(out: str, flags: list[str], args: argparse.Namespace, curve: list[dict[str, Any]],
-              stage: stages.Stages) -> None:
-    """The best chunk's reader trained ``--cooldown`` more steps with the rate decayed to 0, scored on the tune and
-    dev gold blocks, and compared with the best chunk's reader on dev."""
-    best = max(curve, key=lambda p: (p["exact_match"], p["f1"]))
-    end = best["step"] + args.cooldown
-    run = f"{out}/cooldown"
+def cool_down(out: str, flags: list[str], args: argparse.Namespace, start: str, step: int,
+              stage: stages.Stages) -> dict[str, dict[str, Any]]:
+    """The reader of run directory ``start`` (at ``step``) trained ``--cooldown`` more steps with the rate decayed
+    to 0, in ``<out>/cooldown`` (from the best chunk) or ``<out>/cooldown-last``, scored on the tune and dev gold
+    blocks: ``{split: metrics}``; the predictions are ``<out>/predictions-<split>-gold-<run>.jsonl``."""
+    end = step + args.cooldown
+    name = "cooldown" if start.endswith("/best") else "cooldown-last"
+    run = f"{out}/{name}"
     cool = [*flags, "--set", f"reader.model_dir={run}", "--set", f"reader.steps={end}", "--set",
             "reader.learning_rate_decay=cooldown", "--set", f"reader.cooldown_steps={args.cooldown}"]
 
     def train() -> None:
         if not os.path.exists(f"{run}/checkpoints"):
-            keep_checkpoint(f"{out}/best", run)  # the best chunk's checkpoint, optimiser state included
+            keep_checkpoint(start, run)  # the chunk's checkpoint, optimiser state included
         stages.cli(["train-reader", *cool, "--questions", *args.reading])
 
-    stage(f"cooldown_{end}", train)
-    scored = {split: stage(f"{split}_gold_cooldown_{end}", lambda split=split: open_qa_benchmark.evaluate(
+    stage(f"{name.replace('-', '_')}_{end}", train)
+    return {split: stage(f"{split}_gold_{name.replace('-', '_')}_{end}", lambda split=split: open_qa_benchmark.evaluate(
         [*cool, "--questions", args.questions, "--split", split, "--retriever", "gold", "--model", run,
-         "--predictions", f"{out}/predictions-{split}-gold-cooldown.jsonl"],
-        f"{out}/metrics-{split}-gold-cooldown.json"))
+         "--predictions", f"{out}/predictions-{split}-gold-{name}.jsonl"], f"{out}/metrics-{split}-gold-{name}.json"))
         for split in ("tune", "dev")}
+
+
+def dev_difference(out: str, before: str, after: str) -> dict[str, tuple[float, float, float]]:
+    """``after`` minus ``before`` (prediction files' names) on the same dev questions: ``{EM, F1: (mean, 95% low,
+    95% high)}`` of a paired bootstrap over questions."""
     differences = {}
-    for key in WATCHED:
-        before = reader_levers.per_question(f"{out}/predictions-dev-gold-best.jsonl", key)
-        now = reader_levers.per_question(f"{out}/predictions-dev-gold-cooldown.jsonl", key)
-        ids = sorted(before.keys() & now.keys())
-        differences[key] = reader_levers.paired_bootstrap(np.array([before[i] for i in ids]),
-                                                          np.array([now[i] for i in ids]))
-    (em, em_low, em_high), (f1, f1_low, f1_high) = differences["exact_match"], differences["f1"]
-    dev = scored["dev"]
-    print(f"\ndev gold blocks, the best chunk's reader cooled down to step {end}: EM {dev['exact_match']:.3f}, F1 "
-          f"{dev['f1']:.3f}\n{answer_errors.format_table(dev['outcomes'])}")
+    for key, label in (("exact_match", "EM"), ("f1", "F1")):
+        old = reader_levers.per_question(f"{out}/predictions-dev-gold-{before}.jsonl", key)
+        new = reader_levers.per_question(f"{out}/predictions-dev-gold-{after}.jsonl", key)
+        ids = sorted(old.keys() & new.keys())
+        differences[label] = reader_levers.paired_bootstrap(np.array([old[i] for i in ids]),
+                                                            np.array([new[i] for i in ids]))
+    return differences
+
+
+def format_difference(differences: dict[str, tuple[float, float, float]]) -> str:
+    return ", ".join(f"{label} {mean:+.3f} [{low:+.3f}, {high:+.3f}]" for label, (mean, low, high) in
+                     differences.items())
+
+
+def report_cool_downs(out: str, args: argparse.Namespace, curve: list[dict[str, Any]],
+                      cooled: dict[str, dict[str, dict[str, Any]]]) -> None:
+    """Error tables and the records: the best chunk cooled against the best chunk; the last chunk cooled against
+    the best chunk cooled (more constant-rate steps before the same cool-down)."""
+    best, last = max(curve, key=lambda p: (p["exact_match"], p["f1"])), curve[-1]
+    for name, scored in cooled.items():
+        print(f"\ndev gold blocks, {name}: EM {scored['dev']['exact_match']:.3f}, F1 {scored['dev']['f1']:.3f}\n"
+              f"{answer_errors.format_table(scored['dev']['outcomes'])}")
+
+    def figure(scored: dict[str, dict[str, Any]], step: int) -> str:
+        dev = scored["dev"]
+        return (f"dev gold blocks, {dev['num_questions']} questions: EM {dev['exact_match']:.3f}, F1 {dev['f1']:.3f} "
+                f"after {args.cooldown} cool-down steps from step {step} (tune EM "
+                f"{scored['tune']['exact_match']:.3f}); too short {dev['outcomes']['too_short']}, right block wrong "
+                f"span {dev['outcomes']['right_block_wrong_span']}")
+
+    difference = dev_difference(out, "best", "cooldown")
     result_records.write(
-        "open-qa-reader-cooldown", area="Open-QA", order=22, verdict="holds" if em_low > 0 else "negative",
+        "open-qa-reader-cooldown", area="Open-QA", order=22, verdict="holds" if difference["EM"][1] > 0 else "negative",
         claim="Annealing the constant-rate reader (its rate decayed linearly to 0 over a cool-down) reads better than "
               "the constant-rate reader it starts from",
-        figure=f"dev gold blocks, {dev['num_questions']} questions: EM {dev['exact_match']:.3f}, F1 {dev['f1']:.3f} "
-               f"after {args.cooldown} cool-down steps from step {best['step']}; tune EM "
-               f"{scored['tune']['exact_match']:.3f} (before: {best['exact_match']:.3f}); too short "
-               f"{dev['outcomes']['too_short']}, right block wrong span {dev['outcomes']['right_block_wrong_span']}",
-        interval=f"cooled minus before, 95% paired bootstrap over dev questions: EM {em:+.3f} [{em_low:+.3f}, "
-                 f"{em_high:+.3f}], F1 {f1:+.3f} [{f1_low:+.3f}, {f1_high:+.3f}]")
+        figure=figure(cooled["cooldown"], best["step"]) + f"; before: EM {best['exact_match']:.3f} on tune",
+        interval=f"cooled minus before, 95% paired bootstrap over dev questions: {format_difference(difference)}")
+    if "cooldown-last" in cooled and last["step"] != best["step"]:
+        difference = dev_difference(out, "cooldown", "cooldown-last")
+        result_records.write(
+            "open-qa-reader-cooldown-later", area="Open-QA", order=23,
+            verdict="holds" if difference["EM"][1] > 0 else "negative",
+            claim="More constant-rate steps before the same cool-down read better: the last chunk's reader cooled down "
+                  "against the best chunk's",
+            figure=figure(cooled["cooldown-last"], last["step"]) + f"; from step {best['step']}: EM "
+                   f"{cooled['cooldown']['dev']['exact_match']:.3f}, F1 {cooled['cooldown']['dev']['f1']:.3f}",
+            interval=f"last minus best, 95% paired bootstrap over dev questions: {format_difference(difference)}")
 
 
 if __name__ == "__main__":
