@@ -1,0 +1,153 @@
+"""Readers end to end: each reader behind the same dense retriever over the whole bundled corpus, on dev.
+
+A reader's gold-block EM (``reader_curve.py``) takes retrieval out. This run puts each reader given by ``--readers``
+behind one retriever, without Open-QA fine-tuning. The retriever is the MiniLM import with its projection fitted to
+the corpus (``init-retriever``), and its index covers the whole bundled corpus. Each reader reads the top
+``model.reader_beam_size`` blocks of each dev question, as ``realm-tf evaluate`` does. The block choice comes from
+S_read + w·S_retr. ORQA and REALM use w = 1. Here w is chosen on the tune split (``--score-weights``; EM, then
+F1). Each reader is scored on dev at w = 1 and at its chosen w, with the error table of each.
+
+Records:
+- ``open-qa-reader-end-to-end``: the second reader of ``--readers`` against the first, each at its chosen w, with
+  a paired bootstrap over the dev questions;
+- ``open-qa-block-choice-weight``: the last reader at its chosen w against w = 1.
+
+Resumable: each stage is kept in ``<out>/stages.json``.
+
+    .venv/bin/python benchmarks/reader_end_to_end.py --out runs/bench/reader_e2e \\
+      --readers constant=runs/bench/reader_curve/best,cooled=runs/bench/reader_curve/cooldown
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
+from realm_tf.index import index_publisher  # noqa: E402
+from realm_tf.tasks import answer_errors  # noqa: E402
+
+import open_qa_benchmark  # noqa: E402  (benchmarks/)
+import reader_levers  # noqa: E402  (benchmarks/)
+import result_records  # noqa: E402  (benchmarks/)
+import stages  # noqa: E402  (benchmarks/)
+
+
+def chosen_weight(metrics: dict[str, Any]) -> float:
+    """The retrieval weight with the best tune EM, then F1; 1 (ORQA/REALM's) on a tie with it."""
+    scores = {w: (metrics[f"exact_match@w={w:g}"], metrics[f"f1@w={w:g}"]) for w in open_qa_benchmark.WEIGHTS}
+    return 1.0 if scores[1.0] == max(scores.values()) else max(scores, key=lambda w: scores[w])
+
+
+def difference(before: str, after: str) -> dict[str, tuple[float, float, float]]:
+    """``after`` minus ``before`` (prediction files) on the same questions: ``{EM, F1: (mean, 95% low, high)}``."""
+    result = {}
+    for key, label in (("exact_match", "EM"), ("f1", "F1")):
+        old, new = reader_levers.per_question(before, key), reader_levers.per_question(after, key)
+        ids = sorted(old.keys() & new.keys())
+        result[label] = reader_levers.paired_bootstrap(np.array([old[i] for i in ids]), np.array([new[i] for i in ids]))
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--config", default="configs/minilm.yaml")
+    parser.add_argument("--out", default="runs/bench/reader_e2e")
+    parser.add_argument("--readers", required=True, help="NAME=RUN_DIR,... (reader runs: their checkpoints)")
+    parser.add_argument("--corpus", default="data/open_qa/passages.jsonl.gz")
+    parser.add_argument("--questions", default="data/open_qa/qa_qed_train.jsonl.gz")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        help="for every stage (the readers' own settings, e.g. model.max_span_width)")
+    args = parser.parse_args()
+
+    out = args.out.rstrip("/")
+    readers = dict(item.split("=", 1) for item in args.readers.split(",") if item)
+    overrides = [f"data.blocks_dir={out}/blocks", f"index.index_dir={out}/index", f"refresh.export_dir={out}/export",
+                 f"model.retriever_checkpoint={out}/retriever_init", f"qa.retriever_checkpoint={out}/retriever_init",
+                 "model.max_span_width=24", *args.overrides]  # the readers of reader_curve.py
+    sets = ["--config", args.config, *sum((["--set", o] for o in overrides), [])]
+    stage = stages.Stages(out)
+    stage("blocks", lambda: stages.cli(["preprocess", "--config", args.config, "--input", args.corpus,
+                                        "--output", f"{out}/blocks"]))
+    stage("retriever_init", lambda: stages.cli(["init-retriever", *sets, "--out", f"{out}/retriever_init"]))
+
+    def index() -> None:
+        if not index_publisher.complete_versions(f"{out}/index"):
+            stages.cli(["export-retriever", *sets, "--model_dir", f"{out}/retriever_init", "--step", "0"])
+            stages.cli(["embed-blocks", *sets])
+
+    stage("index", index)
+    scored: dict[str, dict[str, Any]] = {}
+    for name, run in readers.items():
+        base = [*sets, "--questions", args.questions, "--model", run]
+        tune = stage(f"tune_{name}", lambda base=base, name=name: open_qa_benchmark.evaluate(
+            [*base, "--split", "tune", "--score-weights", *map(str, open_qa_benchmark.WEIGHTS), "--predictions",
+             f"{out}/predictions-tune-{name}.jsonl"], f"{out}/metrics-tune-{name}.json"))
+        weight = chosen_weight(tune)
+        scored[name] = {"weight": weight, "tune": tune}
+        for w in sorted({1.0, weight}):
+            scored[name][w] = stage(f"dev_{name}_w{w:g}", lambda base=base, name=name, w=w: open_qa_benchmark.evaluate(
+                [*base, "--split", "dev", "--set", f"qa.retrieval_score_weight={w}", "--predictions",
+                 f"{out}/predictions-dev-{name}-w{w:g}.jsonl"], f"{out}/metrics-dev-{name}-w{w:g}.json"))
+            print(f"\n{name}, w = {w:g}: dev EM {scored[name][w]['exact_match']:.3f}, F1 {scored[name][w]['f1']:.3f}, "
+                  f"accuracy@5 {scored[name][w]['accuracy@5']:.3f}\n"
+                  f"{answer_errors.format_table(scored[name][w]['outcomes'])}")
+    write_records(out, scored)
+    return 0
+
+
+def write_records(out: str, scored: dict[str, dict[str, Any]]) -> None:
+    """The second reader against the first (each at its chosen w), and the last reader's w against w = 1."""
+    names = list(scored)
+
+    def at_chosen(name: str) -> tuple[dict[str, Any], str]:
+        w = scored[name]["weight"]
+        return scored[name][w], f"{out}/predictions-dev-{name}-w{w:g}.jsonl"
+
+    def text(d: dict[str, tuple[float, float, float]]) -> str:
+        return ", ".join(f"{k} {m:+.3f} [{lo:+.3f}, {hi:+.3f}]" for k, (m, lo, hi) in d.items())
+
+    if len(names) >= 2:
+        (first, first_path), (second, second_path) = at_chosen(names[0]), at_chosen(names[1])
+        d = difference(first_path, second_path)
+        result_records.write(
+            "open-qa-reader-end-to-end", area="Open-QA", order=24, verdict="holds" if d["EM"][1] > 0 else "negative",
+            claim=f"The {names[1]} reader answers better end to end than the {names[0]} reader (the same dense "
+                  "retriever over the whole bundled corpus, no Open-QA fine-tuning)",
+            figure=f"dev, {second['num_questions']} questions: {names[1]} EM {second['exact_match']:.3f}, F1 "
+                   f"{second['f1']:.3f} (w = {scored[names[1]]['weight']:g}) against {names[0]} "
+                   f"{first['exact_match']:.3f} / {first['f1']:.3f} (w = {scored[names[0]]['weight']:g}); accuracy@5 "
+                   f"{second['accuracy@5']:.3f}; wrong block among those read {second['outcomes']['wrong_block']} vs "
+                   f"{first['outcomes']['wrong_block']}",
+            interval=f"{names[1]} minus {names[0]}, 95% paired bootstrap over questions: {text(d)}")
+    last = names[-1]
+    weight = scored[last]["weight"]
+    if weight != 1.0:
+        d = difference(f"{out}/predictions-dev-{last}-w1.jsonl", f"{out}/predictions-dev-{last}-w{weight:g}.jsonl")
+        chosen, orqa = scored[last][weight], scored[last][1.0]
+        figure = (f"{last} reader, dev: EM {chosen['exact_match']:.3f} at w = {weight:g} (chosen on tune) against "
+                  f"{orqa['exact_match']:.3f} at w = 1; wrong block among those read "
+                  f"{chosen['outcomes']['wrong_block']} vs {orqa['outcomes']['wrong_block']}")
+        interval = f"w = {weight:g} minus w = 1, 95% paired bootstrap over questions: {text(d)}"
+        verdict = "holds" if d["EM"][1] > 0 else "negative"
+    else:
+        figure = f"{last} reader: tune chose w = 1 (ORQA/REALM's); dev EM {scored[last][1.0]['exact_match']:.3f}"
+        interval, verdict = "", "negative"
+    tune = scored[last]["tune"]
+    figure += "; tune EM by w: " + ", ".join(f"{w:g}: {tune[f'exact_match@w={w:g}']:.3f}"
+                                             for w in open_qa_benchmark.WEIGHTS)
+    result_records.write(
+        "open-qa-block-choice-weight", area="Open-QA", order=25, verdict=verdict,
+        claim="Choosing the blocks' retrieval weight w in S_read + w·S_retr on the tune split picks better blocks than "
+              "ORQA/REALM's w = 1",
+        figure=figure, interval=interval)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
