@@ -40,8 +40,6 @@ import sys
 import time
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
@@ -136,13 +134,8 @@ def plot_curve(curve: list[dict[str, Any]], path: str) -> None:
 def report(out: str, curve: list[dict[str, Any]], dev: dict[str, dict[str, Any]]) -> None:
     """The table, the error tables and the record."""
     best = max(curve, key=lambda p: (p["exact_match"], p["f1"]))
-    differences = {}
-    for key in WATCHED:
-        before = reader_levers.per_question(f"{out}/predictions-dev-gold-first.jsonl", key)
-        now = reader_levers.per_question(f"{out}/predictions-dev-gold-best.jsonl", key)
-        ids = sorted(before.keys() & now.keys())
-        differences[key] = reader_levers.paired_bootstrap(np.array([before[i] for i in ids]),
-                                                          np.array([now[i] for i in ids]))
+    difference = reader_levers.paired_difference(f"{out}/predictions-dev-gold-first.jsonl",
+                                                 f"{out}/predictions-dev-gold-best.jsonl")
     print(f"\n== the reader's curve ({out}) ==\n| step | tune EM | tune F1 | reader oracle |\n"
           "| ---: | ---: | ---: | ---: |")
     for p in curve:
@@ -150,7 +143,6 @@ def report(out: str, curve: list[dict[str, Any]], dev: dict[str, dict[str, Any]]
     for name in ("first", "best"):
         print(f"\ndev gold blocks, {name} chunk's reader: EM {dev[name]['exact_match']:.3f}, F1 {dev[name]['f1']:.3f}"
               f"\n{answer_errors.format_table(dev[name]['outcomes'])}")
-    (em, em_low, em_high), (f1, f1_low, f1_high) = differences["exact_match"], differences["f1"]
     goal = dev["best"]["exact_match"] >= 0.50
     result_records.write(
         "open-qa-reader-curve", area="Open-QA", order=21, verdict="holds" if goal else "negative",
@@ -161,7 +153,7 @@ def report(out: str, curve: list[dict[str, Any]], dev: dict[str, dict[str, Any]]
                f"{dev['first']['exact_match']:.3f} / {dev['first']['f1']:.3f} after the first chunk; tune EM by "
                "chunk: " + ", ".join(f"{p['step']}: {p['exact_match']:.3f}" for p in curve),
         interval=f"best minus first, 95% paired bootstrap over {dev['best']['num_questions']} dev questions: "
-                 f"EM {em:+.3f} [{em_low:+.3f}, {em_high:+.3f}], F1 {f1:+.3f} [{f1_low:+.3f}, {f1_high:+.3f}]")
+                 + reader_levers.format_difference(difference))
 
 
 def main() -> int:
@@ -240,24 +232,6 @@ def cool_down(out: str, flags: list[str], args: argparse.Namespace, start: str, 
         for split in ("tune", "dev")}
 
 
-def dev_difference(out: str, before: str, after: str) -> dict[str, tuple[float, float, float]]:
-    """``after`` minus ``before`` (prediction files' names) on the same dev questions: ``{EM, F1: (mean, 95% low,
-    95% high)}`` of a paired bootstrap over questions."""
-    differences = {}
-    for key, label in (("exact_match", "EM"), ("f1", "F1")):
-        old = reader_levers.per_question(f"{out}/predictions-dev-gold-{before}.jsonl", key)
-        new = reader_levers.per_question(f"{out}/predictions-dev-gold-{after}.jsonl", key)
-        ids = sorted(old.keys() & new.keys())
-        differences[label] = reader_levers.paired_bootstrap(np.array([old[i] for i in ids]),
-                                                            np.array([new[i] for i in ids]))
-    return differences
-
-
-def format_difference(differences: dict[str, tuple[float, float, float]]) -> str:
-    return ", ".join(f"{label} {mean:+.3f} [{low:+.3f}, {high:+.3f}]" for label, (mean, low, high) in
-                     differences.items())
-
-
 def report_cool_downs(out: str, args: argparse.Namespace, curve: list[dict[str, Any]],
                       cooled: dict[str, dict[str, dict[str, Any]]]) -> None:
     """Error tables and the records: the best chunk cooled against the best chunk; the last chunk cooled against
@@ -274,15 +248,18 @@ def report_cool_downs(out: str, args: argparse.Namespace, curve: list[dict[str, 
                 f"{scored['tune']['exact_match']:.3f}); too short {dev['outcomes']['too_short']}, right block wrong "
                 f"span {dev['outcomes']['right_block_wrong_span']}")
 
-    difference = dev_difference(out, "best", "cooldown")
+    difference = reader_levers.paired_difference(f"{out}/predictions-dev-gold-best.jsonl",
+                                                    f"{out}/predictions-dev-gold-cooldown.jsonl")
     result_records.write(
         "open-qa-reader-cooldown", area="Open-QA", order=22, verdict="holds" if difference["EM"][1] > 0 else "negative",
         claim="Annealing the constant-rate reader (its rate decayed linearly to 0 over a cool-down) reads better than "
               "the constant-rate reader it starts from",
         figure=figure(cooled["cooldown"], best["step"]) + f"; before: EM {best['exact_match']:.3f} on tune",
-        interval=f"cooled minus before, 95% paired bootstrap over dev questions: {format_difference(difference)}")
+        interval="cooled minus before, 95% paired bootstrap over dev questions: "
+                 + reader_levers.format_difference(difference))
     if "cooldown-last" in cooled and last["step"] != best["step"]:
-        difference = dev_difference(out, "cooldown", "cooldown-last")
+        difference = reader_levers.paired_difference(f"{out}/predictions-dev-gold-cooldown.jsonl",
+                                                        f"{out}/predictions-dev-gold-cooldown-last.jsonl")
         result_records.write(
             "open-qa-reader-cooldown-later", area="Open-QA", order=23,
             verdict="holds" if difference["EM"][1] > 0 else "negative",
@@ -290,7 +267,8 @@ def report_cool_downs(out: str, args: argparse.Namespace, curve: list[dict[str, 
                   "against the best chunk's",
             figure=figure(cooled["cooldown-last"], last["step"]) + f"; from step {best['step']}: EM "
                    f"{cooled['cooldown']['dev']['exact_match']:.3f}, F1 {cooled['cooldown']['dev']['f1']:.3f}",
-            interval=f"last minus best, 95% paired bootstrap over dev questions: {format_difference(difference)}")
+            interval="last minus best, 95% paired bootstrap over dev questions: "
+                     + reader_levers.format_difference(difference))
 
 
 if __name__ == "__main__":

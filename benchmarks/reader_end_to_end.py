@@ -24,8 +24,6 @@ import os
 import sys
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
@@ -42,16 +40,6 @@ def chosen_weight(metrics: dict[str, Any]) -> float:
     """The retrieval weight with the best tune EM, then F1; 1 (ORQA/REALM's) on a tie with it."""
     scores = {w: (metrics[f"exact_match@w={w:g}"], metrics[f"f1@w={w:g}"]) for w in open_qa_benchmark.WEIGHTS}
     return 1.0 if scores[1.0] == max(scores.values()) else max(scores, key=lambda w: scores[w])
-
-
-def difference(before: str, after: str) -> dict[str, tuple[float, float, float]]:
-    """``after`` minus ``before`` (prediction files) on the same questions: ``{EM, F1: (mean, 95% low, high)}``."""
-    result = {}
-    for key, label in (("exact_match", "EM"), ("f1", "F1")):
-        old, new = reader_levers.per_question(before, key), reader_levers.per_question(after, key)
-        ids = sorted(old.keys() & new.keys())
-        result[label] = reader_levers.paired_bootstrap(np.array([old[i] for i in ids]), np.array([new[i] for i in ids]))
-    return result
 
 
 def main() -> int:
@@ -110,12 +98,9 @@ def write_records(out: str, scored: dict[str, dict[str, Any]]) -> None:
         w = scored[name]["weight"]
         return scored[name][w], f"{out}/predictions-dev-{name}-w{w:g}.jsonl"
 
-    def text(d: dict[str, tuple[float, float, float]]) -> str:
-        return ", ".join(f"{k} {m:+.3f} [{lo:+.3f}, {hi:+.3f}]" for k, (m, lo, hi) in d.items())
-
     if len(names) >= 2:
         (first, first_path), (second, second_path) = at_chosen(names[0]), at_chosen(names[1])
-        d = difference(first_path, second_path)
+        d = reader_levers.paired_difference(first_path, second_path)
         result_records.write(
             "open-qa-reader-end-to-end", area="Open-QA", order=24, verdict="holds" if d["EM"][1] > 0 else "negative",
             claim=f"The {names[1]} reader answers better end to end than the {names[0]} reader (the same dense "
@@ -125,16 +110,19 @@ def write_records(out: str, scored: dict[str, dict[str, Any]]) -> None:
                    f"{first['exact_match']:.3f} / {first['f1']:.3f} (w = {scored[names[0]]['weight']:g}); accuracy@5 "
                    f"{second['accuracy@5']:.3f}; wrong block among those read {second['outcomes']['wrong_block']} vs "
                    f"{first['outcomes']['wrong_block']}",
-            interval=f"{names[1]} minus {names[0]}, 95% paired bootstrap over questions: {text(d)}")
+            interval=f"{names[1]} minus {names[0]}, 95% paired bootstrap over questions: "
+                     + reader_levers.format_difference(d))
     last = names[-1]
     weight = scored[last]["weight"]
     if weight != 1.0:
-        d = difference(f"{out}/predictions-dev-{last}-w1.jsonl", f"{out}/predictions-dev-{last}-w{weight:g}.jsonl")
+        d = reader_levers.paired_difference(f"{out}/predictions-dev-{last}-w1.jsonl",
+                                            f"{out}/predictions-dev-{last}-w{weight:g}.jsonl")
         chosen, orqa = scored[last][weight], scored[last][1.0]
         figure = (f"{last} reader, dev: EM {chosen['exact_match']:.3f} at w = {weight:g} (chosen on tune) against "
                   f"{orqa['exact_match']:.3f} at w = 1; wrong block among those read "
                   f"{chosen['outcomes']['wrong_block']} vs {orqa['outcomes']['wrong_block']}")
-        interval = f"w = {weight:g} minus w = 1, 95% paired bootstrap over questions: {text(d)}"
+        interval = (f"w = {weight:g} minus w = 1, 95% paired bootstrap over questions: "
+                    + reader_levers.format_difference(d))
         verdict = "holds" if d["EM"][1] > 0 else "negative"
     else:
         figure = f"{last} reader: tune chose w = 1 (ORQA/REALM's); dev EM {scored[last][1.0]['exact_match']:.3f}"

@@ -96,6 +96,23 @@ def per_question(path: str, key: str) -> dict[str, float]:
     return {p["id"]: float(p[key]) for p in answer_errors.read_predictions(path)}
 
 
+def paired_difference(before: str, after: str) -> dict[str, tuple[float, float, float]]:
+    """``after`` minus ``before`` (two predictions files) on the questions both hold: ``{"EM": ..., "F1": ...}``,
+    each ``(mean, 95% low, 95% high)`` of :func:`paired_bootstrap`."""
+    result = {}
+    for key, label in (("exact_match", "EM"), ("f1", "F1")):
+        old, new = per_question(before, key), per_question(after, key)
+        ids = sorted(old.keys() & new.keys())
+        result[label] = paired_bootstrap(np.array([old[i] for i in ids]), np.array([new[i] for i in ids]))
+    return result
+
+
+def format_difference(difference: dict[str, tuple[float, float, float]]) -> str:
+    """``EM +0.052 [+0.025, +0.081], F1 ...``"""
+    return ", ".join(f"{label} {mean:+.3f} [{low:+.3f}, {high:+.3f}]" for label, (mean, low, high) in
+                     difference.items())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)

@@ -20,8 +20,6 @@ import os
 import sys
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
@@ -42,18 +40,6 @@ def choose_bias(metrics: dict[str, Any], biases: list[float]) -> float:
     scores = {b: (metrics[f"exact_match@len={b:g}"], metrics[f"f1@len={b:g}"]) for b in biases}
     best = max(scores.values())
     return 0.0 if scores.get(0.0) == best else max(scores, key=lambda b: scores[b])
-
-
-def compare(base_path: str, chosen_path: str) -> dict[str, tuple[float, float, float]]:
-    """Chosen minus base per question, EM and F1: (mean, 95% low, 95% high) of a paired bootstrap."""
-    differences = {}
-    for key in ("exact_match", "f1"):
-        before = reader_levers.per_question(base_path, key)
-        after = reader_levers.per_question(chosen_path, key)
-        ids = sorted(before.keys() & after.keys())
-        differences[key] = reader_levers.paired_bootstrap(np.array([before[i] for i in ids]),
-                                                          np.array([after[i] for i in ids]))
-    return differences
 
 
 def main() -> int:
@@ -98,19 +84,17 @@ def main() -> int:
             figure=f"tune chose no bias (tune gold-block EM by bias per wordpiece: {sweep}); dev gold blocks EM "
                    f"{dev[0.0]['exact_match']:.3f}, F1 {dev[0.0]['f1']:.3f} on {dev[0.0]['num_questions']} questions")
         return 0
-    diff = compare(f"{out}/predictions-dev-0.jsonl", f"{out}/predictions-dev-{chosen:g}.jsonl")
-    (em, em_low, em_high), (f1, f1_low, f1_high) = diff["exact_match"], diff["f1"]
+    diff = reader_levers.paired_difference(f"{out}/predictions-dev-0.jsonl", f"{out}/predictions-dev-{chosen:g}.jsonl")
     outcomes = {b: dev[b]["outcomes"] for b in dev}
     result_records.write(
-        "open-qa-span-length-bias", area="Open-QA", order=23, verdict="holds" if em_low > 0 else "negative",
+        "open-qa-span-length-bias", area="Open-QA", order=23, verdict="holds" if diff["EM"][1] > 0 else "negative",
         claim="A span length bias chosen on the tune split raises the reader's gold-block EM on the dev split",
         figure=f"bias {chosen:g} per wordpiece (tune gold-block EM by bias: {sweep}); dev gold blocks, "
                f"{dev[chosen]['num_questions']} questions: EM {dev[chosen]['exact_match']:.3f}, F1 "
                f"{dev[chosen]['f1']:.3f} against {dev[0.0]['exact_match']:.3f} / {dev[0.0]['f1']:.3f} without; too "
                f"short {outcomes[0.0]['too_short']} -> {outcomes[chosen]['too_short']}, too long "
                f"{outcomes[0.0]['too_long']} -> {outcomes[chosen]['too_long']}",
-        interval=f"with minus without, 95% paired bootstrap over questions: EM {em:+.3f} [{em_low:+.3f}, "
-                 f"{em_high:+.3f}], F1 {f1:+.3f} [{f1_low:+.3f}, {f1_high:+.3f}]")
+        interval=f"with minus without, 95% paired bootstrap over questions: {reader_levers.format_difference(diff)}")
     return 0
 
 
