@@ -41,12 +41,6 @@ import stages  # noqa: E402  (benchmarks/)
 WEIGHTS = (*open_qa_benchmark.WEIGHTS, 4.0, 8.0)
 
 
-def chosen_weight(metrics: dict[str, Any]) -> float:
-    """The retrieval weight with the best tune EM, then F1; 1 (ORQA/REALM's) on a tie with it."""
-    scores = {w: (metrics[f"exact_match@w={w:g}"], metrics[f"f1@w={w:g}"]) for w in WEIGHTS}
-    return 1.0 if scores[1.0] == max(scores.values()) else max(scores, key=lambda w: scores[w])
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -82,7 +76,7 @@ def main() -> int:
         tune = stage(f"tune_{name}_{len(WEIGHTS)}_weights", lambda base=base, name=name: open_qa_benchmark.evaluate(
             [*base, "--split", "tune", "--score-weights", *map(str, WEIGHTS), "--predictions",
              f"{out}/predictions-tune-{name}.jsonl"], f"{out}/metrics-tune-{name}.json"))
-        weight = chosen_weight(tune)
+        weight = reader_levers.choose_variant(tune, "w", WEIGHTS, 1.0)
         scored[name] = {"weight": weight, "tune": tune}
         for w in sorted({1.0, weight}):
             scored[name][w] = stage(f"dev_{name}_w{w:g}", lambda base=base, name=name, w=w: open_qa_benchmark.evaluate(

@@ -37,7 +37,7 @@ import json
 import os
 import re
 import sys
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -94,6 +94,13 @@ def trained_steps(model_dir: str) -> int:
 def per_question(path: str, key: str) -> dict[str, float]:
     """``{question id: value of key}`` from a predictions file."""
     return {p["id"]: float(p[key]) for p in answer_errors.read_predictions(path)}
+
+
+def choose_variant(metrics: dict[str, Any], kind: str, values: Sequence[float], default: float) -> float:
+    """The value of ``values`` whose ``realm-tf evaluate`` variant (``exact_match@<kind>=<value>``) scores the best
+    EM, then F1; ``default`` when it ties with the best."""
+    scores = {v: (metrics[f"exact_match@{kind}={v:g}"], metrics[f"f1@{kind}={v:g}"]) for v in values}
+    return default if scores.get(default) == max(scores.values()) else max(scores, key=lambda v: scores[v])
 
 
 def paired_difference(before: str, after: str) -> dict[str, tuple[float, float, float]]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -33,13 +32,6 @@ import stages  # noqa: E402  (benchmarks/)
 
 #: The biases tried on tune, per wordpiece (0 is the span score alone).
 BIASES = (-0.4, -0.2, -0.1, -0.05, 0.0, 0.05, 0.1, 0.2, 0.4)
-
-
-def choose_bias(metrics: dict[str, Any], biases: list[float]) -> float:
-    """The bias whose variant has the best tune EM, then F1; 0 on a tie with it."""
-    scores = {b: (metrics[f"exact_match@len={b:g}"], metrics[f"f1@len={b:g}"]) for b in biases}
-    best = max(scores.values())
-    return 0.0 if scores.get(0.0) == best else max(scores, key=lambda b: scores[b])
 
 
 def main() -> int:
@@ -65,7 +57,7 @@ def main() -> int:
     tune = stage("tune_sweep", lambda: open_qa_benchmark.evaluate(
         [*flags, "--split", "tune", "--length-biases", *map(str, biases),
          "--predictions", f"{out}/predictions-tune.jsonl"], f"{out}/metrics-tune.json"))
-    chosen = choose_bias(tune, biases)
+    chosen = reader_levers.choose_variant(tune, "len", biases, 0.0)
     dev = {b: stage(f"dev_{b:g}", lambda b=b: open_qa_benchmark.evaluate(
         [*flags, "--split", "dev", "--set", f"qa.span_length_bias={b}",
          "--predictions", f"{out}/predictions-dev-{b:g}.jsonl"], f"{out}/metrics-dev-{b:g}.json"))
