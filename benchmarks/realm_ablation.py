@@ -22,8 +22,10 @@ evaluation on the dev split: EM, F1, accuracy@5, the error table, and the reader
 after each chunk scores ``--eval-examples`` held-out salient spans (held out by source block; a random-masking
 run is scored on the salient spans of the same held-out blocks, ``pretrain --eval-input``). It stops when neither
 the held-out MLM accuracy nor the retrieval utility has beaten its best by ``--min-delta`` for ``--patience``
-chunks (:func:`realm_tf.tasks.held_out_progress.plateaued`). The curves go to ``<out>/<run>/curve.json``, TensorBoard
-(``<out>/<run>/model``) and ``<out>/curves.png``.
+chunks (:func:`realm_tf.tasks.held_out_progress.plateaued`). Within a chunk the retriever is exported every half
+chunk and the index rebuilt from it in a thread of the trainer (REALM §3.4's asynchronous refresh; a run does not
+export at its own last step, so an export interval of a whole chunk would never refresh it). The curves go to
+``<out>/<run>/curve.json``, TensorBoard (``<out>/<run>/model``) and ``<out>/curves.png``.
 
 Everything is resumable: each stage is kept in ``<out>/stages.json``, each chunk in its curve, and a killed
 training resumes from its checkpoint. ``--max-hours`` stops the harness cleanly between stages (for sessions of
@@ -176,8 +178,11 @@ def main() -> int:
                 "--set", f"data.masking_strategy={name}"]))
         curves = {}
         for name in realm_runs:
+            # Each chunk is a run of its own, which exports only strictly inside its steps: an export interval of
+            # a chunk would never refresh the index (realm_pretraining.export_steps).
             curves[name] = pretrain_until_plateau(
                 name, out, [*sets, "--set", f"model.retriever_checkpoint={out}/ict",
+                            "--set", f"refresh.export_every_steps={max(1, args.chunk // 2)}",
                             *sum((["--set", o] for o in args.pretrain_overrides), [])],
                 f"{out}/data_{name}/pretraining-*", f"{out}/data_salient/pretraining-*", args, deadline)
         if curves:

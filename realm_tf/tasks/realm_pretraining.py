@@ -208,6 +208,13 @@ class RealmPretrainingTask(base_task.Task):
             logger.warning("%s: index version %d (export step %d) is ahead of trainer step %d: this run's refreshes "
                             "(versions = its steps) will not replace it until then", cfg.index.index_dir,
                             loader.version, newest, loop.step)
+        trains_retriever = cfg.pretrain.steps > max(loop.step, cfg.pretrain.freeze_retriever_steps)
+        if cfg.refresh.export_every_steps > 0 and trains_retriever and not export_steps(cfg, loop.step):
+            logger.warning("pretrain: the retriever trains in steps %d-%d, but refresh.export_every_steps=%d puts no "
+                           "export strictly inside them (a run does not export at its last step): the index it "
+                           "searches is never refreshed (REALM §3.4). Lower refresh.export_every_steps",
+                           max(loop.step, cfg.pretrain.freeze_retriever_steps) + 1, cfg.pretrain.steps,
+                           cfg.refresh.export_every_steps)
         self.inputs = retrieval_augmented_input.RetrievalAugmentedInput(cfg, loader, None, self.tokenizer)
         if self.chief:
             self.supervisor.start()
@@ -217,12 +224,11 @@ class RealmPretrainingTask(base_task.Task):
         """Exports the retriever every ``refresh.export_every_steps`` (REALM §3.4) once it trains, and reports
         when the input pipeline switches to a new index version."""
         cfg, inputs = self.cfg, self.inputs
-        export_every, frozen_until = cfg.refresh.export_every_steps, cfg.pretrain.freeze_retriever_steps
+        exporting = export_steps(cfg, 0)
         last_version = [inputs.loader.version]
 
         def export_hook(step: int, logs: Mapping[str, float]) -> None:
-            # While the retriever is frozen its index is exact: nothing to export.
-            if export_every > 0 and step % export_every == 0 and frozen_until < step < cfg.pretrain.steps:
+            if step in exporting:
                 if self.chief:
                     path = retriever_export.export_retriever(model.retriever, cfg, step, self.tokenizer)
                     logger.info("\npretrain: step %d: exported the retriever to %s", step, path)
@@ -382,6 +388,18 @@ def salient_heldout_predicate(fraction: float) -> Callable[[Mapping[str, tf.Tens
     """Held-out examples whose mask is a salient span (not the random-masking fallback)."""
     heldout = heldout_predicate(fraction, heldout=True)
     return lambda r: tf.logical_and(heldout(r), tf.equal(r[example_schemas.MASKING], b"salient"))
+
+
+def export_steps(cfg: config_lib.ExperimentConfig, start: int) -> range:
+    """The steps after ``start`` at which a run exports its retriever for the index refresh (REALM §3.4): every
+    ``refresh.export_every_steps`` once the retriever trains (while it is frozen its index is exact), and not at
+    the run's last step (``pretrain.steps``), after which no refreshed index would be read. Empty when the run's
+    retriever trains but its index is never refreshed, or when it does not train."""
+    every = cfg.refresh.export_every_steps
+    if every <= 0:
+        return range(0)
+    first = max(start, cfg.pretrain.freeze_retriever_steps) // every * every + every
+    return range(first, cfg.pretrain.steps, every)
 
 
 def pretrain(cfg: config_lib.ExperimentConfig, pretraining_pattern: str | None = None,

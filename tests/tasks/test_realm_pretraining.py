@@ -386,3 +386,19 @@ def test_span_in_candidates_against_the_blocks_themselves(setup):
              "reader_input_mask": tf.constant(mask), "target_ids": tf.constant([[6, 9, 0]]),
              "target_weights": tf.constant([[1.0, 1.0, 0.0]])}
     assert realm_pretraining.span_in_candidates(batch).tolist() == [[False, True]]
+
+
+@pytest.mark.parametrize("start,frozen,every,steps,expected", [
+    (0, 0, 2, 4, [2]),  # never at the run's last step
+    (0, 100, 100, 200, []),  # the retriever trains from 101, and 200 is the last step: no refresh at all
+    (200, 100, 100, 400, [300]),  # a resumed run: only the steps after its start
+    (400, 100, 50, 600, [450, 500, 550]),
+    (0, 3, 2, 10, [4, 6, 8]),  # not while frozen
+    (0, 0, 0, 10, []),  # 0: never
+])
+def test_export_steps_are_strictly_inside_the_run_and_after_the_freeze(start, frozen, every, steps, expected):
+    cfg = config.load_config(TINY, [f"pretrain.freeze_retriever_steps={frozen}", f"refresh.export_every_steps={every}",
+                                    f"pretrain.steps={steps}"])
+    assert list(realm_pretraining.export_steps(cfg, start)) == expected
+    # The hook's rule, counted step by step: after the freeze, before the last step, on a multiple of the interval.
+    assert expected == [s for s in range(start + 1, steps + 1) if every and s % every == 0 and frozen < s < steps]
