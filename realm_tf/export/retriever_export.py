@@ -15,6 +15,7 @@ Each export goes to ``export_dir/<global_step>/`` atomically: written to a stagi
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Any, Callable, Mapping
@@ -86,11 +87,18 @@ def _export_module(retriever: knowledge_retriever.KnowledgeRetriever, tokenizer:
     return cached
 
 
+@functools.lru_cache(maxsize=4)
+def _tokenizer(vocab_file: str, lower_case: bool) -> bert_tokenizer.BertTokenizer:
+    """One tokenizer per vocabulary, so that exports which are not handed one still reuse the module (and its
+    traced signatures) of :func:`_export_module`."""
+    return bert_tokenizer.BertTokenizer(vocab_file, lower_case)
+
+
 def export_retriever(retriever: knowledge_retriever.KnowledgeRetriever, cfg: config_lib.ExperimentConfig,
                      step: int, tokenizer: bert_tokenizer.BertTokenizer | None = None,
                      export_dir: str | None = None) -> str:
     """Writes ``<export_dir>/<step>/`` atomically and prunes old exports; returns the export path."""
-    tokenizer = tokenizer or bert_tokenizer.BertTokenizer(cfg.model.vocab_file, cfg.model.lower_case)
+    tokenizer = tokenizer or _tokenizer(cfg.model.vocab_file, cfg.model.lower_case)
     export_dir = export_dir or cfg.refresh.export_dir
     module = _export_module(retriever, tokenizer, cfg.model.query_seq_length, cfg.model.block_seq_length)
     final = os.path.join(export_dir, str(int(step)))

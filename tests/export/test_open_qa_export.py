@@ -212,55 +212,39 @@ def test_ask_cli_and_python_api(exported, capsys):
     assert "not a complete Open-QA export" in capsys.readouterr().err
 
 
-def test_evaluate_and_the_export_pick_answers_with_the_same_score(exported, tmp_path):
-    """qa.retrieval_score_weight w (answer score S_read + w·S_retr) is applied alike by `evaluate`, the exported
-    model and `ask`; at another w the answers are those of a numpy argmax over the same outputs."""
+def test_evaluate_and_the_export_decode_alike(exported, tmp_path):
+    """qa.retrieval_score_weight w (answer score S_read + w·S_retr), qa.answer_aggregation_spans N (the best N
+    spans' probabilities summed by answer text) and qa.span_length_bias are applied alike by `evaluate`, the
+    exported model and `ask`, and the served score is the task's decoded group probability; at another w the
+    answers are those of a numpy argmax over the same outputs."""
     cfg, _, task, model = exported
-    weighted = config.apply_override(cfg, "qa.retrieval_score_weight=0.25")
-    path = _export(weighted, str(tmp_path / "served-w"))
-    served = answerer.Answerer(path)
+    decoding = cfg
+    for override in ("qa.retrieval_score_weight=0.25", "qa.answer_aggregation_spans=30", "qa.span_length_bias=0.5"):
+        decoding = config.apply_override(decoding, override)
+    served = answerer.Answerer(_export(decoding, str(tmp_path / "served-decoding")))
     questions = tmp_path / "questions.jsonl"
     questions.write_text("".join(json.dumps({"id": f"q{i}", "question": q, "answers": ["unused"]}) + "\n"
                                  for i, q in enumerate(QUESTIONS)))
-    open_qa.evaluate(weighted, str(questions), predictions_path=str(tmp_path / "predictions.jsonl"))
-    evaluated = [json.loads(line)["prediction"] for line in open(tmp_path / "predictions.jsonl")]
-    asked = [served.ask(q).answer for q in QUESTIONS]
-    assert evaluated == asked and all(asked)
-    # The same outputs decoded by numpy at w = 0.25: argmax over valid (block, span) of S_read + 0.25·S_retr.
-    packed = task.tokenizer.pack_single(task.tokenizer(tf.constant(QUESTIONS)), cfg.qa.question_seq_length,
-                                        pad_to_seq_length=False)
-    outputs = model({"question_" + k: v for k, v in packed.items()})
-    joint = 0.25 * outputs["retrieval_logits"].numpy()[:, :, None] + outputs["span_logits"].numpy()
-    joint = np.where(outputs["span_mask"].numpy(), joint, -np.inf).reshape(len(QUESTIONS), -1)
-    decoded = open_qa.OpenQaTask(weighted).decode(model, outputs)
-    num_spans = outputs["span_logits"].shape[2]
-    np.testing.assert_array_equal(decoded["block"].numpy(), np.argmax(joint, axis=1) // num_spans)
-    assert [a.decode() for a in decoded["answer"].numpy()] == asked
-
-
-def test_evaluate_and_the_export_aggregate_answers_alike(exported, tmp_path):
-    """qa.answer_aggregation_spans N (the best N spans' probabilities summed by answer text) and qa.span_length_bias
-    are applied alike by `evaluate` and the exported model, and the served score is the task's decoded group
-    probability."""
-    cfg, _, task, model = exported
-    summed = config.apply_override(config.apply_override(cfg, "qa.answer_aggregation_spans=30"),
-                                   "qa.span_length_bias=0.5")
-    served = answerer.Answerer(_export(summed, str(tmp_path / "served-agg")))
-    questions = tmp_path / "questions.jsonl"
-    questions.write_text("".join(json.dumps({"id": f"q{i}", "question": q, "answers": ["unused"]}) + "\n"
-                                 for i, q in enumerate(QUESTIONS)))
-    open_qa.evaluate(summed, str(questions), predictions_path=str(tmp_path / "predictions.jsonl"))
+    open_qa.evaluate(decoding, str(questions), predictions_path=str(tmp_path / "predictions.jsonl"))
     evaluated = [json.loads(line) for line in open(tmp_path / "predictions.jsonl")]
     asked = [served.ask(q) for q in QUESTIONS]
     assert [p["prediction"] for p in evaluated] == [a.answer for a in asked] and all(a.answer for a in asked)
     packed = task.tokenizer.pack_single(task.tokenizer(tf.constant(QUESTIONS)), cfg.qa.question_seq_length,
                                         pad_to_seq_length=False)
     outputs = model({"question_" + k: v for k, v in packed.items()})
-    decoded = open_qa.OpenQaTask(summed).decode(model, outputs)
-    unbiased = open_qa.OpenQaTask(cfg).decode(model, outputs, aggregate_spans=30)
+    decoded = open_qa.OpenQaTask(decoding).decode(model, outputs)
+    assert [a.decode() for a in decoded["answer"].numpy()] == [a.answer for a in asked]
+    unbiased = open_qa.OpenQaTask(cfg).decode(model, outputs, aggregate_spans=30, retrieval_weight=0.25)
     assert (decoded["answer"].numpy() != unbiased["answer"].numpy()).any()  # the bias changed some answer
     np.testing.assert_allclose([a.score for a in asked], decoded["score"].numpy(), rtol=1e-4)
     np.testing.assert_allclose([p["score"] for p in evaluated], decoded["score"].numpy(), rtol=1e-4)
+    # The weight alone, decoded by numpy at w = 0.25: argmax over valid (block, span) of S_read + 0.25·S_retr.
+    weighted = config.apply_override(cfg, "qa.retrieval_score_weight=0.25")
+    joint = 0.25 * outputs["retrieval_logits"].numpy()[:, :, None] + outputs["span_logits"].numpy()
+    joint = np.where(outputs["span_mask"].numpy(), joint, -np.inf).reshape(len(QUESTIONS), -1)
+    num_spans = outputs["span_logits"].shape[2]
+    np.testing.assert_array_equal(open_qa.OpenQaTask(weighted).decode(model, outputs)["block"].numpy(),
+                                  np.argmax(joint, axis=1) // num_spans)
 
 
 def _corrupt(version: str, how: str) -> str:

@@ -4,6 +4,7 @@ import dataclasses
 import gzip
 import itertools
 import os
+import shutil
 
 import pytest
 
@@ -19,17 +20,27 @@ from realm_tf.models import knowledge_retriever
 TINY = "configs/tiny.yaml"
 
 
-@pytest.fixture()
-def setup(tmp_path):
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """20 bundled passages preprocessed once, and one retriever that every test exports (so its export's signatures
+    are traced once, as in a trainer)."""
+    root = tmp_path_factory.mktemp("refresher_corpus")
     with gzip.open("data/open_qa/passages.jsonl.gz", "rt") as f:
-        (tmp_path / "corpus.jsonl").write_text("".join(itertools.islice(f, 20)))
+        (root / "corpus.jsonl").write_text("".join(itertools.islice(f, 20)))
+    preprocess_corpus.JOB.call(config=TINY, overrides=[f"data.blocks_dir={root}/blocks"],
+                               input=[str(root / "corpus.jsonl")], output=str(root / "blocks"))
+    return root / "blocks", knowledge_retriever.build_knowledge_retriever(config.load_config(TINY).model)
+
+
+@pytest.fixture()
+def setup(tmp_path, corpus):
+    blocks, model = corpus
+    shutil.copytree(blocks, tmp_path / "blocks")  # each test's own corpus directory
     overrides = [f"data.blocks_dir={tmp_path}/blocks", f"index.index_dir={tmp_path}/index",
                  f"refresh.export_dir={tmp_path}/export", "refresh.keep_exports=10"]
-    preprocess_corpus.JOB.call(config=TINY, overrides=overrides, input=[str(tmp_path / "corpus.jsonl")],
-                               output=str(tmp_path / "blocks"))
     cfg = config.load_config(TINY, overrides)
     params = config.save_params(cfg, str(tmp_path))
-    return cfg, params, knowledge_retriever.build_knowledge_retriever(cfg.model)
+    return cfg, params, model
 
 
 def test_indexes_new_exports_and_skips_to_the_newest(setup):
