@@ -273,7 +273,7 @@ def test_reader_without_the_title_reads_and_cuts_the_body(qa):
 
 
 def test_finetune_export_its_retriever_then_evaluate_through_the_cli(qa, capsys):
-    cfg, root, _, _, _, examples = qa
+    cfg, root, _, _, blocks, examples = qa
     path = root / "questions.jsonl"
     path.write_text("".join(json.dumps({"id": f"id{n}-{e.id}", "question": e.question, "answers": list(e.answers)})
                             + "\n" for n in range(4) for e in examples))
@@ -317,7 +317,7 @@ def test_finetune_export_its_retriever_then_evaluate_through_the_cli(qa, capsys)
     queries = trained.embed_queries(tokenizer.pack_single(tokenizer(tf.constant([e.question for e in dev])),
                                                           cfg.model.query_seq_length)).numpy()  # [dev, dim]
     ranking = np.argsort(-(queries @ embeddings.T), axis=1)  # [dev, num_blocks], best first
-    matcher = qa_metrics.AnswerMatcher(open_qa.load_corpus(cfg, tokenizer)[1].texts)
+    matcher = qa_metrics.AnswerMatcher(blocks.texts)  # the index's corpus: the fixture's blocks
     first_hit = np.array([next((rank for rank, row in enumerate(ranking[q], 1)
                                 if matcher.has_answer(int(row), qa_metrics.normalized_answers(e.answers))), np.inf)
                           for q, e in enumerate(dev)])  # [dev]: rank of the first block holding an answer
