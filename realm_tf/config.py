@@ -637,11 +637,15 @@ def _check_lengths(cfg: ExperimentConfig, source: str, lines: Mapping[str, int])
 
 
 def _check_index(cfg: ExperimentConfig, source: str, lines: Mapping[str, int]) -> None:
-    """The ranges of the index's tuning settings."""
+    """The ranges of the index's tuning settings, and of the candidates it is asked for: REALM's k includes the
+    null document (Guu et al., 2020, §3.4), so at least one block is retrieved besides it."""
     if not 0.0 <= cfg.index.target_recall <= 1.0 or cfg.index.tuning_queries < 1:
         raise ConfigError(f"{_where(source, lines, 'index.target_recall')}: index.target_recall must be in [0, 1] "
                           f"(0: no tuning) and index.tuning_queries >= 1; got {cfg.index.target_recall}, "
                           f"{cfg.index.tuning_queries}")
+    if cfg.model.num_candidates < 2:
+        raise ConfigError(f"{_where(source, lines, 'model.num_candidates')}: model.num_candidates must be >= 2 (the "
+                          f"null document and at least one retrieved block), got {cfg.model.num_candidates}")
 
 
 def _renamed_sections(raw: dict[str, Any], lines: dict[str, int],

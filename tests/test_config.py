@@ -160,6 +160,15 @@ def test_sequences_longer_than_the_position_embeddings_are_rejected(key):
         config.load_config(None, sets + [f"{key}=65"])
 
 
+def test_fewer_than_two_candidates_is_rejected_at_load_naming_the_line(tmp_path):
+    path = _write(tmp_path, "data:\n  batch_size: 2\nmodel:\n  num_candidates: 1\n")
+    with pytest.raises(config.ConfigError, match=rf"{path}:4: model.num_candidates must be >= 2 .* got 1"):
+        config.load_config(path)
+    with pytest.raises(config.ConfigError, match="model.num_candidates must be >= 2"):
+        config.load_config(None, ["model.num_candidates=0"])
+    assert config.load_config(path, ["model.num_candidates=2"]).model.num_candidates == 2
+
+
 def test_retro_chunks_must_fit_the_key_bert_and_tile_the_sequence():
     with pytest.raises(config.ConfigError, match=r"retro.chunk_length=63 \+ \[CLS\] and \[SEP\] exceeds"):
         config.load_config(None, ["model.encoder.max_position_embeddings=64", "model.query_seq_length=64",
