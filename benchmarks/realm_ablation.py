@@ -71,6 +71,33 @@ ROWS: dict[str, tuple[str, str]] = {
 DEFAULT_ROWS = "import,ict_retriever,realm_retriever,realm_reader,realm,realm_random_span"
 #: The held-out scores that decide whether pre-training still improves.
 WATCHED = ("mlm_accuracy", "retrieval_utility")
+#: What a curve point keeps of a chunk's held-out evaluation (``realm-tf pretrain --metrics``): the watched scores,
+#: the same without retrieval (the null document alone), and whether the retriever finds a block holding the masked
+#: span (other than its source block) and the reader then predicts it better than without: REALM's cold-start
+#: problem (Guu et al., 2020, §3.4) is a reader that ignores its retrieved blocks, leaving the retriever no signal.
+KEPT = ("mlm_accuracy", "retrieval_utility", "log_likelihood", "mlm_accuracy_null_only", "log_likelihood_null_only",
+        "span_recall", "span_recall_top1", "mlm_accuracy_span_retrieved", "mlm_accuracy_null_only_span_retrieved",
+        "num_examples")
+#: The panels of :func:`plot_curves`: (title, solid line's key, dashed line's key or None).
+PANELS = (("MLM accuracy (dashed: null document only)", "mlm_accuracy", "mlm_accuracy_null_only"),
+          ("retrieval utility", "retrieval_utility", None),
+          ("span in a retrieved block (dashed: top 1)", "span_recall", "span_recall_top1"),
+          ("MLM accuracy where the span was retrieved\n(dashed: null document only)", "mlm_accuracy_span_retrieved",
+           "mlm_accuracy_null_only_span_retrieved"))
+
+
+def with_evaluations(curve: list[dict[str, Any]], run: str) -> list[dict[str, Any]]:
+    """``curve`` with each point's missing :data:`KEPT` scores read from its chunk's ``<run>/metrics-<step>.json``
+    (points written before a score was kept), where that file exists."""
+    filled = []
+    for point in curve:
+        path = f"{run}/metrics-{point['step']}.json"
+        if not set(KEPT) <= point.keys() and os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                scores = json.load(f)["eval"]
+            point = {**{k: scores[k] for k in KEPT if k in scores}, **point}
+        filled.append(point)
+    return filled
 
 
 def pretrain_until_plateau(name: str, out: str, sets: list[str], data: str, eval_data: str, args: argparse.Namespace,
@@ -79,7 +106,7 @@ def pretrain_until_plateau(name: str, out: str, sets: list[str], data: str, eval
     ``--max-chunks``; its curve."""
     run = f"{out}/{name}"
     path = f"{run}/curve.json"
-    curve = stages.read_curve(path)
+    curve = with_evaluations(stages.read_curve(path), run)
     while (not held_out_progress.plateaued(curve, WATCHED, args.patience, args.min_delta)
            and len(curve) < args.max_chunks):
         if time.time() > deadline:
@@ -94,27 +121,30 @@ def pretrain_until_plateau(name: str, out: str, sets: list[str], data: str, eval
         with open(metrics, encoding="utf-8") as f:
             scores = json.load(f)["eval"]
         curve.append({"step": step, "minutes": (time.time() - started) / 60,
-                      **{k: scores[k] for k in ("mlm_accuracy", "retrieval_utility", "log_likelihood",
-                                                "mlm_accuracy_null_only", "num_examples")}})
+                      **{k: scores[k] for k in KEPT if k in scores}})
         config_lib.atomic_write_text(path, json.dumps(curve, indent=2) + "\n")
     return curve
 
 
 def plot_curves(curves: dict[str, list[dict[str, float]]], path: str) -> None:
-    """The held-out curves of every pre-training run, one panel per watched score."""
+    """The held-out curves of every pre-training run on the held-out salient spans, one panel per :data:`PANELS`
+    entry; a point without a panel's score is left out of that panel."""
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use("Agg")
     from matplotlib import pyplot  # pylint: disable=import-outside-toplevel
 
-    figure, axes = pyplot.subplots(1, len(WATCHED), figsize=(5 * len(WATCHED), 3.5))
-    for axis, key in zip(axes, WATCHED):
-        for name, curve in curves.items():
-            if curve:
-                axis.plot([p["step"] for p in curve], [p[key] for p in curve], marker="o", label=name)
+    figure, axes = pyplot.subplots(1, len(PANELS), figsize=(4.5 * len(PANELS), 3.6))
+    for axis, (title, solid, dashed) in zip(axes, PANELS):
+        for i, (name, curve) in enumerate(curves.items()):
+            for key, style in ((solid, "-"), (dashed, "--")):
+                points = [(p["step"], p[key]) for p in curve if key is not None and key in p]
+                if points:
+                    axis.plot(*zip(*points), style, marker="o", markersize=3, color=f"C{i}",
+                              label=name if style == "-" else None)
         axis.set_xlabel("pre-training step")
-        axis.set_title(f"held-out salient spans: {key}")
+        axis.set_title(title, fontsize=9)
         axis.grid(alpha=0.3)
-    axes[0].legend()
+    axes[0].legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=100)
 
