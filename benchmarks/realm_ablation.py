@@ -86,6 +86,14 @@ PANELS = (("MLM accuracy (dashed: null document only)", "mlm_accuracy", "mlm_acc
            "mlm_accuracy_null_only_span_retrieved"))
 
 
+def shared_overrides(out: str, eval_examples: int) -> list[str]:
+    """The settings every stage of the ablation in ``out`` shares: its blocks, the held-out evaluation's size, a
+    constant rate after the warm-up (chunks stay comparable), checkpoints every 50 steps and the index rebuilt in
+    a thread of the trainer."""
+    return [f"data.blocks_dir={out}/blocks", f"pretrain.eval_examples={eval_examples}",
+            "pretrain.learning_rate_decay=constant", "pretrain.checkpoint_every_steps=50", "refresh.mode=thread"]
+
+
 def with_evaluations(curve: list[dict[str, Any]], run: str) -> list[dict[str, Any]]:
     """``curve`` with each point's missing :data:`KEPT` scores read from its chunk's ``<run>/metrics-<step>.json``
     (points written before a score was kept), where that file exists."""
@@ -176,9 +184,8 @@ def main() -> int:
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
         raise SystemExit(f"realm_ablation: unknown rows {unknown}: one of {', '.join(ROWS)}")
-    common = [f"data.blocks_dir={out}/blocks", f"model.retriever_checkpoint={out}/retriever_init",
-              f"pretrain.eval_examples={args.eval_examples}", "pretrain.learning_rate_decay=constant",
-              "pretrain.checkpoint_every_steps=50", "refresh.mode=thread", *args.overrides]
+    common = [*shared_overrides(out, args.eval_examples), f"model.retriever_checkpoint={out}/retriever_init",
+              *args.overrides]
     sets = ["--config", args.config, *sum((["--set", o] for o in common), [])]
     stage = stages.Stages(out)
 
