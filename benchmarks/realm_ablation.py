@@ -25,7 +25,8 @@ the held-out MLM accuracy nor the retrieval utility has beaten its best by ``--m
 chunks (:func:`realm_tf.tasks.held_out_progress.plateaued`). Within a chunk the retriever is exported every half
 chunk and the index rebuilt from it in a thread of the trainer (REALM §3.4's asynchronous refresh; a run does not
 export at its own last step, so an export interval of a whole chunk would never refresh it). The curves go to
-``<out>/<run>/curve.json``, TensorBoard (``<out>/<run>/model``) and ``<out>/curves.png``.
+``<out>/<run>/curve.json``, TensorBoard (``<out>/<run>/model``) and ``<out>/curves.png``. A row runs as soon as
+the runs it starts from are finished, so the rows of a plateaued run do not wait for a longer one.
 
 Everything is resumable: each stage is kept in ``<out>/stages.json``, each chunk in its curve, and a killed
 training resumes from its checkpoint. ``--max-hours`` stops the harness cleanly between stages (for sessions of
@@ -188,6 +189,7 @@ def main() -> int:
               *args.overrides]
     sets = ["--config", args.config, *sum((["--set", o] for o in common), [])]
     stage = stages.Stages(out)
+    results: dict[str, dict[str, Any]] = {}
 
     def timed(name: str, fn):
         if name not in stage.state and time.time() > deadline:
@@ -213,7 +215,15 @@ def main() -> int:
             timed(f"data_{name}", lambda name=name: stages.cli([
                 "generate-pretraining-data", *sets, "--set", f"data.pretraining_dir={out}/data_{name}",
                 "--set", f"data.masking_strategy={name}"]))
-        curves = {}
+        curves, finished = {}, {"import", "ict"}
+
+        def run_ready_rows() -> None:
+            # A row runs as soon as its sources are finished: a long pre-training run does not hold the others.
+            for row in rows:
+                if row not in results and set(ROWS[row]) <= finished:
+                    results[row] = run_row(row, out, sets, args, timed)
+
+        run_ready_rows()
         for name in realm_runs:
             # Each chunk is a run of its own, which exports only strictly inside its steps: an export interval of
             # a chunk would never refresh the index (realm_pretraining.export_steps).
@@ -222,11 +232,14 @@ def main() -> int:
                             "--set", f"refresh.export_every_steps={max(1, args.chunk // 2)}",
                             *sum((["--set", o] for o in args.pretrain_overrides), [])],
                 f"{out}/data_{name}/pretraining-*", f"{out}/data_salient/pretraining-*", args, deadline)
-        if curves:
             plot_curves(curves, f"{out}/curves.png")
-        results = {row: run_row(row, out, sets, args, timed) for row in rows}
+            finished.add(name)
+            run_ready_rows()
+        results = {row: results[row] for row in rows}
     except stages.OutOfTime as stopped:
         print(f"realm_ablation: --max-hours reached before {stopped}; the same command continues", flush=True)
+        if results:  # the rows finished so far
+            print_table(results, out)
         return 0
     print_table(results, out)
     return 0
