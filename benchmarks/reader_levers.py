@@ -15,6 +15,9 @@ Levers (``--levers``; each a set of config overrides, or extra question files):
 - ``span_width_24``: answers up to 24 wordpieces (REALM: 10). A fifth of the NQ (QED) references are longer than
   10 wordpieces, so the reader has no target for them in training and cannot produce them.
 - ``steps_x3``: three times the steps (REALM++, Balachandran et al. 2021: REALM's fine-tuning was under-trained).
+- ``batch_32`` / ``steps_x4``: REALM++'s larger batches (Balachandran et al., 2021, §3), at the same number of
+  questions read: 32 questions a step for the base's steps, against the base's batch of 8 for four times its
+  steps (``batch_32`` is compared with ``steps_x4``). Both decay to 0 at their end, at the base's rate.
 - ``negatives_2``: each gold block read next to 2 BM25 negatives (the block choice among read blocks).
 - ``lr_1e-4``: the benchmark's slower rate.
 - ``squad_train``: ``steps_x3`` with the SQuAD training set as more reading data (``data/reading/``: 87,636
@@ -55,6 +58,8 @@ LEVERS: dict[str, list[str]] = {
     "base": [],
     "span_width_24": ["model.max_span_width=24"],
     "steps_x3": ["reader.steps={steps_x3}"],
+    "steps_x4": ["reader.steps={steps_x4}"],
+    "batch_32": ["data.batch_size=32"],
     "negatives_2": ["qa.reader_negatives=2"],
     "lr_1e-4": ["reader.learning_rate=1e-4"],
     "squad_train": ["reader.steps={steps_x3}", "qa.reader_source_temperature=0.01"],
@@ -62,7 +67,7 @@ LEVERS: dict[str, list[str]] = {
     "minutes_budget": ["reader.steps={steps_x3}", "reader.max_minutes={minutes}", "reader.learning_rate_decay=budget"],
 }
 #: What each lever is compared with (paired, on the same questions): the base, or the lever it adds one thing to.
-REFERENCE = {"squad_train": "steps_x3", "minutes_budget": "minutes_linear"}
+REFERENCE = {"squad_train": "steps_x3", "minutes_budget": "minutes_linear", "batch_32": "steps_x4"}
 
 
 def base_overrides(steps: int, blocks: str) -> list[str]:
@@ -166,7 +171,8 @@ def main() -> int:
     for name in names:
         blocks = f"{out}/blocks_squad_train" if name == "squad_train" else f"{out}/blocks"
         sets = [*base_overrides(args.steps, blocks), *args.overrides,
-                *(o.format(steps_x3=3 * args.steps, minutes=args.minutes) for o in LEVERS[name]),
+                *(o.format(steps_x3=3 * args.steps, steps_x4=4 * args.steps, minutes=args.minutes)
+                  for o in LEVERS[name]),
                 f"reader.model_dir={out}/{name}"]
         flags = ["--config", args.config, *sum((["--set", o] for o in sets), [])]
         reading = list(args.reading) + ([args.squad_train[0]] if name == "squad_train" else [])
