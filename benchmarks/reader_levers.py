@@ -15,7 +15,7 @@ Levers (``--levers``; each a set of config overrides, or extra question files):
 - ``span_width_24``: answers up to 24 wordpieces (REALM: 10). A fifth of the NQ (QED) references are longer than
   10 wordpieces, so the reader has no target for them in training and cannot produce them.
 - ``steps_x3``: three times the steps (REALM++, Balachandran et al. 2021: REALM's fine-tuning was under-trained).
-- ``batch_32`` / ``steps_x4``: REALM++'s larger batches (Balachandran et al., 2021, §3), at the same number of
+- ``batch_32`` / ``steps_x4``: REALM++'s larger batches (Balachandran et al., 2021), at the same number of
   questions read: 32 questions a step for the base's steps, against the base's batch of 8 for four times its
   steps (``batch_32`` is compared with ``steps_x4``). Both decay to 0 at their end, at the base's rate.
 - ``negatives_2``: each gold block read next to 2 BM25 negatives (the block choice among read blocks).
