@@ -303,11 +303,16 @@ class PretrainConfig(TrainerConfig):
     their own source block among the candidates (where the index ranks it). REALM excludes these trivial
     retrievals so that the *retriever* does not learn exact string matching (§3.4); a frozen retriever learns
     nothing, and the reader gets examples where a candidate certainly holds the span, to learn to copy from.
+    ``eval_keep_source_block``: the held-out evaluation keeps each query's own source block among its candidates
+    (where the index ranks it) instead of excluding it as REALM does: a copying test. The source block holds the
+    masked span verbatim, so ``span_recall`` then counts it, and ``mlm_accuracy_span_retrieved`` against
+    ``mlm_accuracy_null_only_span_retrieved`` shows whether the reader predicts a span it is handed.
     """
 
     mlm_head_warmup_blocks: int = 0
     freeze_retriever_steps: int = 0
     trivial_retrieval_rate_while_frozen: float = 0.0
+    eval_keep_source_block: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

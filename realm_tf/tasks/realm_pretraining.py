@@ -265,12 +265,14 @@ class RealmPretrainingTask(base_task.Task):
 
     def eval_inputs(self) -> tf.data.Dataset | None:
         """The held-out salient spans (``pretrain.eval_examples`` of them; held out by source block), as
-        ``(features, labels)`` batches, with their retrievals from the current index (chief only)."""
+        ``(features, labels)`` batches, with their retrievals from the current index (chief only); each query's
+        source block excluded, or kept where the index ranks it (``pretrain.eval_keep_source_block``)."""
         if not self.chief:
             return None
         batch = self.global_batch_size
         heldout = self.inputs.dataset(self.eval_pattern, batch, repeat=False, shuffle=False,
-                                      split=salient_heldout_predicate(self.cfg.data.pretraining_heldout_fraction))
+                                      split=salient_heldout_predicate(self.cfg.data.pretraining_heldout_fraction),
+                                      trivial_retrieval_rate=1.0 if self.cfg.pretrain.eval_keep_source_block else 0.0)
         heldout = heldout.take(max(1, self.cfg.pretrain.eval_examples // batch))
         return heldout.map(base_task.split_features(is_model_input))
 

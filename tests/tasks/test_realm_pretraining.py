@@ -129,6 +129,26 @@ def test_trivial_retrieval_rate_keeps_the_source_block_of_that_share_of_queries(
         inputs.dataset(pattern, 4, trivial_retrieval_rate=1.5)
 
 
+@pytest.mark.parametrize("keep", [False, True])
+def test_held_out_evaluation_keeps_the_source_block_only_when_asked(setup, keep):
+    """``pretrain.eval_keep_source_block``: the copying test reads each held-out query's source block (the index
+    ranks it first here); REALM's evaluation never does."""
+    cfg, _, blocks, records, inputs = setup
+    cfg = dataclasses.replace(cfg, pretrain=dataclasses.replace(cfg.pretrain, eval_keep_source_block=keep))
+    task = realm_pretraining.RealmPretrainingTask(cfg)
+    task.inputs, task.chief = inputs, True
+    by_query = {tuple(r[example_schemas.QUERY_IDS]): r[example_schemas.SOURCE_UID].decode() for r in records}
+    sep = inputs.tokenizer.sep_id
+    queries = 0
+    for features, labels in task.eval_inputs():
+        for q, cands in zip(features["query_input_word_ids"].numpy(), labels["candidate_ids"].numpy()):
+            source = by_query[tuple(q[1:list(q).index(sep)].tolist())]
+            assert (blocks.uids[cands[1]] == source) == keep
+            assert keep or all(blocks.uids[c] != source for c in cands[1:])
+            queries += 1
+    assert queries > 0
+
+
 def test_trivial_retrievals_need_a_frozen_retriever(tmp_path, pretraining_workspace, workspace_overrides):
     cfg = config.load_config(TINY, workspace_overrides(tmp_path, pretraining_workspace) + [
         "pretrain.trivial_retrieval_rate_while_frozen=0.5", "refresh.mode=external"])
