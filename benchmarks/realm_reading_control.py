@@ -12,7 +12,9 @@ whose stages this reads and never writes).
 The evaluation excludes the source block, as REALM does. The scores to compare are the MLM accuracy on the
 held-out queries whose retrieved blocks hold the span, with those blocks and with the null document alone. A reader
 that has learned to read predicts the span more often with them. A reader that has not learned to read predicts it
-equally often either way.
+equally often either way. After the last chunk, the same held-out queries are scored once more with their own source
+block left among their candidates (``pretrain.eval_keep_source_block``): the copying test, with the span verbatim
+in a block the reader reads, as in every training query of this run.
 
 It trains in chunks until neither held-out score that the ablation watches improves, as the ablation does, and it is
 resumable; the same command continues:
@@ -24,6 +26,7 @@ resumable; the same command continues:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -58,6 +61,19 @@ def table(curves: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+def copying_test(out: str, sets: list[str], data: str, step: int) -> dict[str, float]:
+    """The held-out scores of the run's checkpoint at ``step`` with each query's source block kept among its
+    candidates (``realm-tf pretrain --eval-only``); kept in ``<out>/control/metrics-copy-<step>.json``."""
+    run, metrics = f"{out}/control", f"{out}/control/metrics-copy-{step}.json"
+    if not os.path.exists(metrics):
+        stages.cli(["pretrain", "--eval-only", *sets, "--set", "pretrain.eval_keep_source_block=true",
+                    "--set", f"pretrain.model_dir={run}/model", "--set", f"index.index_dir={run}/index",
+                    "--set", f"refresh.export_dir={run}/export", "--set", f"pretrain.steps={step}",
+                    "--input", data, "--eval-input", data, "--metrics", metrics])
+    with open(metrics, encoding="utf-8") as f:
+        return json.load(f)["eval"]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -72,6 +88,8 @@ def main() -> int:
                         help="overrides of the pre-training run, as the ablation's --pretrain")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="for every stage")
     parser.add_argument("--notebook", default="", help="the notebook entry the record points to")
+    parser.add_argument("--record", default="realm-pretraining-reading-control",
+                        help="the result record's name (a variant, e.g. another learning rate, gets its own)")
     args = parser.parse_args()
 
     ablation, out = args.ablation.rstrip("/"), args.out.rstrip("/")
@@ -90,26 +108,35 @@ def main() -> int:
     except stages.OutOfTime:
         print("realm_reading_control: --max-hours reached; the same command continues", flush=True)
         return 0
+    last = curve[-1]
+    copy = copying_test(out, sets, data, last["step"])
     reference = realm_ablation.with_evaluations(
         stages.read_curve(f"{ablation}/{REFERENCE_RUN}/curve.json"), f"{ablation}/{REFERENCE_RUN}")
     curves = {"source block always read, retriever frozen": curve, "the ablation's salient-span run": reference}
     realm_ablation.plot_curves(curves, f"{out}/curves.png")
     print(table(curves), flush=True)
-    last = curve[-1]
+    print(f"copying test at step {last['step']} (source block kept): span in a read block {copy['span_recall']:.3f}, "
+          f"MLM accuracy there {copy['mlm_accuracy_span_retrieved']:.3f} vs null document only "
+          f"{copy['mlm_accuracy_null_only_span_retrieved']:.3f}", flush=True)
     gap = last["mlm_accuracy_span_retrieved"] - last["mlm_accuracy_null_only_span_retrieved"]
     chunks = "; ".join(f"step {p['step']}: {p['mlm_accuracy_span_retrieved']:.3f}/"
                        f"{p['mlm_accuracy_null_only_span_retrieved']:.3f} where retrieved, {p['mlm_accuracy']:.3f}/"
                        f"{p['mlm_accuracy_null_only']:.3f} all, utility {p['retrieval_utility']:.2f} nats"
                        for p in curve)
+    overrides = ", ".join(args.pretrain_overrides + args.overrides)
     result_records.write(
-        "realm-pretraining-reading-control", area="REALM pre-training",
+        args.record, area="REALM pre-training",
         claim="REALM's reader learns to read a retrieved block that holds the masked span when one is always there "
               "(positive control: retriever frozen at ICT, the source block among every query's candidates): on "
               "held-out salient spans, its MLM accuracy where a retrieved block holds the span exceeds its accuracy "
               "with the null document alone",
         figure=f"held-out salient spans ({last['num_examples']} queries, the source block excluded as in REALM; a "
                f"retrieved block holds the span for {last['span_recall']:.3f} of them): MLM accuracy with the "
-               f"blocks / with the null document alone, {chunks}; last chunk's gap where retrieved {gap:+.3f}",
+               f"blocks / with the null document alone, {chunks}; last chunk's gap where retrieved {gap:+.3f}. "
+               f"Copying test at step {last['step']} (the source block kept among the candidates): the span is in a "
+               f"read block for {copy['span_recall']:.3f} of the queries, MLM accuracy there "
+               f"{copy['mlm_accuracy_span_retrieved']:.3f} vs {copy['mlm_accuracy_null_only_span_retrieved']:.3f} "
+               f"with the null document alone (settings: {overrides})",
         verdict="holds" if gap >= READS_BY else "negative", notebook=args.notebook, order=9,
         interval=f"the accuracies where the span was retrieved are on "
                  f"~{last['span_recall'] * last['num_examples']:.0f} queries, about ±{READS_BY / 2:.2f} each, paired; "
