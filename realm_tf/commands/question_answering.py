@@ -24,6 +24,10 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                                score_weights=args.score_weights, aggregations=args.aggregations,
                                length_biases=args.length_biases, metrics_path=args.metrics)
     print(f"predictions: {metrics['predictions']}")
+    short = metrics["short_answers"]
+    print(f"NQ-open's questions (an answer of at most {short['max_tokens']} tokens, scored against those): "
+          f"{short['num_questions']} of {metrics['num_questions']}, EM {short['exact_match']:.3f}, "
+          f"F1 {short['f1']:.3f}")
     if args.errors:
         from realm_tf.tasks import answer_errors
 

@@ -389,8 +389,9 @@ class OpenQaTask(base_task.Task):
         return state
 
     def reduce_aggregated_logs(self, state: dict[str, Any]) -> dict[str, Any]:
-        """EM, F1, regex match and the reader oracle (means over the questions), retrieval accuracy@k, the count
-        of each outcome of :mod:`realm_tf.tasks.answer_errors`, and the prediction records (``predictions``)."""
+        """EM, F1, regex match and the reader oracle (means over the questions), retrieval accuracy@k, EM and F1
+        on NQ-open's questions (``short_answers``: :func:`qa_metrics.short_answer_scores`), the count of each
+        outcome of :mod:`realm_tf.tasks.answer_errors`, and the prediction records (``predictions``)."""
         predictions, retrieved = state["predictions"], state["retrieved"]
         n, width = len(predictions), max(len(r) for r in retrieved)
         padded = np.full([n, width], -1, np.int64)  # [num_questions, width]
@@ -401,6 +402,7 @@ class OpenQaTask(base_task.Task):
             padded, self._evaluation.matcher, [p["answers"] for p in predictions], ks=self.cfg.qa.eval_ks).items()
             if k != "num_questions" and int(k.split("@")[1]) <= width})
         metrics["num_questions"] = n
+        metrics["short_answers"] = qa_metrics.short_answer_scores(predictions)
         metrics["outcomes"] = answer_errors.count_outcomes(predictions)
         metrics["predictions"] = predictions
         return metrics

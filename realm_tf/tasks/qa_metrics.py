@@ -84,6 +84,29 @@ def qa_metrics(retrieved: np.ndarray, matcher: AnswerMatcher, answers: Sequence[
     return metrics
 
 
+#: NQ-open's longest answer (Lee et al., 2019: ORQA's conversion of Natural Questions keeps the short answers of at most
+#: five NQ tokens, "answers with many tokens often resemble extractive snippets rather than canonical answers").
+NQ_OPEN_ANSWER_TOKENS = 5
+
+
+def short_answers(answers: Iterable[str], max_tokens: int = NQ_OPEN_ANSWER_TOKENS) -> list[str]:
+    """The answers of at most ``max_tokens`` whitespace-separated tokens (Natural Questions' answer strings are its
+    tokens joined by spaces, so this is ORQA's NQ-open filter on them)."""
+    return [a for a in answers if 0 < len(a.split()) <= max_tokens]
+
+
+def short_answer_scores(predictions: Sequence[dict], max_tokens: int = NQ_OPEN_ANSWER_TOKENS) -> dict[str, float]:
+    """EM and F1 as NQ-open defines its questions: only the questions with an answer of at most ``max_tokens``
+    tokens, each scored against those answers alone (``predictions``: records with ``prediction`` and
+    ``answers``). Returns ``num_questions`` (0 when no question has one), ``exact_match``, ``f1``, ``max_tokens``."""
+    kept = [(p["prediction"], short_answers(p["answers"], max_tokens)) for p in predictions]
+    kept = [(prediction, answers) for prediction, answers in kept if answers]
+    n = len(kept)
+    return {"max_tokens": max_tokens, "num_questions": n,
+            "exact_match": sum(exact_match(p, a) for p, a in kept) / n if n else 0.0,
+            "f1": sum(f1(p, a) for p, a in kept) / n if n else 0.0}
+
+
 def f1(prediction: str, answers: Iterable[str]) -> float:
     """SQuAD token F1, the best over the answers."""
     return max((answer_normalization.f1_score(prediction, a) for a in answers), default=0.0)

@@ -339,6 +339,13 @@ def test_finetune_export_its_retriever_then_evaluate_through_the_cli(qa, capsys)
         assert qa_metrics.exact_match(p["prediction"], p["answers"]) == p["exact_match"]
     table = answer_errors.format_table(outcomes).splitlines()
     assert printed[-1 - len(table):-1] == table
+    # NQ-open's view: the questions with a short answer, scored against those answers alone.
+    short = [(p["prediction"], [a for a in p["answers"] if len(a.split()) <= 5]) for p in predictions]
+    short = [(prediction, answers) for prediction, answers in short if answers]
+    assert metrics["short_answers"]["num_questions"] == len(short)
+    assert metrics["short_answers"]["exact_match"] == pytest.approx(
+        np.mean([qa_metrics.exact_match(p, a) for p, a in short]) if short else 0.0)
+    assert any(line.startswith("NQ-open's questions") for line in printed)
 
 
 def test_given_block_ids_are_read_without_a_retrieval_prior(qa):

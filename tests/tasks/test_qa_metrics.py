@@ -49,3 +49,25 @@ def test_exact_match_needs_a_reference_with_words_and_agrees_with_the_error_tabl
     record = {"prediction": "Army.", "answers": ["", "army"], "predicted_block": 0, "read_blocks_with_answer": [0]}
     assert qa_metrics.exact_match(record["prediction"], record["answers"])
     assert answer_errors.outcome(record) == "correct"
+
+
+def test_short_answer_scores_keep_nq_open_questions_and_their_short_answers():
+    """ORQA's NQ-open keeps the answers of at most five NQ tokens (NQ answer strings are tokens joined by spaces);
+    a question without one is not an NQ-open question."""
+    assert qa_metrics.short_answers(["Tim Allen", "the actor and comedian Tim Allen", " ", "a b c d e"]) == [
+        "Tim Allen", "a b c d e"]
+    predictions = [
+        {"prediction": "Tim Allen", "answers": ["the actor and comedian Tim Allen", "Tim Allen"]},  # right on NQ-open
+        {"prediction": "actor and comedian Tim Allen", "answers": ["the actor and comedian Tim Allen", "Tim Allen"]},
+        {"prediction": "1983", "answers": ["in the year of 1983 or so"]},  # no short answer: not counted
+        {"prediction": "the Beatles", "answers": ["Beatles"]},
+        {"prediction": "Paul", "answers": ["John Paul"]},
+    ]
+    scores = qa_metrics.short_answer_scores(predictions)
+    assert scores["num_questions"] == 4 and scores["max_tokens"] == 5
+    assert scores["exact_match"] == 2 / 4  # Tim Allen, Beatles; the long prediction is now wrong
+    expected_f1 = (1.0 + 2 * (2 / 5) * 1.0 / (2 / 5 + 1.0) + 1.0 + 2 * 1.0 * 0.5 / 1.5) / 4
+    assert abs(scores["f1"] - expected_f1) < 1e-9
+    assert qa_metrics.short_answer_scores(predictions[2:3]) == {"max_tokens": 5, "num_questions": 0,
+                                                               "exact_match": 0.0, "f1": 0.0}
+    assert qa_metrics.short_answer_scores(predictions, max_tokens=7)["num_questions"] == 5
