@@ -53,6 +53,7 @@ from realm_tf import config as config_lib  # noqa: E402
 from realm_tf.index import index_publisher  # noqa: E402
 from realm_tf.tasks import answer_errors  # noqa: E402
 from realm_tf.tasks import held_out_progress  # noqa: E402
+from realm_tf.tasks import qa_metrics  # noqa: E402
 
 import open_qa_benchmark  # noqa: E402  (benchmarks/)
 import reader_levers  # noqa: E402  (benchmarks/)
@@ -283,7 +284,15 @@ def run_row(row: str, out: str, sets: list[str], args: argparse.Namespace, timed
         f"{base}/metrics-dev-gold.json"))
     return {"exact_match": dense["exact_match"], "f1": dense["f1"], "accuracy@5": dense["accuracy@5"],
             "gold_exact_match": gold["exact_match"], "num_questions": dense["num_questions"],
-            "outcomes": dense["outcomes"]}
+            "outcomes": dense["outcomes"],
+            "short_answers": short_answer_scores(f"{base}/predictions-dev.jsonl"),
+            "gold_short_answers": short_answer_scores(f"{base}/predictions-dev-gold.jsonl")}
+
+
+def short_answer_scores(predictions_path: str) -> dict[str, float]:
+    """EM and F1 of a predictions file on NQ-open's questions (:func:`qa_metrics.short_answer_scores`)."""
+    with open(predictions_path, encoding="utf-8") as f:
+        return qa_metrics.short_answer_scores([json.loads(line) for line in f])
 
 
 def paired_difference(out: str, row: str, kind: str) -> tuple[float, float, float]:
@@ -297,12 +306,14 @@ def paired_difference(out: str, row: str, kind: str) -> tuple[float, float, floa
 
 def print_table(results: dict[str, dict[str, Any]], out: str) -> None:
     print(f"\n== REALM's ablation on the bundled data ({out}) ==")
-    print("| row | retriever | reader | dev EM | F1 | accuracy@5 | gold-block EM |")
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: |")
+    print("| row | retriever | reader | dev EM | F1 | accuracy@5 | gold-block EM | NQ-open EM | NQ-open gold-block "
+          "EM |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for row, r in results.items():
         retriever, reader = ROWS[row]
         print(f"| {row} | {retriever} | {reader} | {r['exact_match']:.3f} | {r['f1']:.3f} | {r['accuracy@5']:.3f} | "
-              f"{r['gold_exact_match']:.3f} |")
+              f"{r['gold_exact_match']:.3f} | {r['short_answers']['exact_match']:.3f} | "
+              f"{r['gold_short_answers']['exact_match']:.3f} |")
     for row, r in results.items():
         print(f"\n{row}:\n{answer_errors.format_table(r['outcomes'])}")
     curves = {os.path.basename(os.path.dirname(p)): stages.read_curve(p)
@@ -315,8 +326,12 @@ def print_table(results: dict[str, dict[str, Any]], out: str) -> None:
         retriever, reader = ROWS[row]
         steps = ", ".join(f"{name} {curve[-1]['step']} steps" for name, curve in curves.items() if curve and
                           name in (retriever, reader))
+        short, gold_short = r["short_answers"], r["gold_short_answers"]
         figure = (f"dev EM {r['exact_match']:.3f}, F1 {r['f1']:.3f}, accuracy@5 {r['accuracy@5']:.3f}, gold-block EM "
-                  f"{r['gold_exact_match']:.3f} on {r['num_questions']} questions" + (f" ({steps})" if steps else ""))
+                  f"{r['gold_exact_match']:.3f} on {r['num_questions']} questions; on NQ-open's "
+                  f"{short['num_questions']} (an answer of at most {short['max_tokens']} tokens): EM "
+                  f"{short['exact_match']:.3f}, gold-block EM {gold_short['exact_match']:.3f}"
+                  + (f" ({steps})" if steps else ""))
         verdict, interval = "holds", ""
         if row != "import" and "import" in results:  # against no pre-training, questions paired
             (mean, low, high), (gold, gold_low, gold_high) = (
