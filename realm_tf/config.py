@@ -354,6 +354,9 @@ class QaConfig:
         smaller files' share, which are read again once exhausted.
       serving_warmup_requests: questions written into an Open-QA export's ``assets.extra`` for TF Serving to
         replay before the version takes traffic (0: none).
+      train_max_answer_tokens: > 0: ``train-reader`` and ``finetune`` train on the answers of at most this many
+        whitespace tokens, and leave out the questions without one: NQ-open's data (ORQA, Lee et al., 2019: 5).
+        0: every answer. Evaluation always scores every question (and NQ-open's, ``short_answers``).
     """
 
     question_seq_length: int = 64
@@ -370,6 +373,7 @@ class QaConfig:
     reader_eval_questions: str = ""
     reader_source_temperature: float = 1.0
     serving_warmup_requests: int = 8
+    train_max_answer_tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -57,6 +57,18 @@ def split_questions(examples: Sequence[questions.QaExample], dev_fraction: float
     return ([e for e, s in zip(examples, split) if s == "train"], [e for e, s in zip(examples, split) if s == "dev"])
 
 
+def with_short_answers(examples: Sequence[questions.QaExample],
+                       max_tokens: int) -> tuple[list[questions.QaExample], int]:
+    """The questions with only their answers of at most ``max_tokens`` tokens, and how many had none and were
+    left out: NQ-open's data (ORQA, Lee et al., 2019, keeps the Natural Questions short answers of at most five
+    tokens; :func:`qa_metrics.short_answers`). ``max_tokens`` 0 keeps every question as it is."""
+    if max_tokens <= 0:
+        return list(examples), 0
+    kept = [dataclasses.replace(e, answers=tuple(qa_metrics.short_answers(e.answers, max_tokens))) for e in examples]
+    kept = [e for e in kept if e.answers]
+    return kept, len(examples) - len(kept)
+
+
 SPLITS = ("all", "train", "dev", "tune")
 
 
@@ -266,9 +278,12 @@ class OpenQaTask(base_task.Task):
                 raise errors.UserError("finetune needs a question file to train on")
             train, dev = split_questions(questions.read_questions(self.train_path), self.cfg.data.qa_dev_fraction,
                                          self.cfg.data.qa_tune_fraction)
+            train, long_answers = with_short_answers(train, self.cfg.qa.train_max_answer_tokens)
             if not train:
                 raise errors.UserError(f"{self.train_path}: every question is in the dev or tune split "
-                                       f"(data.qa_dev_fraction, data.qa_tune_fraction)")
+                                       f"(data.qa_dev_fraction, data.qa_tune_fraction) or has no answer of at "
+                                       f"most qa.train_max_answer_tokens={self.cfg.qa.train_max_answer_tokens} "
+                                       f"tokens")
             block_ids = None
             if self.retriever == "bm25":
                 from realm_tf.index import bm25_retriever  # pylint: disable=import-outside-toplevel
@@ -277,7 +292,8 @@ class OpenQaTask(base_task.Task):
                     corpus_versions.current_pattern(self.cfg.data.blocks_dir))
                 block_ids, _ = bm25_retriever.Bm25Retriever(blocks.titles, blocks.texts).search(
                     [e.question for e in train], self.cfg.model.reader_beam_size)  # [num_train, k]
-            self._training_set = (train, block_ids, {"num_train": len(train), "num_dev": len(dev)})
+            self._training_set = (train, block_ids, {"num_train": len(train), "num_dev": len(dev),
+                                                     "left_out_long_answers": long_answers})
         return self._training_set
 
     def build_inputs(self, input_context: tf.distribute.InputContext | None = None, seed: int | None = None,
@@ -304,6 +320,10 @@ class OpenQaTask(base_task.Task):
         logger.info("finetune: %s training questions (%s in dev), %s blocks, corpus %s blocks from index version %s",
                     facts["num_train"], facts["num_dev"], self.retriever, self.corpus_meta.get("num_blocks"),
                     self.corpus_meta.get("version"))
+        if facts["left_out_long_answers"]:
+            logger.info("finetune: %d training questions left out, no answer of at most %d tokens "
+                        "(qa.train_max_answer_tokens)", facts["left_out_long_answers"],
+                        self.cfg.qa.train_max_answer_tokens)
 
     def finish(self, model: open_qa_model.OpenQaModel, loop: training_loop.TrainingLoop) -> dict[str, Any]:
         _, _, facts = self.training_set()

@@ -38,11 +38,16 @@ logger = logging.getLogger(__name__)
 
 def read_training_questions(cfg: config_lib.ExperimentConfig,
                             paths: Sequence[str]) -> list[questions.QaExample]:
-    """The train split (neither dev nor tune) of every question file."""
+    """The train split (neither dev nor tune) of every question file, with only the answers of at most
+    ``qa.train_max_answer_tokens`` tokens when it is set (:func:`open_qa.with_short_answers`)."""
     examples: list[questions.QaExample] = []
     for path in paths:
         train, _ = open_qa.split_questions(questions.read_questions(path), cfg.data.qa_dev_fraction,
                                            cfg.data.qa_tune_fraction)
+        train, left_out = open_qa.with_short_answers(train, cfg.qa.train_max_answer_tokens)
+        if left_out:
+            logger.info("train-reader: %s: %d training questions left out, no answer of at most %d tokens", path,
+                        left_out, cfg.qa.train_max_answer_tokens)
         examples += train
     return examples
 

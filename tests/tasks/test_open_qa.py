@@ -13,6 +13,7 @@ import tensorflow as tf
 from beam_jobs import embed_blocks
 from realm_tf import cli
 from realm_tf import config
+from realm_tf import errors
 from realm_tf.core import precision
 from realm_tf.core import warm_start
 from realm_tf.data import answer_normalization
@@ -425,6 +426,24 @@ def test_exact_and_regex_match():
     assert qa_metrics.regex_match("1973 oil crisis", [r"19\d\d"]) and not qa_metrics.regex_match("in 1973", [r"19\d\d"])
     assert qa_metrics.regex_match("C++ (language)", ["c++"])  # an invalid regex is matched literally
     assert answer_normalization.normalize_answer("U.S.A.") == "usa"
+
+
+def test_finetune_trains_on_short_answers_when_asked(tmp_path):
+    """``qa.train_max_answer_tokens`` in fine-tuning: the training split keeps its answers of at most that many
+    tokens, the questions with none are left out and counted, and a file left with none is a clear error."""
+    rows = [{"id": f"q{i}", "question": f"question {i}?", "answers": answers}
+            for i, answers in enumerate([["one two three four"], ["one", "one two three four"], ["a b"]] * 8)]
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = config.load_config(TINY, ["data.qa_dev_fraction=0.3", "qa.train_max_answer_tokens=2"])
+    train, _, facts = open_qa.OpenQaTask(cfg, str(path)).training_set()
+    everything, _ = open_qa.split_questions(questions.read_questions(str(path)), 0.3, cfg.data.qa_tune_fraction)
+    expected = [(e.id, tuple(a for a in e.answers if len(a.split()) <= 2)) for e in everything]
+    assert [(e.id, e.answers) for e in train] == [(i, a) for i, a in expected if a]
+    assert facts["left_out_long_answers"] == sum(1 for _, a in expected if not a) > 0
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows[::3]))  # only the four-token answers
+    with pytest.raises(errors.UserError, match="train_max_answer_tokens=2"):
+        open_qa.OpenQaTask(cfg, str(path)).training_set()
 
 
 def test_bad_question_files_name_the_line(tmp_path):

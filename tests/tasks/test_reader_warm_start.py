@@ -245,6 +245,21 @@ def test_source_temperature_draws_files_by_size_to_the_power_t(squad):
         task(0.0).mixture()
 
 
+def test_train_max_answer_tokens_keeps_nq_open_answers_and_leaves_out_the_rest(squad):
+    """``qa.train_max_answer_tokens``: each training question keeps its answers of at most that many whitespace
+    tokens; a question with none is left out; the dev and tune splits are never read either way."""
+    _, path, _, sets = squad
+    overrides = [s for s in sets if s != "--set"]
+    everything = reader_warm_start.read_training_questions(config.load_config(TINY, overrides), [str(path)])
+    short = reader_warm_start.read_training_questions(
+        config.load_config(TINY, overrides + ["qa.train_max_answer_tokens=2"]), [str(path)])
+    expected = [(e.id, tuple(a for a in e.answers if len(a.split()) <= 2)) for e in everything]
+    assert [(e.id, e.answers) for e in short] == [(i, a) for i, a in expected if a]
+    assert 0 < len(short) < len(everything)  # some questions have only longer answers
+    assert any(len(a.split()) > 2 for e in everything for a in e.answers)
+    assert all(len(a.split()) <= 2 for e in short for a in e.answers)
+
+
 def test_mixed_bfloat16_reader_computes_in_bfloat16_and_trains_float32_checkpoints(squad, capsys):
     """reader.precision=mixed_bfloat16: the same weights give the float32 loss up to bfloat16 rounding, the
     variables (and so the checkpoint) stay float32 and load into a float32 model, and the global policy is
