@@ -18,6 +18,9 @@ Levers (``--levers``; each a set of config overrides, or extra question files):
 - ``batch_32`` / ``steps_x4``: REALM++'s larger batches (Balachandran et al., 2021), at the same number of
   questions read: 32 questions a step for the base's steps, against the base's batch of 8 for four times its
   steps (``batch_32`` is compared with ``steps_x4``). Both decay to 0 at their end, at the base's rate.
+- ``nq_open_answers``: train on NQ-open's answers only (ORQA's five-token filter, ``qa.train_max_answer_tokens=5``;
+  the SQuAD questions too), where the base also trains on longer answers that a span of ``model.max_span_width``
+  wordpieces mostly cannot reach; judged on every held-out question and on NQ-open's.
 - ``negatives_2``: each gold block read next to 2 BM25 negatives (the block choice among read blocks).
 - ``lr_1e-4``: the benchmark's slower rate.
 - ``squad_train``: ``steps_x3`` with the SQuAD training set as more reading data (``data/reading/``: 87,636
@@ -49,6 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 from realm_tf import process_settings  # noqa: E402
 from realm_tf.tasks import answer_errors  # noqa: E402
+from realm_tf.tasks import qa_metrics  # noqa: E402
 
 import open_qa_benchmark  # noqa: E402  (benchmarks/)
 import result_records  # noqa: E402  (benchmarks/)
@@ -60,6 +64,7 @@ LEVERS: dict[str, list[str]] = {
     "steps_x3": ["reader.steps={steps_x3}"],
     "steps_x4": ["reader.steps={steps_x4}"],
     "batch_32": ["data.batch_size=32"],
+    "nq_open_answers": ["qa.train_max_answer_tokens=5"],
     "negatives_2": ["qa.reader_negatives=2"],
     "lr_1e-4": ["reader.learning_rate=1e-4"],
     "squad_train": ["reader.steps={steps_x3}", "qa.reader_source_temperature=0.01"],
@@ -97,7 +102,13 @@ def trained_steps(model_dir: str) -> int:
 
 
 def per_question(path: str, key: str) -> dict[str, float]:
-    """``{question id: value of key}`` from a predictions file."""
+    """``{question id: value of key}`` from a predictions file; key ``nq_open_exact_match``: the exact match against
+    the answers of at most five tokens, for NQ-open's questions alone (:func:`qa_metrics.short_answers`)."""
+    if key == "nq_open_exact_match":
+        short = {p["id"]: (p["prediction"], qa_metrics.short_answers(p["answers"]))
+                 for p in answer_errors.read_predictions(path)}
+        return {i: float(qa_metrics.exact_match(prediction, answers))
+                for i, (prediction, answers) in short.items() if answers}
     return {p["id"]: float(p[key]) for p in answer_errors.read_predictions(path)}
 
 
@@ -190,20 +201,26 @@ def main() -> int:
 
     print(f"\n== reader levers, gold blocks of the {args.split} split of {args.questions} "
           f"(base: {', '.join(base_overrides(args.steps, out + '/blocks') + args.overrides)}) ==")
-    print("| lever | questions | EM | F1 | compared with | EM difference [95% paired bootstrap] | F1 difference |")
-    print("| --- | ---: | ---: | ---: | --- | --- | --- |")
+    print("| lever | questions | EM | F1 | compared with | EM difference [95% paired bootstrap] | F1 difference | "
+          "NQ-open EM |")
+    print("| --- | ---: | ---: | ---: | --- | --- | --- | ---: |")
     record = {}
     for name in names:
         metrics, reference = results[name], REFERENCE.get(name, "base")
         differences = {}
-        for key in ("exact_match", "f1"):
+        for key in ("exact_match", "f1", "nq_open_exact_match"):
             now, before = of(name, key), of(reference, key)
             ids = sorted(before.keys() & now.keys())
             differences[key] = paired_bootstrap(np.array([before[i] for i in ids]), np.array([now[i] for i in ids]))
         (em, em_low, em_high), (f1, f1_low, f1_high) = differences["exact_match"], differences["f1"]
+        nq_open = of(name, "nq_open_exact_match")
         print(f"| {name} | {metrics['num_questions']} | {metrics['exact_match']:.3f} | {metrics['f1']:.3f} | "
-              f"{reference} | {em:+.3f} [{em_low:+.3f}, {em_high:+.3f}] | {f1:+.3f} [{f1_low:+.3f}, {f1_high:+.3f}] |")
-        record[name] = {"exact_match": metrics["exact_match"], "f1": metrics["f1"],
+              f"{reference} | {em:+.3f} [{em_low:+.3f}, {em_high:+.3f}] | {f1:+.3f} [{f1_low:+.3f}, {f1_high:+.3f}] | "
+              f"{np.mean(list(nq_open.values())):.3f} on {len(nq_open)} |")
+        record[name] = {"nq_open_exact_match": float(np.mean(list(nq_open.values()))),
+                        "nq_open_questions": len(nq_open),
+                        "nq_open_difference": list(differences["nq_open_exact_match"]),
+                        "exact_match": metrics["exact_match"], "f1": metrics["f1"],
                         "num_questions": metrics["num_questions"], "compared_with": reference,
                         "steps": trained_steps(f"{out}/{name}"),
                         "em_difference": list(differences["exact_match"]), "f1_difference": list(differences["f1"]),
@@ -227,8 +244,10 @@ def main() -> int:
                   + ("helps" if helps else "no difference outside the interval"),
             figure=f"EM {r['exact_match']:.3f} ({em:+.3f}), F1 {r['f1']:.3f} ({f1:+.3f}) on {r['num_questions']} "
                    f"questions, {r['steps']} warm-start steps ({r['compared_with']}: "
-                   f"{record[r['compared_with']]['steps']})",
-            interval=f"95% paired bootstrap: EM [{em_low:+.3f}, {em_high:+.3f}], F1 [{f1_low:+.3f}, {f1_high:+.3f}]")
+                   f"{record[r['compared_with']]['steps']}); EM on NQ-open's {r['nq_open_questions']} "
+                   f"(answers of at most 5 tokens) {r['nq_open_exact_match']:.3f} ({r['nq_open_difference'][0]:+.3f})",
+            interval=f"95% paired bootstrap: EM [{em_low:+.3f}, {em_high:+.3f}], F1 [{f1_low:+.3f}, {f1_high:+.3f}], "
+                     f"NQ-open EM [{r['nq_open_difference'][1]:+.3f}, {r['nq_open_difference'][2]:+.3f}]")
     print("\nstage minutes: " + stage.minutes())
     print(json.dumps(record))
     return 0
