@@ -20,7 +20,8 @@ the reader warm start, which is what the answers depend on. The asynchronous ref
 pretrain`` once the retriever trains (``refresh.mode``), and in ``make test``.
 
 Everything goes to ``<workdir>`` (default ``runs/demo``, recreated each run), TensorBoard logs included; the last
-lines print exact match, F1, accuracy@5 and where the outputs are.
+lines print exact match, F1, accuracy@5 (also on NQ-open's questions, answers of at most five tokens) and where
+the outputs are.
 """
 from __future__ import annotations
 
@@ -135,6 +136,9 @@ def run(cfg: config_lib.ExperimentConfig, workdir: str = "runs/demo", in_childre
           f"predictions {metrics['predictions']}; TensorBoard: tensorboard --logdir {work}")
     print(f"EM {metrics['exact_match']:.3f}  F1 {metrics['f1']:.3f}  accuracy@5 {metrics['accuracy@5']:.3f}  "
           f"(reader oracle {metrics['reader_oracle']:.3f}, accuracy@20 {metrics['accuracy@20']:.3f})")
+    short = metrics["short_answers"]
+    print(f"on NQ-open's {short['num_questions']} questions (an answer of at most {short['max_tokens']} tokens, as "
+          f"REALM's NQ): EM {short['exact_match']:.3f}  F1 {short['f1']:.3f}")
     return 0
 
 

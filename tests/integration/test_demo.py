@@ -28,9 +28,12 @@ def test_demo_runs_the_whole_loop_on_the_tiny_config(tmp_path):
     for name in ("corpus", "preprocess", "pretraining-data", "init-retriever", "index", "pretrain", "train-reader",
                  "finetune", "evaluate", "export", "ask"):
         assert f"] {name}:" in result.stdout and f"=== {name} done" in result.stdout, name
-    last = result.stdout.strip().splitlines()[-1]
-    assert last.startswith("EM ") and "accuracy@5" in last
+    *_, scores, nq_open = result.stdout.strip().splitlines()
+    assert scores.startswith("EM ") and "accuracy@5" in scores
     metrics = json.loads((work / "metrics.json").read_text())
+    short = metrics["short_answers"]
+    assert nq_open == (f"on NQ-open's {short['num_questions']} questions (an answer of at most 5 tokens, as REALM's "
+                       f"NQ): EM {short['exact_match']:.3f}  F1 {short['f1']:.3f}")
     assert metrics["num_questions"] > 0 and 0 <= metrics["exact_match"] <= 1
     assert (work / "params.yaml").exists() and (work / "served" / "realm_qa.json").exists()
     params = config.load_config(str(work / "params.yaml"))
