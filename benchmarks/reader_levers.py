@@ -158,6 +158,7 @@ def main() -> int:
                                  "data/reading/squad_train_passages-*.jsonl.gz"],
                         metavar=("QUESTIONS", "PASSAGES"), help="the squad_train lever's questions and passages")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="for every lever")
+    parser.add_argument("--notebook", default="", help="the notebook entry the records point to")
     args = parser.parse_args()
 
     out = args.out.rstrip("/")
@@ -233,7 +234,9 @@ def main() -> int:
                                  claim=f"The reader's EM on each {args.split} question's gold blocks (goal 0.50)",
                                  figure=f"EM {r['exact_match']:.3f}, F1 {r['f1']:.3f} on {r['num_questions']} "
                                         f"questions ({args.steps} warm-start steps); reader oracle "
-                                        f"{r['reader_oracle']:.3f}")
+                                        f"{r['reader_oracle']:.3f}; EM on NQ-open's {r['nq_open_questions']} "
+                                        f"(answers of at most 5 tokens) {r['nq_open_exact_match']:.3f}",
+                                 notebook=args.notebook)
             continue
         (em, em_low, em_high), (f1, f1_low, f1_high) = r["em_difference"], r["f1_difference"]
         helps = f1_low > 0 or em_low > 0
@@ -247,7 +250,8 @@ def main() -> int:
                    f"{record[r['compared_with']]['steps']}); EM on NQ-open's {r['nq_open_questions']} "
                    f"(answers of at most 5 tokens) {r['nq_open_exact_match']:.3f} ({r['nq_open_difference'][0]:+.3f})",
             interval=f"95% paired bootstrap: EM [{em_low:+.3f}, {em_high:+.3f}], F1 [{f1_low:+.3f}, {f1_high:+.3f}], "
-                     f"NQ-open EM [{r['nq_open_difference'][1]:+.3f}, {r['nq_open_difference'][2]:+.3f}]")
+                     f"NQ-open EM [{r['nq_open_difference'][1]:+.3f}, {r['nq_open_difference'][2]:+.3f}]",
+            notebook=args.notebook)
     print("\nstage minutes: " + stage.minutes())
     print(json.dumps(record))
     return 0
