@@ -178,6 +178,7 @@ def main() -> int:
     parser.add_argument("--finetune", dest="finetune_overrides", action="append", default=[],
                         help="overrides of every row's fine-tuning")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="for every stage")
+    parser.add_argument("--notebook", default="", help="the notebook entry the records point to")
     args = parser.parse_args()
 
     out = args.out.rstrip("/")
@@ -240,9 +241,9 @@ def main() -> int:
     except stages.OutOfTime as stopped:
         print(f"realm_ablation: --max-hours reached before {stopped}; the same command continues", flush=True)
         if results:  # the rows finished so far
-            print_table(results, out)
+            print_table(results, out, args.notebook)
         return 0
-    print_table(results, out)
+    print_table(results, out, args.notebook)
     return 0
 
 
@@ -304,7 +305,7 @@ def paired_difference(out: str, row: str, kind: str) -> tuple[float, float, floa
     return reader_levers.paired_bootstrap(np.array([before[i] for i in ids]), np.array([now[i] for i in ids]))
 
 
-def print_table(results: dict[str, dict[str, Any]], out: str) -> None:
+def print_table(results: dict[str, dict[str, Any]], out: str, notebook: str = "") -> None:
     print(f"\n== REALM's ablation on the bundled data ({out}) ==")
     print("| row | retriever | reader | dev EM | F1 | accuracy@5 | gold-block EM | NQ-open EM | NQ-open gold-block "
           "EM |")
@@ -348,12 +349,13 @@ def print_table(results: dict[str, dict[str, Any]], out: str) -> None:
                           f"{row}: gold-block EM against the import's reader, same warm start and fine-tuning)",
                     figure=f"gold-block EM {r['gold_exact_match']:.3f} vs {results['import']['gold_exact_match']:.3f} "
                            f"({gold:+.3f}) on the dev questions with a gold block" + (f" ({steps})" if steps else ""),
-                    interval=f"95% paired bootstrap over questions [{gold_low:+.3f}, {gold_high:+.3f}]")
+                    interval=f"95% paired bootstrap over questions [{gold_low:+.3f}, {gold_high:+.3f}]",
+                    notebook=notebook)
         result_records.write(
             f"realm-ablation-{row.replace('_', '-')}", area="REALM pre-training", order=10 + order, verdict=verdict,
             claim=f"REALM's ablation row {row}: retriever from {retriever}, reader from {reader}, then the same "
                   f"Open-QA fine-tuning" + ("" if row == "import" else ": better than no pre-training end to end"),
-            figure=figure, interval=interval)
+            figure=figure, interval=interval, notebook=notebook)
 
 if __name__ == "__main__":
     sys.exit(main())
