@@ -72,7 +72,7 @@ def main() -> int:
                                  example_schemas.MASKING)}
     files = sorted(tf.io.gfile.glob(os.path.join(cfg.data.pretraining_dir, "pretraining-*.tfrecord*")))
     records = (tf.data.TFRecordDataset(files).map(lambda s: tf.io.parse_single_example(s, keep))
-               .filter(realm_pretraining.salient_heldout_predicate(cfg.data.pretraining_heldout_fraction))
+               .filter(realm_pretraining.salient_predicate(cfg.data.pretraining_heldout_fraction))
                .ragged_batch(16))
     sep = tokenizer.sep_id
     hits = np.zeros(args.k)

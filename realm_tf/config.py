@@ -45,6 +45,7 @@ ReorderDtype = Literal["float32", "int8"]
 RefreshMode = Literal["process", "thread", "external"]
 Strategy = Literal["default", "mirrored", "multi_worker", "tpu"]
 Precision = Literal["float32", "mixed_bfloat16"]
+EvalSplit = Literal["heldout", "train"]
 LearningRateDecay = Literal["linear", "constant", "budget", "cooldown"]
 
 
@@ -307,12 +308,16 @@ class PretrainConfig(TrainerConfig):
     (where the index ranks it) instead of excluding it as REALM does: a copying test. The source block holds the
     masked span verbatim, so ``span_recall`` then counts it, and ``mlm_accuracy_span_retrieved`` against
     ``mlm_accuracy_null_only_span_retrieved`` shows whether the reader predicts a span it is handed.
+    ``eval_split``: ``heldout`` (default) scores the salient spans held out by source block; ``train`` the first
+    ``eval_examples`` salient spans of the training split in file order instead, the blocks a short run has read:
+    the two tell what the reader learned about reading a block from what it learned about the blocks it read.
     """
 
     mlm_head_warmup_blocks: int = 0
     freeze_retriever_steps: int = 0
     trivial_retrieval_rate_while_frozen: float = 0.0
     eval_keep_source_block: bool = False
+    eval_split: EvalSplit = "heldout"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -264,14 +264,16 @@ class RealmPretrainingTask(base_task.Task):
         return result
 
     def eval_inputs(self) -> tf.data.Dataset | None:
-        """The held-out salient spans (``pretrain.eval_examples`` of them; held out by source block), as
-        ``(features, labels)`` batches, with their retrievals from the current index (chief only); each query's
-        source block excluded, or kept where the index ranks it (``pretrain.eval_keep_source_block``)."""
+        """The held-out salient spans (``pretrain.eval_examples`` of them; held out by source block), or the
+        training split's (``pretrain.eval_split``), as ``(features, labels)`` batches, with their retrievals from
+        the current index (chief only); each query's source block excluded, or kept where the index ranks it
+        (``pretrain.eval_keep_source_block``)."""
         if not self.chief:
             return None
         batch = self.global_batch_size
         heldout = self.inputs.dataset(self.eval_pattern, batch, repeat=False, shuffle=False,
-                                      split=salient_heldout_predicate(self.cfg.data.pretraining_heldout_fraction),
+                                      split=salient_predicate(self.cfg.data.pretraining_heldout_fraction,
+                                                              self.cfg.pretrain.eval_split == "heldout"),
                                       trivial_retrieval_rate=1.0 if self.cfg.pretrain.eval_keep_source_block else 0.0)
         heldout = heldout.take(max(1, self.cfg.pretrain.eval_examples // batch))
         return heldout.map(base_task.split_features(is_model_input))
@@ -386,10 +388,11 @@ def heldout_predicate(fraction: float, heldout: bool) -> Callable[[Mapping[str, 
     return predicate
 
 
-def salient_heldout_predicate(fraction: float) -> Callable[[Mapping[str, tf.Tensor]], tf.Tensor]:
-    """Held-out examples whose mask is a salient span (not the random-masking fallback)."""
-    heldout = heldout_predicate(fraction, heldout=True)
-    return lambda r: tf.logical_and(heldout(r), tf.equal(r[example_schemas.MASKING], b"salient"))
+def salient_predicate(fraction: float, heldout: bool = True) -> Callable[[Mapping[str, tf.Tensor]], tf.Tensor]:
+    """Held-out (or, ``heldout=False``, training-split) examples whose mask is a salient span (not the
+    random-masking fallback)."""
+    split = heldout_predicate(fraction, heldout=heldout)
+    return lambda r: tf.logical_and(split(r), tf.equal(r[example_schemas.MASKING], b"salient"))
 
 
 def export_steps(cfg: config_lib.ExperimentConfig, start: int) -> range:

@@ -129,6 +129,25 @@ def test_trivial_retrieval_rate_keeps_the_source_block_of_that_share_of_queries(
         inputs.dataset(pattern, 4, trivial_retrieval_rate=1.5)
 
 
+@pytest.mark.parametrize("split", ["heldout", "train"])
+def test_evaluation_reads_the_salient_spans_of_its_split(setup, split):
+    """``pretrain.eval_split``: the held-out salient spans (by source block), or the training split's in file order;
+    never the random-masking fallback."""
+    cfg, _, _, records, inputs = setup
+    cfg = dataclasses.replace(cfg, pretrain=dataclasses.replace(cfg.pretrain, eval_split=split, eval_examples=10_000))
+    task = realm_pretraining.RealmPretrainingTask(cfg)
+    task.inputs, task.chief = inputs, True
+    held = realm_pretraining.heldout_predicate(cfg.data.pretraining_heldout_fraction, heldout=True)(
+        {example_schemas.SOURCE_UID: tf.constant([r[example_schemas.SOURCE_UID] for r in records])}).numpy()
+    expected = [tuple(r[example_schemas.QUERY_IDS]) for r, h in zip(records, held)
+                if h == (split == "heldout") and r[example_schemas.MASKING] == b"salient"]
+    sep = inputs.tokenizer.sep_id
+    read = [tuple(q[1:list(q).index(sep)].tolist())
+            for features, _ in task.eval_inputs() for q in features["query_input_word_ids"].numpy()]
+    batch = cfg.data.batch_size
+    assert read and read == expected[:len(expected) // batch * batch]  # whole batches, in file order
+
+
 @pytest.mark.parametrize("keep", [False, True])
 def test_held_out_evaluation_keeps_the_source_block_only_when_asked(setup, keep):
     """``pretrain.eval_keep_source_block``: the copying test reads each held-out query's source block (the index
