@@ -1,11 +1,11 @@
 """Exact match by the length of the reference answer, and on NQ-open's questions.
 
 ORQA (Lee et al., 2019) built NQ-open, the Natural Questions benchmark that REALM (Guu et al., 2020) reports, from
-the NQ short answers of at most five tokens ("answers with many tokens often resemble extractive snippets rather
-than canonical answers"), and left out the questions without one. The bundled NQ questions (QED) keep every short
-answer, however long. This script reads ``realm-tf evaluate`` predictions files and gives, per file, EM, F1 and the
-reader oracle by the token count of each question's shortest reference, and EM and F1 on NQ-open's questions (those
-with an answer of at most five tokens, scored against those answers alone: :func:`qa_metrics.short_answer_scores`).
+the NQ short answers of at most five tokens, and left out the questions without one. The bundled NQ questions
+(QED) keep every short answer, however long. This script reads ``realm-tf evaluate`` predictions files and gives,
+per file, EM, F1 and the reader oracle by the token count of each question's shortest reference, and EM and F1 on
+NQ-open's questions (those with an answer of at most five tokens, scored against those answers alone:
+:func:`qa_metrics.short_answer_scores`).
 With ``--record``, it writes the result record of the first file, the others given beside it:
 
     .venv/bin/python benchmarks/answers_by_length.py runs/bench/ablation/rows/import/predictions-dev-gold.jsonl \\

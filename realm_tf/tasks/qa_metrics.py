@@ -84,8 +84,8 @@ def qa_metrics(retrieved: np.ndarray, matcher: AnswerMatcher, answers: Sequence[
     return metrics
 
 
-#: NQ-open's longest answer (Lee et al., 2019: ORQA's conversion of Natural Questions keeps the short answers of at most
-#: five NQ tokens, "answers with many tokens often resemble extractive snippets rather than canonical answers").
+#: NQ-open's longest answer: ORQA (Lee et al., 2019) built NQ-open from the Natural Questions short answers of at most
+#: five NQ tokens, each a reference of its own, and left out the questions without one.
 NQ_OPEN_ANSWER_TOKENS = 5
 
 
