@@ -255,13 +255,20 @@ class RealmPretrainingTask(base_task.Task):
                                   "trivial_retrievals_kept": stats.trivial_retrievals_kept}
         if self.run_evaluation and self.chief:
             scores = self.evaluate(model, self.eval_inputs())
-            writer = tf.summary.create_file_writer(os.path.join(self.cfg.pretrain.model_dir, "eval"))
+            writer = tf.summary.create_file_writer(os.path.join(self.cfg.pretrain.model_dir, self.eval_name()))
             with writer.as_default(step=loop.step):
                 for key, value in scores.items():
                     tf.summary.scalar(key, value)
             writer.flush()
-            result["eval"] = scores
+            result["eval"], result["eval_name"] = scores, self.eval_name()
         return result
+
+    def eval_name(self) -> str:
+        """The evaluation's TensorBoard run: ``eval`` (REALM's held-out spans), or ``eval_train`` and/or
+        ``..._source_kept`` for the training split's spans and the copying test, so no curve mixes them."""
+        trainer = self.cfg.pretrain
+        return ("eval" + ("_train" if trainer.eval_split == "train" else "")
+                + ("_source_kept" if trainer.eval_keep_source_block else ""))
 
     def eval_inputs(self) -> tf.data.Dataset | None:
         """The held-out salient spans (``pretrain.eval_examples`` of them; held out by source block), or the
@@ -433,8 +440,10 @@ def format_result(result: Mapping[str, Any]) -> str:
              f"{result['excluded_source_blocks']} retrieved source blocks excluded, "
              f"{result.get('trivial_retrievals_kept', 0)} kept (pretrain.trivial_retrieval_rate_while_frozen)"]
     if "eval" in result:
-        e = result["eval"]
-        lines.append(f"  held-out salient spans ({e['num_examples']} examples): MLM accuracy "
+        e, name = result["eval"], result.get("eval_name", "eval")
+        spans = "training-split salient spans" if name.startswith("eval_train") else "held-out salient spans"
+        kept = ", source block kept" if name.endswith("_source_kept") else ""
+        lines.append(f"  {spans} ({e['num_examples']} examples{kept}): MLM accuracy "
                      f"{e['mlm_accuracy']:.4f} with retrieval vs {e['mlm_accuracy_null_only']:.4f} null document "
                      f"only; retrieval utility {e['retrieval_utility']:.4f}; masked span in the top-1 block "
                      f"{e['span_recall_top1']:.3f}, in any retrieved block {e['span_recall']:.3f}; on those "

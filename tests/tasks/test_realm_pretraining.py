@@ -394,6 +394,17 @@ def test_staged_pretraining_warms_the_head_freezes_then_trains_the_retriever(tmp
     assert again["step"] == 4 and sorted(os.listdir(f"{cfg.pretrain.model_dir}/checkpoints")) == checkpoints
     assert again["eval"] == pytest.approx(result["eval"], rel=1e-5)
     assert (tmp_path / "model" / "params.yaml").read_text() == params
+    # The copying test on the training split: its own TensorBoard run, named in the printed summary.
+    copying = dataclasses.replace(cfg, pretrain=dataclasses.replace(cfg.pretrain, eval_split="train",
+                                                                    eval_keep_source_block=True))
+    other = realm_pretraining.pretrain(copying, eval_pattern=str(tmp_path / "eval" / "pretraining-*"), train=False)
+    assert other["eval_name"] == "eval_train_source_kept" and result["eval_name"] == "eval"
+    assert set(read_scalars(f"{cfg.pretrain.model_dir}/eval_train_source_kept")) >= {"mlm_accuracy", "span_recall"}
+    assert read_scalars(f"{cfg.pretrain.model_dir}/eval")["mlm_accuracy"][-1][1] == pytest.approx(
+        result["eval"]["mlm_accuracy"], rel=1e-5)  # the held-out curve holds only held-out scores
+    assert "training-split salient spans" in realm_pretraining.format_result(other)
+    assert "source block kept" in realm_pretraining.format_result(other)
+    assert "held-out salient spans" in realm_pretraining.format_result(again)
     elsewhere = dataclasses.replace(cfg, pretrain=dataclasses.replace(cfg.pretrain, model_dir=str(tmp_path / "none")))
     with pytest.raises(errors.UserError, match="no checkpoint to evaluate"):
         realm_pretraining.pretrain(elsewhere, train=False)
