@@ -292,8 +292,7 @@ def run_row(row: str, out: str, sets: list[str], args: argparse.Namespace, timed
 
 def short_answer_scores(predictions_path: str) -> dict[str, float]:
     """EM and F1 of a predictions file on NQ-open's questions (:func:`qa_metrics.short_answer_scores`)."""
-    with open(predictions_path, encoding="utf-8") as f:
-        return qa_metrics.short_answer_scores([json.loads(line) for line in f])
+    return qa_metrics.short_answer_scores(answer_errors.read_predictions(predictions_path))
 
 
 def paired_difference(out: str, row: str, kind: str) -> tuple[float, float, float]:
