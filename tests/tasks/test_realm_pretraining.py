@@ -397,8 +397,10 @@ def test_staged_pretraining_warms_the_head_freezes_then_trains_the_retriever(tmp
     # The copying test on the training split: its own TensorBoard run, named in the printed summary.
     copying = dataclasses.replace(cfg, pretrain=dataclasses.replace(cfg.pretrain, eval_split="train",
                                                                     eval_keep_source_block=True))
-    other = realm_pretraining.pretrain(copying, eval_pattern=str(tmp_path / "eval" / "pretraining-*"), train=False)
+    other = realm_pretraining.pretrain(copying, eval_pattern=f"{pretraining_workspace}/pretraining/pretraining-*",
+                                       train=False)
     assert other["eval_name"] == "eval_train_source_kept" and result["eval_name"] == "eval"
+    assert other["eval"]["num_examples"] > 0 and other["eval"]["span_recall"] > 0
     assert set(read_scalars(f"{cfg.pretrain.model_dir}/eval_train_source_kept")) >= {"mlm_accuracy", "span_recall"}
     assert read_scalars(f"{cfg.pretrain.model_dir}/eval")["mlm_accuracy"][-1][1] == pytest.approx(
         result["eval"]["mlm_accuracy"], rel=1e-5)  # the held-out curve holds only held-out scores
