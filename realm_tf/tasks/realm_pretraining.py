@@ -255,6 +255,9 @@ class RealmPretrainingTask(base_task.Task):
                                   "trivial_retrievals_kept": stats.trivial_retrievals_kept}
         if self.run_evaluation and self.chief:
             scores = self.evaluate(model, self.eval_inputs())
+            if not scores["num_examples"]:
+                logger.warning("pretrain: the evaluation scored no example: no salient span of the %s split in %s "
+                               "(pretrain.eval_split, --eval-input)", self.cfg.pretrain.eval_split, self.eval_pattern)
             writer = tf.summary.create_file_writer(os.path.join(self.cfg.pretrain.model_dir, self.eval_name()))
             with writer.as_default(step=loop.step):
                 for key, value in scores.items():

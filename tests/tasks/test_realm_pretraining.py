@@ -1,5 +1,6 @@
 """REALM pre-training task: the retrieval input pipeline, the loss against numpy, one training step."""
 import dataclasses
+import logging
 import os
 
 import numpy as np
@@ -339,7 +340,7 @@ def test_reader_only_step_leaves_the_retriever_alone(setup):
 
 def test_staged_pretraining_warms_the_head_freezes_then_trains_the_retriever(tmp_path, pretraining_workspace,
                                                                              workspace_overrides, read_scalars,
-                                                                             parse_records):
+                                                                             parse_records, caplog):
     """Head warm-up, a frozen retriever, then a trained one; and the held-out evaluation at the end scores the
     held-out salient spans of the shards given as ``eval_pattern`` (here: a strict subset of them)."""
     cfg = config.load_config(TINY, workspace_overrides(tmp_path, pretraining_workspace) + [
@@ -407,6 +408,10 @@ def test_staged_pretraining_warms_the_head_freezes_then_trains_the_retriever(tmp
     assert "training-split salient spans" in realm_pretraining.format_result(other)
     assert "source block kept" in realm_pretraining.format_result(other)
     assert "held-out salient spans" in realm_pretraining.format_result(again)
+    with caplog.at_level(logging.WARNING, logger="realm_tf.tasks.realm_pretraining"):
+        # The eval shards hold held-out spans only: nothing of the training split to score, and the log says so.
+        empty = realm_pretraining.pretrain(copying, eval_pattern=str(tmp_path / "eval" / "pretraining-*"), train=False)
+    assert empty["eval"]["num_examples"] == 0 and "scored no example" in caplog.text
     elsewhere = dataclasses.replace(cfg, pretrain=dataclasses.replace(cfg.pretrain, model_dir=str(tmp_path / "none")))
     with pytest.raises(errors.UserError, match="no checkpoint to evaluate"):
         realm_pretraining.pretrain(elsewhere, train=False)
