@@ -397,7 +397,7 @@ def test_staged_pretraining_warms_the_head_freezes_then_trains_the_retriever(tmp
     assert (tmp_path / "model" / "params.yaml").read_text() == params
     # The copying test on the training split: its own TensorBoard run, named in the printed summary.
     copying = dataclasses.replace(cfg, pretrain=dataclasses.replace(cfg.pretrain, eval_split="train",
-                                                                    eval_keep_source_block=True))
+                                                                    eval_keep_source_block=True, eval_examples=16))
     other = realm_pretraining.pretrain(copying, eval_pattern=f"{pretraining_workspace}/pretraining/pretraining-*",
                                        train=False)
     assert other["eval_name"] == "eval_train_source_kept" and result["eval_name"] == "eval"
