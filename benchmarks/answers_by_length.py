@@ -44,18 +44,26 @@ def by_length(predictions: list[dict]) -> dict[int, dict[str, float]]:
             for g in GROUPS if rows[g]}
 
 
-def table(path: str, predictions: list[dict]) -> str:
-    lines = [f"{path} ({len(predictions)} questions)",
+def summary(predictions: list[dict]) -> dict:
+    """A predictions file's ``questions``, ``exact_match``, its :func:`by_length` ``groups`` and NQ-open's
+    ``short`` scores (:func:`qa_metrics.short_answer_scores`)."""
+    return {"questions": len(predictions),
+            "exact_match": sum(bool(p["exact_match"]) for p in predictions) / len(predictions),
+            "groups": by_length(predictions), "short": qa_metrics.short_answer_scores(predictions)}
+
+
+def table(path: str, scores: dict) -> str:
+    lines = [f"{path} ({scores['questions']} questions)",
              "| shortest reference, tokens | questions | EM | F1 | reader oracle |",
              "| --- | ---: | ---: | ---: | ---: |"]
-    for group, s in by_length(predictions).items():
+    for group, s in scores["groups"].items():
         label = f"{group}+" if group == GROUPS[-1] else str(group)
         lines.append(f"| {label} | {s['questions']} | {s['exact_match']:.3f} | {s['f1']:.3f} | "
                      f"{s['reader_oracle']:.3f} |")
-    short = qa_metrics.short_answer_scores(predictions)
-    overall_em = sum(bool(p["exact_match"]) for p in predictions) / len(predictions)
-    lines.append(f"all: EM {overall_em:.3f}; NQ-open's questions (an answer of at most {short['max_tokens']} tokens): "
-                 f"{short['num_questions']}, EM {short['exact_match']:.3f}, F1 {short['f1']:.3f}")
+    short = scores["short"]
+    lines.append(f"all: EM {scores['exact_match']:.3f}; NQ-open's questions (an answer of at most "
+                 f"{short['max_tokens']} tokens): {short['num_questions']}, EM {short['exact_match']:.3f}, "
+                 f"F1 {short['f1']:.3f}")
     return "\n".join(lines)
 
 
@@ -66,18 +74,15 @@ def main() -> int:
     parser.add_argument("--record", default="", help="write this result record (first file; the others beside it)")
     parser.add_argument("--notebook", default="", help="the notebook entry the record points to")
     args = parser.parse_args()
-    loaded = {path: answer_errors.read_predictions(path) for path in args.predictions}
-    for path, predictions in loaded.items():
-        print(table(path, predictions) + "\n")
+    summaries = {path: summary(answer_errors.read_predictions(path)) for path in args.predictions}
+    for path, scores in summaries.items():
+        print(table(path, scores) + "\n")
     if args.record:
         parts = []
-        for path, predictions in loaded.items():
-            groups = by_length(predictions)
-            short = qa_metrics.short_answer_scores(predictions)
-            overall = sum(bool(p["exact_match"]) for p in predictions) / len(predictions)
-            long = groups.get(GROUPS[-1])
-            parts.append(f"{os.path.basename(path)}: EM {overall:.3f} on all {len(predictions)} questions, "
-                         f"{short['exact_match']:.3f} on NQ-open's {short['num_questions']}"
+        for path, scores in summaries.items():
+            short, long = scores["short"], scores["groups"].get(GROUPS[-1])
+            parts.append(f"{os.path.basename(path)}: EM {scores['exact_match']:.3f} on all {scores['questions']} "
+                         f"questions, {short['exact_match']:.3f} on NQ-open's {short['num_questions']}"
                          + (f"; on the {long['questions']} whose shortest reference has {GROUPS[-1]}+ tokens EM "
                             f"{long['exact_match']:.3f}, reader oracle {long['reader_oracle']:.3f}" if long else ""))
         result_records.write(

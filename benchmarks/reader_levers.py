@@ -208,13 +208,14 @@ def main() -> int:
     record = {}
     for name in names:
         metrics, reference = results[name], REFERENCE.get(name, "base")
-        differences = {}
+        differences, scores = {}, {}
         for key in ("exact_match", "f1", "nq_open_exact_match"):
             now, before = of(name, key), of(reference, key)
+            scores[key] = now
             ids = sorted(before.keys() & now.keys())
             differences[key] = paired_bootstrap(np.array([before[i] for i in ids]), np.array([now[i] for i in ids]))
         (em, em_low, em_high), (f1, f1_low, f1_high) = differences["exact_match"], differences["f1"]
-        nq_open = of(name, "nq_open_exact_match")
+        nq_open = scores["nq_open_exact_match"]
         print(f"| {name} | {metrics['num_questions']} | {metrics['exact_match']:.3f} | {metrics['f1']:.3f} | "
               f"{reference} | {em:+.3f} [{em_low:+.3f}, {em_high:+.3f}] | {f1:+.3f} [{f1_low:+.3f}, {f1_high:+.3f}] | "
               f"{np.mean(list(nq_open.values())):.3f} on {len(nq_open)} |")
