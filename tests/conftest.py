@@ -11,6 +11,11 @@ import pytest
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # `make test` runs two workers on two cores: each TensorFlow process (a worker, and the CLI children it starts)
+    # runs an op on one thread, so that the two do not hand each other's op pieces back and forth (TensorFlow's
+    # own intra-op pool has one thread per core). Tests of the pool size start their children without it.
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
