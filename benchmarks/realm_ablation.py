@@ -295,10 +295,10 @@ def short_answer_scores(predictions_path: str) -> dict[str, float]:
     return qa_metrics.short_answer_scores(answer_errors.read_predictions(predictions_path))
 
 
-def paired_difference(out: str, row: str, kind: str) -> tuple[float, float, float]:
-    """Exact match of ``row`` minus the import's on the same questions (``kind``: ``dev`` end to end, ``dev-gold``
+def paired_difference(out: str, row: str, kind: str, against: str = "import") -> tuple[float, float, float]:
+    """Exact match of ``row`` minus ``against``'s on the same questions (``kind``: ``dev`` end to end, ``dev-gold``
     on each question's gold block), with its 95% paired bootstrap interval."""
-    before = reader_levers.per_question(f"{out}/rows/import/predictions-{kind}.jsonl", "exact_match")
+    before = reader_levers.per_question(f"{out}/rows/{against}/predictions-{kind}.jsonl", "exact_match")
     now = reader_levers.per_question(f"{out}/rows/{row}/predictions-{kind}.jsonl", "exact_match")
     ids = sorted(before.keys() & now.keys())
     return reader_levers.paired_bootstrap(np.array([before[i] for i in ids]), np.array([now[i] for i in ids]))
@@ -355,6 +355,24 @@ def print_table(results: dict[str, dict[str, Any]], out: str, notebook: str = ""
             claim=f"REALM's ablation row {row}: retriever from {retriever}, reader from {reader}, then the same "
                   f"Open-QA fine-tuning" + ("" if row == "import" else ": better than no pre-training end to end"),
             figure=figure, interval=interval, notebook=notebook)
+
+    if {"realm", "realm_random_span"} <= results.keys():  # REALM's masking comparison: salient against random spans
+        salient, random_span = results["realm"], results["realm_random_span"]
+        (mean, low, high), (gold, gold_low, gold_high) = (
+            paired_difference(out, "realm", kind, against="realm_random_span") for kind in ("dev", "dev-gold"))
+        result_records.write(
+            "realm-ablation-salient-vs-random-span", area="REALM pre-training", order=16,
+            verdict="holds" if low > 0 else "negative",
+            claim="Salient-span masking makes a better pre-training than random spans (REALM's Table 3 comparison: "
+                  "rows realm and realm_random_span, the same pre-training, warm start and fine-tuning otherwise)",
+            figure=f"dev EM {salient['exact_match']:.3f} vs {random_span['exact_match']:.3f} ({mean:+.3f}), "
+                   f"accuracy@5 {salient['accuracy@5']:.3f} vs {random_span['accuracy@5']:.3f}, gold-block EM "
+                   f"{salient['gold_exact_match']:.3f} vs {random_span['gold_exact_match']:.3f} ({gold:+.3f}) on "
+                   f"{salient['num_questions']} questions",
+            interval=f"95% paired bootstrap over questions: EM [{low:+.3f}, {high:+.3f}], gold-block EM "
+                     f"[{gold_low:+.3f}, {gold_high:+.3f}]",
+            notebook=notebook)
+
 
 if __name__ == "__main__":
     sys.exit(main())
