@@ -96,7 +96,7 @@ def run(cfg: config_lib.ExperimentConfig, workdir: str = "runs/demo", in_childre
         reader_steps: int = 800, reader_minutes: float = 7.5, reader_negatives: int = 0, reader_batch_size: int = 8,
         squad_paragraphs: int | None = None, reader_nq: str = "all", samples: int = 3,
         pretrain_batch_size: int = 1, finetune_batch_size: int = 2, precision: str = "auto",
-        minutes: float = 13.5) -> int:
+        minutes: float = 13.0) -> int:
     """Runs every stage on a subset of the bundled data; returns 0 when the loop completed.
 
     Each stage calls the library functions that the ``realm-tf`` commands call (:func:`plan`), in a child process

@@ -103,8 +103,8 @@ def _args_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reader-minutes", dest="reader_minutes", type=float,
                    help="time budget of the reader warm start (at most; see --minutes)")
     p.add_argument("--minutes", type=float,
-                   help="the stages end within about this many minutes (default 13.5: make demo's 15 "
-                        "with the set-up); the reader warm start gets what the other stages leave, at "
+                   help="the stages end within about this many minutes (default 13: make demo's 15 "
+                        "with the set-up and a margin); the reader warm start gets what the other stages leave, at "
                         "most --reader-minutes (0: no budget)")
     p.add_argument("--reader-negatives", dest="reader_negatives", type=int,
                    help="BM25 blocks without the answer read next to each gold block in the "
