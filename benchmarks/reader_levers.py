@@ -240,12 +240,14 @@ def main() -> int:
                                  notebook=args.notebook)
             continue
         (em, em_low, em_high), (f1, f1_low, f1_high) = r["em_difference"], r["f1_difference"]
-        helps = f1_low > 0 or em_low > 0
+        helps, hurts = f1_low > 0 or em_low > 0, f1_high < 0 or em_high < 0
         result_records.write(
             f"open-qa-lever-{name.replace('_', '-')}", area="Open-QA", order=30,
-            verdict="holds" if helps else "negative",
+            verdict="holds" if helps and not hurts else "negative",
             claim=f"Reader lever {name} against {r['compared_with']} ({args.split} gold blocks): "
-                  + ("helps" if helps else "no difference outside the interval"),
+                  + {(True, False): "helps", (False, True): "reads worse, outside the interval",
+                     (True, True): "EM and F1 move apart, each outside its interval",
+                     (False, False): "no difference outside the interval"}[helps, hurts],
             figure=f"EM {r['exact_match']:.3f} ({em:+.3f}), F1 {r['f1']:.3f} ({f1:+.3f}) on {r['num_questions']} "
                    f"questions, {r['steps']} warm-start steps ({r['compared_with']}: "
                    f"{record[r['compared_with']]['steps']}); EM on NQ-open's {r['nq_open_questions']} "
