@@ -30,7 +30,9 @@ Levers (``--levers``; each a set of config overrides, or extra question files):
 - ``minutes_linear`` / ``minutes_budget``: a warm start bound by time, as the demo's (``--minutes``; a schedule
   of 3× the steps, so the minutes run out first): the linear schedule cut where the time ends, against a decay
   that ends with the time (``reader.learning_rate_decay=budget``; Li et al., 2020, "Budgeted Training"). Their
-  step counts are the machine's; the table gives both.
+  step counts are the machine's; the table gives both. ``minutes_budget_batch_32``: the same minutes at batch 32
+  (compared with ``minutes_budget``): whether REALM++'s larger batch pays within a demo's minutes, where it buys a
+  quarter of the updates.
 
 Stages are resumable (``<out>/stages.json``; a killed warm start resumes from its checkpoint):
 
@@ -70,9 +72,12 @@ LEVERS: dict[str, list[str]] = {
     "squad_train": ["reader.steps={steps_x3}", "qa.reader_source_temperature=0.01"],
     "minutes_linear": ["reader.steps={steps_x3}", "reader.max_minutes={minutes}"],
     "minutes_budget": ["reader.steps={steps_x3}", "reader.max_minutes={minutes}", "reader.learning_rate_decay=budget"],
+    "minutes_budget_batch_32": ["reader.steps={steps_x3}", "reader.max_minutes={minutes}",
+                                "reader.learning_rate_decay=budget", "data.batch_size=32"],
 }
 #: What each lever is compared with (paired, on the same questions): the base, or the lever it adds one thing to.
-REFERENCE = {"squad_train": "steps_x3", "minutes_budget": "minutes_linear", "batch_32": "steps_x4"}
+REFERENCE = {"squad_train": "steps_x3", "minutes_budget": "minutes_linear", "batch_32": "steps_x4",
+             "minutes_budget_batch_32": "minutes_budget"}
 
 
 def base_overrides(steps: int, blocks: str) -> list[str]:
