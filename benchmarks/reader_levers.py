@@ -274,11 +274,8 @@ def write_records(args: argparse.Namespace, names: Sequence[str], record: dict[s
             continue
         verdicts = {split: direction(s) for split, s in splits.items()}
         helps = all(v == "helps" for v in verdicts.values())
-        said = {"helps": "helps", "worse": "reads worse, outside the interval",
-                "apart": "EM and F1 move apart, each outside its interval",
-                "none": "no difference outside the interval"}
-        claim = said[verdicts[args.split]] if len(set(verdicts.values())) == 1 else "; ".join(
-            f"{split}: {said[v]}" for split, v in verdicts.items())
+        claim = SAID[verdicts[args.split]] if len(set(verdicts.values())) == 1 else "; ".join(
+            f"{split}: {SAID[v]}" for split, v in verdicts.items())
         result_records.write(
             f"open-qa-lever-{name.replace('_', '-')}", area="Open-QA", order=30,
             verdict="holds" if helps else "negative",
@@ -288,6 +285,11 @@ def write_records(args: argparse.Namespace, names: Sequence[str], record: dict[s
             interval="95% paired bootstrap: " + "; ".join(f"{split}: " + lever_interval(s)
                                                           for split, s in splits.items()),
             notebook=args.notebook)
+
+
+#: How a record says each :func:`direction`.
+SAID = {"helps": "helps", "worse": "reads worse, outside the interval",
+        "apart": "EM and F1 move apart, each outside its interval", "none": "no difference outside the interval"}
 
 
 def direction(r: dict[str, Any]) -> str:
