@@ -128,11 +128,13 @@ def choose_variant(metrics: dict[str, Any], kind: str, values: Sequence[float], 
     return default if scores.get(default) == max(scores.values()) else max(scores, key=lambda v: scores[v])
 
 
-def paired_difference(before: str, after: str) -> dict[str, tuple[float, float, float]]:
-    """``after`` minus ``before`` (two predictions files) on the questions both hold: ``{"EM": ..., "F1": ...}``,
-    each ``(mean, 95% low, 95% high)`` of :func:`paired_bootstrap`."""
+def paired_difference(before: str, after: str, keys: Sequence[tuple[str, str]] = (("exact_match", "EM"), ("f1", "F1")),
+                      ) -> dict[str, tuple[float, float, float]]:
+    """``after`` minus ``before`` (two predictions files) on the questions both hold, for each ``(key, label)`` of
+    ``keys`` (a key of :func:`per_question`): ``{"EM": ..., "F1": ...}``, each ``(mean, 95% low, 95% high)`` of
+    :func:`paired_bootstrap`."""
     result = {}
-    for key, label in (("exact_match", "EM"), ("f1", "F1")):
+    for key, label in keys:
         old, new = per_question(before, key), per_question(after, key)
         ids = sorted(old.keys() & new.keys())
         result[label] = paired_bootstrap(np.array([old[i] for i in ids]), np.array([new[i] for i in ids]))
@@ -221,8 +223,8 @@ def compare(out: str, names: Sequence[str], split: str, results: dict[str, dict[
             what: str) -> dict[str, dict[str, Any]]:
     """Each lever's scores on ``split``'s gold blocks against its reference's, paired over questions; prints the
     table and each lever's error table."""
-    def of(name: str, key: str) -> dict[str, float]:
-        return per_question(f"{out}/predictions-{split}-gold-{name}.jsonl", key)
+    def path(name: str) -> str:
+        return f"{out}/predictions-{split}-gold-{name}.jsonl"
 
     print(f"\n== reader levers, gold blocks of the {split} split of {what} ==")
     print("| lever | questions | EM | F1 | compared with | EM difference [95% paired bootstrap] | F1 difference | "
@@ -231,14 +233,10 @@ def compare(out: str, names: Sequence[str], split: str, results: dict[str, dict[
     record = {}
     for name in names:
         metrics, reference = results[name], REFERENCE.get(name, "base")
-        differences, scores = {}, {}
-        for key in ("exact_match", "f1", "nq_open_exact_match"):
-            now, before = of(name, key), of(reference, key)
-            scores[key] = now
-            ids = sorted(before.keys() & now.keys())
-            differences[key] = paired_bootstrap(np.array([before[i] for i in ids]), np.array([now[i] for i in ids]))
+        differences = paired_difference(path(reference), path(name),
+                                        keys=[(k, k) for k in ("exact_match", "f1", "nq_open_exact_match")])
         (em, em_low, em_high), (f1, f1_low, f1_high) = differences["exact_match"], differences["f1"]
-        nq_open = scores["nq_open_exact_match"]
+        nq_open = per_question(path(name), "nq_open_exact_match")
         print(f"| {name} | {metrics['num_questions']} | {metrics['exact_match']:.3f} | {metrics['f1']:.3f} | "
               f"{reference} | {em:+.3f} [{em_low:+.3f}, {em_high:+.3f}] | {f1:+.3f} [{f1_low:+.3f}, {f1_high:+.3f}] | "
               f"{np.mean(list(nq_open.values())):.3f} on {len(nq_open)} |")

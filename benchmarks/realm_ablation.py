@@ -44,8 +44,6 @@ import sys
 import time
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
@@ -298,10 +296,9 @@ def short_answer_scores(predictions_path: str) -> dict[str, float]:
 def paired_difference(out: str, row: str, kind: str, against: str = "import") -> tuple[float, float, float]:
     """Exact match of ``row`` minus ``against``'s on the same questions (``kind``: ``dev`` end to end, ``dev-gold``
     on each question's gold block), with its 95% paired bootstrap interval."""
-    before = reader_levers.per_question(f"{out}/rows/{against}/predictions-{kind}.jsonl", "exact_match")
-    now = reader_levers.per_question(f"{out}/rows/{row}/predictions-{kind}.jsonl", "exact_match")
-    ids = sorted(before.keys() & now.keys())
-    return reader_levers.paired_bootstrap(np.array([before[i] for i in ids]), np.array([now[i] for i in ids]))
+    return reader_levers.paired_difference(f"{out}/rows/{against}/predictions-{kind}.jsonl",
+                                           f"{out}/rows/{row}/predictions-{kind}.jsonl",
+                                           keys=[("exact_match", "EM")])["EM"]
 
 
 def print_table(results: dict[str, dict[str, Any]], out: str, notebook: str = "") -> None:
