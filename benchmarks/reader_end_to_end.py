@@ -51,6 +51,10 @@ def main() -> int:
     parser.add_argument("--questions", default="data/open_qa/qa_qed_train.jsonl.gz")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         help="for every stage (the readers' own settings, e.g. model.max_span_width)")
+    parser.add_argument("--tag", default="",
+                        help="appended to the records' names (open-qa-reader-end-to-end-TAG, ...), so that another "
+                             "pair of readers does not replace the records of the first")
+    parser.add_argument("--notebook", default="", help="the notebook entry the records point to")
     args = parser.parse_args()
 
     out = args.out.rstrip("/")
@@ -85,13 +89,15 @@ def main() -> int:
             print(f"\n{name}, w = {w:g}: dev EM {scored[name][w]['exact_match']:.3f}, F1 {scored[name][w]['f1']:.3f}, "
                   f"accuracy@5 {scored[name][w]['accuracy@5']:.3f}\n"
                   f"{answer_errors.format_table(scored[name][w]['outcomes'])}")
-    write_records(out, scored)
+    write_records(out, scored, tag=args.tag, notebook=args.notebook)
     return 0
 
 
-def write_records(out: str, scored: dict[str, dict[str, Any]]) -> None:
-    """The second reader against the first (each at its chosen w), and the last reader's w against w = 1."""
+def write_records(out: str, scored: dict[str, dict[str, Any]], tag: str = "", notebook: str = "") -> None:
+    """The second reader against the first (each at its chosen w), and the last reader's w against w = 1; the
+    records' names end in ``-tag`` when one is given."""
     names = list(scored)
+    suffix = f"-{tag}" if tag else ""
 
     def at_chosen(name: str) -> tuple[dict[str, Any], str]:
         w = scored[name]["weight"]
@@ -101,7 +107,8 @@ def write_records(out: str, scored: dict[str, dict[str, Any]]) -> None:
         (first, first_path), (second, second_path) = at_chosen(names[0]), at_chosen(names[1])
         d = reader_levers.paired_difference(first_path, second_path)
         result_records.write(
-            "open-qa-reader-end-to-end", area="Open-QA", order=24, verdict="holds" if d["EM"][1] > 0 else "negative",
+            f"open-qa-reader-end-to-end{suffix}", area="Open-QA", order=24, notebook=notebook,
+            verdict="holds" if d["EM"][1] > 0 else "negative",
             claim=f"The {names[1]} reader answers better end to end than the {names[0]} reader (the same dense "
                   "retriever over the whole bundled corpus, no Open-QA fine-tuning)",
             figure=f"dev, {second['num_questions']} questions: {names[1]} EM {second['exact_match']:.3f}, F1 "
@@ -130,7 +137,7 @@ def write_records(out: str, scored: dict[str, dict[str, Any]]) -> None:
     figure += "; tune EM by w: " + ", ".join(f"{w:g}: {tune[f'exact_match@w={w:g}']:.3f}"
                                              for w in WEIGHTS)
     result_records.write(
-        "open-qa-block-choice-weight", area="Open-QA", order=25, verdict=verdict,
+        f"open-qa-block-choice-weight{suffix}", area="Open-QA", order=25, notebook=notebook, verdict=verdict,
         claim="Choosing the blocks' retrieval weight w in S_read + w·S_retr on the tune split picks better blocks than "
               "ORQA/REALM's w = 1",
         figure=figure, interval=interval)
