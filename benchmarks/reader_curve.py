@@ -22,7 +22,8 @@ A constant rate keeps the chunks comparable but leaves out the annealing that a 
 ``--cooldown N``, the best chunk's reader is then trained N more steps with the rate decayed linearly to 0
 (``reader.learning_rate_decay=cooldown``: the warm-up-stable-decay schedule, Hu et al. 2024; Hägele et al. 2024)
 and scored on tune and dev, against the best chunk's reader on the same dev questions (record
-``open-qa-reader-cooldown``).
+``open-qa-reader-cooldown``). ``--tag TAG`` names the records ``open-qa-reader-curve-TAG``, ... instead, for a
+run with other ``--set`` settings (a larger batch: REALM++'s lever) beside the first.
 
 Everything is resumable: each chunk's evaluation is kept in the curve, a killed warm start resumes from its
 checkpoint, and ``--max-hours`` stops cleanly between chunks; the same command continues:
@@ -114,7 +115,7 @@ def train_until_plateau(out: str, flags: list[str], reading: list[str], args: ar
     return curve
 
 
-def plot_curve(curve: list[dict[str, Any]], path: str) -> None:
+def plot_curve(curve: list[dict[str, Any]], path: str, batch_size: int) -> None:
     """Tune gold-block EM and F1 against the warm start's steps."""
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use("Agg")
@@ -123,7 +124,7 @@ def plot_curve(curve: list[dict[str, Any]], path: str) -> None:
     figure, axis = pyplot.subplots(figsize=(6, 3.5))
     for key in WATCHED:
         axis.plot([p["step"] for p in curve], [p[key] for p in curve], marker="o", label=key)
-    axis.set_xlabel("reader warm-start step (8 questions each)")
+    axis.set_xlabel(f"reader warm-start step ({batch_size} questions each)")
     axis.set_title("tune split, each question on its gold blocks")
     axis.grid(alpha=0.3)
     axis.legend()
@@ -131,7 +132,17 @@ def plot_curve(curve: list[dict[str, Any]], path: str) -> None:
     figure.savefig(path, dpi=100)
 
 
-def report(out: str, curve: list[dict[str, Any]], dev: dict[str, dict[str, Any]]) -> None:
+def record_name(name: str, args: argparse.Namespace) -> str:
+    """A record's name, ``-TAG`` appended with ``--tag``."""
+    return f"{name}-{args.tag}" if args.tag else name
+
+
+def settings(args: argparse.Namespace) -> str:
+    """What a record's claim adds about this run's own ``--set`` overrides (nothing without them)."""
+    return f" (with {', '.join(args.overrides)})" if args.overrides else ""
+
+
+def report(out: str, curve: list[dict[str, Any]], dev: dict[str, dict[str, Any]], args: argparse.Namespace) -> None:
     """The table, the error tables and the record."""
     best = max(curve, key=lambda p: (p["exact_match"], p["f1"]))
     difference = reader_levers.paired_difference(f"{out}/predictions-dev-gold-first.jsonl",
@@ -145,9 +156,10 @@ def report(out: str, curve: list[dict[str, Any]], dev: dict[str, dict[str, Any]]
               f"\n{answer_errors.format_table(dev[name]['outcomes'])}")
     goal = dev["best"]["exact_match"] >= 0.50
     result_records.write(
-        "open-qa-reader-curve", area="Open-QA", order=21, verdict="holds" if goal else "negative",
+        record_name("open-qa-reader-curve", args), area="Open-QA", order=21, notebook=args.notebook,
+        verdict="holds" if goal else "negative",
         claim="Trained at a constant learning rate for as long as the tune split's gold-block scores improve, the "
-              "reader reaches the 0.50 gold-block EM goal on the dev split",
+              f"reader reaches the 0.50 gold-block EM goal on the dev split{settings(args)}",
         figure=f"dev gold blocks: EM {dev['best']['exact_match']:.3f}, F1 {dev['best']['f1']:.3f} at step "
                f"{best['step']} (the best of {len(curve)} chunks of {curve[0]['step']} steps on tune) against "
                f"{dev['first']['exact_match']:.3f} / {dev['first']['f1']:.3f} after the first chunk; tune EM by "
@@ -179,6 +191,10 @@ def main() -> int:
                         help="with --cooldown: also cool down the last chunk's reader, against the best chunk's "
                              "cooled down (more constant-rate steps before the same cool-down)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="for every stage")
+    parser.add_argument("--tag", default="",
+                        help="appended to the records' names (open-qa-reader-curve-TAG, ...), so that a run with other "
+                             "settings does not replace the records of the first")
+    parser.add_argument("--notebook", default="", help="the notebook entry the records point to")
     args = parser.parse_args()
 
     out = args.out.rstrip("/")
@@ -194,12 +210,12 @@ def main() -> int:
     except stages.OutOfTime as stopped:
         print(f"reader_curve: --max-hours reached before {stopped}; the same command continues", flush=True)
         return 0
-    plot_curve(curve, f"{out}/curve.png")
+    plot_curve(curve, f"{out}/curve.png", config_lib.load_config(args.config, sets).data.batch_size)
     dev = {name: stage(f"dev_gold_{name}", lambda name=name: open_qa_benchmark.evaluate(
         [*flags, "--questions", args.questions, "--split", "dev", "--retriever", "gold", "--model", f"{out}/{name}",
          "--predictions", f"{out}/predictions-dev-gold-{name}.jsonl"], f"{out}/metrics-dev-gold-{name}.json"))
         for name in ("first", "best")}
-    report(out, curve, dev)
+    report(out, curve, dev, args)
     if args.cooldown > 0:
         best = max(curve, key=lambda p: (p["exact_match"], p["f1"]))
         cooled = {"cooldown": cool_down(out, flags, args, f"{out}/best", best["step"], stage)}
@@ -251,9 +267,10 @@ def report_cool_downs(out: str, args: argparse.Namespace, curve: list[dict[str, 
     difference = reader_levers.paired_difference(f"{out}/predictions-dev-gold-best.jsonl",
                                                     f"{out}/predictions-dev-gold-cooldown.jsonl")
     result_records.write(
-        "open-qa-reader-cooldown", area="Open-QA", order=22, verdict="holds" if difference["EM"][1] > 0 else "negative",
+        record_name("open-qa-reader-cooldown", args), area="Open-QA", order=22, notebook=args.notebook,
+        verdict="holds" if difference["EM"][1] > 0 else "negative",
         claim="Annealing the constant-rate reader (its rate decayed linearly to 0 over a cool-down) reads better than "
-              "the constant-rate reader it starts from",
+              f"the constant-rate reader it starts from{settings(args)}",
         figure=figure(cooled["cooldown"], best["step"]) + f"; before: EM {best['exact_match']:.3f} on tune",
         interval="cooled minus before, 95% paired bootstrap over dev questions: "
                  + reader_levers.format_difference(difference))
@@ -261,10 +278,10 @@ def report_cool_downs(out: str, args: argparse.Namespace, curve: list[dict[str, 
         difference = reader_levers.paired_difference(f"{out}/predictions-dev-gold-cooldown.jsonl",
                                                         f"{out}/predictions-dev-gold-cooldown-last.jsonl")
         result_records.write(
-            "open-qa-reader-cooldown-later", area="Open-QA", order=23,
+            record_name("open-qa-reader-cooldown-later", args), area="Open-QA", order=23, notebook=args.notebook,
             verdict="holds" if difference["EM"][1] > 0 else "negative",
             claim="More constant-rate steps before the same cool-down read better: the last chunk's reader cooled down "
-                  "against the best chunk's",
+                  f"against the best chunk's{settings(args)}",
             figure=figure(cooled["cooldown-last"], last["step"]) + f"; from step {best['step']}: EM "
                    f"{cooled['cooldown']['dev']['exact_match']:.3f}, F1 {cooled['cooldown']['dev']['f1']:.3f}",
             interval="last minus best, 95% paired bootstrap over dev questions: "
