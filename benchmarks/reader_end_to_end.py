@@ -139,7 +139,7 @@ def write_records(out: str, scored: dict[str, dict[str, Any]], tag: str = "", no
     result_records.write(
         f"open-qa-block-choice-weight{suffix}", area="Open-QA", order=25, notebook=notebook, verdict=verdict,
         claim="Choosing the blocks' retrieval weight w in S_read + w·S_retr on the tune split picks better blocks than "
-              "ORQA/REALM's w = 1",
+              f"ORQA/REALM's w = 1{f' (the {last} reader)' if tag else ''}",
         figure=figure, interval=interval)
 
 

@@ -83,7 +83,8 @@ def load_records(records_dir: str = RECORDS_DIR) -> list[tuple[str, dict[str, An
     return out
 
 
-def _cell(text: str) -> str:
+def table_cell(text: str) -> str:
+    """``text`` as one cell of a markdown table row: on one line, its pipes escaped."""
     return " ".join(str(text).split()).replace("|", "\\|")
 
 
@@ -107,9 +108,9 @@ def render(records: list[tuple[str, dict[str, Any]]]) -> str:
         lines += ["", f"## {area}", "", "| claim | figure | verdict | evidence |", "| --- | --- | --- | --- |"]
         for name, r in sorted(rows, key=lambda nr: (nr[1].get("order", 100), nr[0])):
             figure = r["figure"] + (f" ({r['interval']})" if r.get("interval") else "")
-            evidence = (f"`{_cell(r['command'])}` · {r['commit']} · {_cell(r['machine'])} · {r['date']}"
+            evidence = (f"`{table_cell(r['command'])}` · {r['commit']} · {table_cell(r['machine'])} · {r['date']}"
                         + (f" · [notes](notebook/{r['notebook']})" if r.get("notebook") else ""))
-            lines.append(f"| {_cell(r['claim'])} | {_cell(figure)} | {r['verdict']} | {evidence} |")
+            lines.append(f"| {table_cell(r['claim'])} | {table_cell(figure)} | {r['verdict']} | {evidence} |")
     return "\n".join(lines) + "\n"
 
 
