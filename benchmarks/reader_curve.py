@@ -132,11 +132,6 @@ def plot_curve(curve: list[dict[str, Any]], path: str, batch_size: int) -> None:
     figure.savefig(path, dpi=100)
 
 
-def record_name(name: str, args: argparse.Namespace) -> str:
-    """A record's name, ``-TAG`` appended with ``--tag``."""
-    return f"{name}-{args.tag}" if args.tag else name
-
-
 def settings(args: argparse.Namespace) -> str:
     """What a record's claim adds about this run's own ``--set`` overrides (nothing without them)."""
     return f" (with {', '.join(args.overrides)})" if args.overrides else ""
@@ -156,7 +151,7 @@ def report(out: str, curve: list[dict[str, Any]], dev: dict[str, dict[str, Any]]
               f"\n{answer_errors.format_table(dev[name]['outcomes'])}")
     goal = dev["best"]["exact_match"] >= 0.50
     result_records.write(
-        record_name("open-qa-reader-curve", args), area="Open-QA", order=21, notebook=args.notebook,
+        result_records.tagged("open-qa-reader-curve", args.tag), area="Open-QA", order=21, notebook=args.notebook,
         verdict="holds" if goal else "negative",
         claim="Trained at a constant learning rate for as long as the tune split's gold-block scores improve, the "
               f"reader reaches the 0.50 gold-block EM goal on the dev split{settings(args)}",
@@ -267,7 +262,7 @@ def report_cool_downs(out: str, args: argparse.Namespace, curve: list[dict[str, 
     difference = reader_levers.paired_difference(f"{out}/predictions-dev-gold-best.jsonl",
                                                     f"{out}/predictions-dev-gold-cooldown.jsonl")
     result_records.write(
-        record_name("open-qa-reader-cooldown", args), area="Open-QA", order=22, notebook=args.notebook,
+        result_records.tagged("open-qa-reader-cooldown", args.tag), area="Open-QA", order=22, notebook=args.notebook,
         verdict="holds" if difference["EM"][1] > 0 else "negative",
         claim="Annealing the constant-rate reader (its rate decayed linearly to 0 over a cool-down) reads better than "
               f"the constant-rate reader it starts from{settings(args)}",
@@ -278,7 +273,8 @@ def report_cool_downs(out: str, args: argparse.Namespace, curve: list[dict[str, 
         difference = reader_levers.paired_difference(f"{out}/predictions-dev-gold-cooldown.jsonl",
                                                         f"{out}/predictions-dev-gold-cooldown-last.jsonl")
         result_records.write(
-            record_name("open-qa-reader-cooldown-later", args), area="Open-QA", order=23, notebook=args.notebook,
+            result_records.tagged("open-qa-reader-cooldown-later", args.tag), area="Open-QA", order=23,
+            notebook=args.notebook,
             verdict="holds" if difference["EM"][1] > 0 else "negative",
             claim="More constant-rate steps before the same cool-down read better: the last chunk's reader cooled down "
                   f"against the best chunk's{settings(args)}",

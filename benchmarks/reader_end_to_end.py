@@ -97,7 +97,6 @@ def write_records(out: str, scored: dict[str, dict[str, Any]], tag: str = "", no
     """The second reader against the first (each at its chosen w), and the last reader's w against w = 1; the
     records' names end in ``-tag`` when one is given."""
     names = list(scored)
-    suffix = f"-{tag}" if tag else ""
 
     def at_chosen(name: str) -> tuple[dict[str, Any], str]:
         w = scored[name]["weight"]
@@ -107,7 +106,7 @@ def write_records(out: str, scored: dict[str, dict[str, Any]], tag: str = "", no
         (first, first_path), (second, second_path) = at_chosen(names[0]), at_chosen(names[1])
         d = reader_levers.paired_difference(first_path, second_path)
         result_records.write(
-            f"open-qa-reader-end-to-end{suffix}", area="Open-QA", order=24, notebook=notebook,
+            result_records.tagged("open-qa-reader-end-to-end", tag), area="Open-QA", order=24, notebook=notebook,
             verdict="holds" if d["EM"][1] > 0 else "negative",
             claim=f"The {names[1]} reader answers better end to end than the {names[0]} reader (the same dense "
                   "retriever over the whole bundled corpus, no Open-QA fine-tuning)",
@@ -137,7 +136,8 @@ def write_records(out: str, scored: dict[str, dict[str, Any]], tag: str = "", no
     figure += "; tune EM by w: " + ", ".join(f"{w:g}: {tune[f'exact_match@w={w:g}']:.3f}"
                                              for w in WEIGHTS)
     result_records.write(
-        f"open-qa-block-choice-weight{suffix}", area="Open-QA", order=25, notebook=notebook, verdict=verdict,
+        result_records.tagged("open-qa-block-choice-weight", tag), area="Open-QA", order=25, notebook=notebook,
+        verdict=verdict,
         claim="Choosing the blocks' retrieval weight w in S_read + w·S_retr on the tune split picks better blocks than "
               f"ORQA/REALM's w = 1{f' (the {last} reader)' if tag else ''}",
         figure=figure, interval=interval)

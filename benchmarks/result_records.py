@@ -83,6 +83,11 @@ def load_records(records_dir: str = RECORDS_DIR) -> list[tuple[str, dict[str, An
     return out
 
 
+def tagged(name: str, tag: str) -> str:
+    """A record's name for a run with other settings beside the first (``name-tag``; ``name`` without a tag)."""
+    return f"{name}-{tag}" if tag else name
+
+
 def table_cell(text: str) -> str:
     """``text`` as one cell of a markdown table row: on one line, its pipes escaped."""
     return " ".join(str(text).split()).replace("|", "\\|")
