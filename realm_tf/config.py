@@ -46,7 +46,7 @@ RefreshMode = Literal["process", "thread", "external"]
 Strategy = Literal["default", "mirrored", "multi_worker", "tpu"]
 Precision = Literal["float32", "mixed_bfloat16"]
 EvalSplit = Literal["heldout", "train"]
-LearningRateDecay = Literal["linear", "constant", "budget", "cooldown"]
+LearningRateDecay = Literal["linear", "constant", "cooldown"]
 
 
 def choices(literal: Any) -> tuple[str, ...]:
@@ -261,8 +261,7 @@ class TrainerConfig:
     (``core/experiment``); 0: no evaluation during training.
     ``learning_rate_decay``: ``linear`` (REALM, BERT: linear decay to 0 at ``steps``), ``constant`` (no decay
     after the warm-up: a run continued step by step for as long as it improves, with no length fixed in advance)
-    or ``budget`` (linear decay to 0 at ``steps`` or at the step ``max_minutes`` allows on this machine, whichever
-    comes first, measured as the run goes: ``core/optimizer.BudgetedLinearDecay``) or ``cooldown`` (constant, then
+    or ``cooldown`` (constant, then
     linear decay to 0 over the last ``cooldown_steps`` before ``steps``: the warm-up-stable-decay schedule, which
     lets a constant-rate run, continued for as long as it improves, be annealed from any of its checkpoints;
     ``core/optimizer.CooldownDecay``).
@@ -348,6 +347,9 @@ class QaConfig:
         and tune splits are held out).
       reader_negatives: blocks without an answer read next to the gold block in ``train-reader``, so that the
         reader learns to rank blocks as well as spans (BM25's best-ranked blocks that hold no answer).
+      reader_window: > 0: ``train-reader`` reads each block's body through a window of this many wordpieces, the
+        gold block's holding an answer at a random offset (``tasks/reading_windows``), so that a step costs what
+        that length costs; evaluation and serving read whole blocks. 0: whole blocks.
       reader_eval_questions: a {question, answers, gold_passage_ids} file whose tune split scores the reader
         warm start during training (``reader.eval_every_steps``): each question read on its gold block alone,
         up to ``reader.eval_examples`` of them; the best reader so far is kept in ``<reader.model_dir>/best``.
@@ -375,6 +377,7 @@ class QaConfig:
     answer_aggregation_spans: int = 1
     reader_questions: tuple[str, ...] = ("data/open_qa/qa_squad_dev.jsonl.gz", "data/open_qa/qa_qed_train.jsonl.gz")
     reader_negatives: int = 2
+    reader_window: int = 0
     reader_eval_questions: str = ""
     reader_source_temperature: float = 1.0
     serving_warmup_requests: int = 8

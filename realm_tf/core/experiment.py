@@ -55,8 +55,7 @@ def run_experiment(task: base_task.Task, strategy: tf.distribute.Strategy | None
     logs: dict[str, float] = {}
     try:
         task.initialize(model, loop)
-        all_hooks = (*task.train_hooks(model, loop), *_train_and_eval(task, model, loop), *hooks,
-                     *filter(None, [optimizer_lib.budget_hook(optimizer, trainer, lambda: loop.run_started)]))
+        all_hooks = (*task.train_hooks(model, loop), *_train_and_eval(task, model, loop), *hooks)
         iterators: dict[tuple, Iterator] = {}
         for phase in task.phases(loop.step) if train else ():
             if loop.step >= (phase.until_step if phase.until_step is not None else trainer.steps):
@@ -88,8 +87,8 @@ def run_experiment(task: base_task.Task, strategy: tf.distribute.Strategy | None
 
 
 def _refuse_worker_clocks(task: base_task.Task) -> None:
-    """``max_minutes`` needs one clock: with several workers each would stop (and, with ``learning_rate_decay:
-    budget``, decay) by its own, and leave the others waiting in an all-reduce."""
+    """``max_minutes`` needs one clock: with several workers each would stop by its own, and leave the others
+    waiting in an all-reduce."""
     trainer = task.trainer_config
     if trainer.strategy == "multi_worker" and trainer.max_minutes > 0:
         raise config_lib.ConfigError(f"{task.trainer_section}.max_minutes needs a single-worker strategy: each "

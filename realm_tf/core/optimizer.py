@@ -1,12 +1,11 @@
 """AdamW with linear warm-up and linear decay, REALM's optimiser (Guu et al., 2020, App. A), built with
-tf-models' ``official.modeling.optimization``; optionally with per-variable learning-rate scales, and a decay that
-ends when a run's time budget does (:class:`BudgetedLinearDecay`)."""
+tf-models' ``official.modeling.optimization``; optionally with per-variable learning-rate scales and a
+constant-then-cool-down schedule (:class:`CooldownDecay`)."""
 from __future__ import annotations
 
 import logging
 import re
-import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import tensorflow as tf
 import tf_keras
@@ -117,33 +116,6 @@ def parse_lr_scales(items: Sequence[str]) -> tuple[tuple[str, float], ...]:
 NO_WEIGHT_DECAY = ("LayerNorm", "layer_norm", "_norm/", "bias")
 
 
-class BudgetedLinearDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
-    """Linear decay from ``initial_learning_rate`` to 0 at ``decay_steps``, a variable that :func:`budget_hook`
-    lowers, while the run trains, to the number of steps its time budget (``max_minutes``) allows.
-
-    A run stopped by its budget halfway through a linear schedule stops at half its peak rate, without the
-    annealing that the end of the schedule does; a schedule that reaches 0 when the budget runs out does better
-    for the same steps (budget-aware schedules: Li, Yumer & Ramanan, 2020, "Budgeted Training", §4: linear decay
-    to 0 at the budget). The number of steps a budget allows depends on the machine, so it is measured, not
-    configured. The variable is not checkpointed: a resumed run measures its own budget.
-    """
-
-    def __init__(self, initial_learning_rate: float, decay_steps: int, name: str = "BudgetedLinearDecay") -> None:
-        super().__init__()
-        self.initial_learning_rate = float(initial_learning_rate)
-        self.name = name
-        self.decay_steps = tf.Variable(float(max(decay_steps, 1)), trainable=False, dtype=tf.float32,
-                                       name="budgeted_decay_steps")  # []
-
-    def __call__(self, step: Any) -> tf.Tensor:
-        progress = tf.cast(step, tf.float32) / self.decay_steps  # []
-        return self.initial_learning_rate * tf.maximum(1.0 - progress, 0.0)
-
-    def get_config(self) -> dict[str, Any]:
-        return {"initial_learning_rate": self.initial_learning_rate, "decay_steps": float(self.decay_steps.numpy()),
-                "name": self.name}
-
-
 class CooldownDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
     """``initial_learning_rate`` until ``steps - cooldown_steps``, then linear decay to 0 at ``steps``: the
     warm-up-stable-decay schedule (Hu et al., 2024, "MiniCPM", §4.1; Hägele et al., 2024, "Scaling Laws and
@@ -171,55 +143,11 @@ class CooldownDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
                 "cooldown_steps": self.cooldown_steps, "name": self.name}
 
 
-def budgeted_schedule(optimizer: tf_keras.optimizers.Optimizer) -> BudgetedLinearDecay | None:
-    """``optimizer``'s :class:`BudgetedLinearDecay` (behind tf-models' warm-up wrapper), or None."""
-    schedule = getattr(optimizer, "_learning_rate", None)
-    if schedule is None:
-        hyper = getattr(optimizer, "_hyper", {})
-        schedule = hyper.get("learning_rate")
-    schedule = getattr(schedule, "_after_warmup_lr_sched", schedule)
-    return schedule if isinstance(schedule, BudgetedLinearDecay) else None
-
-
-def budget_hook(optimizer: tf_keras.optimizers.Optimizer, cfg: config_lib.TrainerConfig,
-                run_start: Callable[[], float], clock: Callable[[], float] | None = None,
-                min_steps: int = 5) -> Callable[[int, Mapping[str, float]], None] | None:
-    """A training-loop hook that sets the :class:`BudgetedLinearDecay` of ``optimizer`` to end at the step the
-    time budget allows: ``step + remaining seconds / seconds per step``, the rate measured from the first step
-    this hook saw (the step before includes the step function's tracing), within ``[step + 1, cfg.steps]``.
-    None when the optimizer has no such schedule or the run has no budget (``max_minutes`` 0)."""
-    schedule = budgeted_schedule(optimizer)
-    if schedule is None or cfg.max_minutes <= 0:
-        return None
-    first: list[tuple[int, float]] = []  # (step, time) of the first step seen
-
-    def hook(step: int, logs: Mapping[str, float]) -> None:
-        del logs
-        now = clock() if clock is not None else time.time()
-        if not first:
-            first.append((step, now))
-            return
-        start_step, start_time = first[0]
-        if step - start_step < min_steps:
-            return
-        per_step = (now - start_time) / (step - start_step)
-        remaining = 60.0 * cfg.max_minutes - (now - run_start())
-        end = min(float(cfg.steps), max(step + 1.0, step + remaining / max(per_step, 1e-9)))
-        if abs(end - float(schedule.decay_steps.numpy())) >= 1.0:
-            schedule.decay_steps.assign(end)
-            if step % max(cfg.summary_every_steps, 1) == 0:
-                logger.debug("step %d: the learning rate now decays to 0 at step %.0f (max_minutes=%g)", step, end,
-                             cfg.max_minutes)
-
-    return hook
-
-
 def build_optimizer(cfg: config_lib.TrainerConfig,
                     model: tf_keras.layers.Layer | None = None) -> tf_keras.optimizers.Optimizer:
     """AdamW (weight decay off for normalisations and biases, :data:`NO_WEIGHT_DECAY`), global-norm clipping,
     warm-up then linear decay to 0 at ``cfg.steps`` (``learning_rate_decay: constant``: no decay, for a run whose
-    length is not fixed in advance; ``budget``: to 0 at ``cfg.steps`` or when ``max_minutes`` runs out, whichever
-    comes first, :class:`BudgetedLinearDecay`; ``cooldown``: constant, then to 0 over the last
+    length is not fixed in advance; ``cooldown``: constant, then to 0 over the last
     ``cfg.cooldown_steps``, :class:`CooldownDecay`);
     :class:`ScaledAdamWeightDecay`, with ``cfg.learning_rate_scales`` (their patterns match the paths of
     ``model``'s variables, :func:`variable_paths`; none: every variable at the schedule's rate)."""
@@ -243,9 +171,8 @@ def build_optimizer(cfg: config_lib.TrainerConfig,
     })
     factory = optimization.OptimizerFactory(opt_config)
     schedule = factory.build_learning_rate()
-    if cfg.learning_rate_decay in ("budget", "cooldown"):
-        decay = (BudgetedLinearDecay(cfg.learning_rate, cfg.steps) if cfg.learning_rate_decay == "budget"
-                 else CooldownDecay(cfg.learning_rate, cfg.steps, cfg.cooldown_steps))
+    if cfg.learning_rate_decay == "cooldown":
+        decay = CooldownDecay(cfg.learning_rate, cfg.steps, cfg.cooldown_steps)
         schedule = lr_schedule.LinearWarmup(decay, cfg.warmup_steps, warmup_learning_rate=0.0) \
             if cfg.warmup_steps > 0 else decay
     kwargs = {k: v for k, v in opt_config.optimizer.get().as_dict().items() if v is not None}

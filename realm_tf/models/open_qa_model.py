@@ -51,7 +51,10 @@ class OpenQaModel(tf_keras.Model):
     Inputs of :meth:`call`: ``question_input_word_ids`` / ``_input_mask`` / ``_input_type_ids`` ``int32[batch, q_len]``
     (``[CLS] question [SEP]``). Optional ``block_ids`` ``int32[batch, k]``: blocks chosen by another retriever
     (e.g. BM25) to read instead of searching; their ``retrieval_logits`` are 0, so the reader alone ranks the
-    spans (the "BM25 + reader" baseline of REALM's Table 1).
+    spans (the "BM25 + reader" baseline of REALM's Table 1). Optional ``block_windows`` ``int32[batch, k, 2]``
+    (with ``block_ids``): ``(first wordpiece, count)`` of each block's body to read, the rest of the body left
+    out: the reader trains on windows of its blocks (SQuAD-style reading windows, Devlin et al., 2019, §4.2), and
+    the title is read whole. Decoding reads whole blocks only.
 
     Returns ``block_ids`` ``int32[batch, k]``, ``retrieval_logits`` ``[batch, k]``, ``span_logits`` /
     ``span_starts`` / ``span_ends`` / ``span_mask`` ``[batch, k, num_spans]`` and ``reader_input_word_ids`` /
@@ -130,6 +133,9 @@ class OpenQaModel(tf_keras.Model):
 
         question_ids = _unpack(question)  # [batch, (q_len)]
         repeated = tf.gather(question_ids, tf.repeat(tf.range(batch), k))  # [batch * k, (q_len)]
+        windows = inputs.get("block_windows")
+        if windows is not None:
+            bodies = body_windows(bodies, tf.reshape(tf.cast(windows, tf.int64), [-1, 2]))  # [batch * k, (<= len)]
         if self.reader_block_title:
             sep = tf.RaggedTensor.from_tensor(tf.fill([batch * k, 1], self.tokenizer.sep_id))  # [batch * k, 1]
             doc = tf.concat([titles, sep, bodies], axis=1)  # [batch * k, (title_len + 1 + body_len)]
@@ -248,6 +254,16 @@ def normalize_answers(texts: tf.Tensor) -> tf.Tensor:
 
 
 _PUNCTUATION = "[" + "".join("\\" + c for c in string.punctuation) + "]"
+
+
+def body_windows(bodies: tf.RaggedTensor, windows: tf.Tensor) -> tf.RaggedTensor:
+    """``bodies[i][start_i : start_i + count_i]`` for ``windows[i] = (start_i, count_i)`` (``int64[rows, 2]``),
+    clipped to each row: ``int32[rows, (<= count)]``."""
+    lengths = bodies.row_lengths()  # [rows]
+    starts = tf.minimum(tf.maximum(windows[:, 0], 0), lengths)  # [rows]
+    counts = tf.minimum(tf.maximum(windows[:, 1], 0), lengths - starts)  # [rows]
+    first = bodies.row_starts() + starts  # [rows]: where each window starts in the flat values
+    return tf.gather(bodies.values, tf.ragged.range(first, first + counts))  # [rows, (count)]
 
 
 def _unpack(packed: dict[str, tf.Tensor]) -> tf.RaggedTensor:

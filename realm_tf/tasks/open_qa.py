@@ -159,12 +159,14 @@ class OpenQaTask(base_task.Task):
 
     def dataset(self, examples: Sequence[questions.QaExample], batch_size: int, repeat: bool = False,
                 shuffle: bool = False, seed: int | None = None, drop_remainder: bool = False,
-                block_ids: np.ndarray | None = None,
+                block_ids: np.ndarray | None = None, block_windows: np.ndarray | None = None,
                 mixture: Sequence[tuple[np.ndarray, float]] | None = None) -> tf.data.Dataset:
         """Batches of ``question_*`` ``int32[batch, q_len]``, ``answer_ids`` ``int32[batch, max_answers,
         max_span_width]`` (-1 padded; answers longer than a span can be are left out) and ``index``
         ``int32[batch]`` (position in ``examples``); with ``block_ids`` ``int[len(examples), k]`` (the blocks to
-        read instead of searching: BM25's, or gold + negatives), also ``block_ids`` ``int32[batch, k]``.
+        read instead of searching: BM25's, or gold + negatives), also ``block_ids`` ``int32[batch, k]``; with
+        ``block_windows`` ``int[len(examples), k, 2]`` (the part of each body read, ``OpenQaModel``), also
+        ``block_windows`` ``int32[batch, k, 2]``.
 
         ``mixture`` (with ``repeat`` and ``shuffle``): groups of ``examples`` (their positions) and the probability
         of drawing the next question from each; every group is shuffled and repeated on its own."""
@@ -175,6 +177,9 @@ class OpenQaTask(base_task.Task):
         answers = [list(e.answers[:max_answers]) or [""] for e in examples]
         if block_ids is not None and len(block_ids) != len(examples):
             raise ValueError(f"{len(block_ids)} rows of block_ids for {len(examples)} questions")
+        if block_windows is not None and (block_ids is None or block_windows.shape != (*block_ids.shape, 2)):
+            raise ValueError(f"block_windows of shape {np.shape(block_windows)} for block_ids of shape "
+                             f"{np.shape(block_ids)}: one (start, count) per block read")
 
         def rows(positions: np.ndarray) -> tf.data.Dataset:
             columns = {"question": tf.constant([examples[i].question for i in positions]),
@@ -182,6 +187,8 @@ class OpenQaTask(base_task.Task):
                        "index": tf.constant(positions, dtype=tf.int32)}
             if block_ids is not None:
                 columns["block_ids"] = tf.constant(np.asarray(block_ids, np.int32)[positions])  # [n, k]
+            if block_windows is not None:
+                columns["block_windows"] = tf.constant(np.asarray(block_windows, np.int32)[positions])  # [n, k, 2]
             return tf.data.Dataset.from_tensor_slices(columns)
 
         if mixture is not None:
@@ -210,8 +217,9 @@ class OpenQaTask(base_task.Task):
             answer_ids = per_question.to_tensor(-1, shape=[None, max_answers, width])  # [b, max_answers, width]
             out = {**{_QUESTION_PREFIX + k: v for k, v in packed.items()}, "answer_ids": answer_ids,
                    "index": batch["index"]}
-            if "block_ids" in batch:
-                out["block_ids"] = batch["block_ids"]  # [batch, k]
+            for key in ("block_ids", "block_windows"):  # [batch, k], [batch, k, 2]
+                if key in batch:
+                    out[key] = batch[key]
             return out
 
         return ds.map(pack, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
@@ -305,12 +313,17 @@ class OpenQaTask(base_task.Task):
         if input_context is not None:
             batch_size = input_context.get_per_replica_batch_size(batch_size)
         dataset = self.dataset(examples, batch_size, repeat=True, shuffle=True, seed=seed, drop_remainder=True,
-                               block_ids=block_ids, mixture=self.mixture())
+                               block_ids=block_ids, block_windows=self.block_windows(), mixture=self.mixture())
         return dataset.map(base_task.split_features(is_model_input))
 
     def mixture(self) -> list[tuple[np.ndarray, float]] | None:
         """Groups of training questions and the probability of drawing from each (``dataset``'s ``mixture``);
         None: one shuffled pool."""
+        return None
+
+    def block_windows(self) -> np.ndarray | None:
+        """``int[num_questions, k, 2]``: the part of each given block's body that training reads (``dataset``'s
+        ``block_windows``); None: whole blocks."""
         return None
 
     def initialize(self, model: open_qa_model.OpenQaModel, loop: training_loop.TrainingLoop) -> None:
@@ -446,8 +459,9 @@ def _shuffle_buffer(num_examples: int) -> int:
 
 
 def is_model_input(key: str) -> bool:
-    """Whether :class:`OpenQaModel` reads this batch entry: the packed question and, when given, ``block_ids``."""
-    return key.startswith(_QUESTION_PREFIX) or key == "block_ids"
+    """Whether :class:`OpenQaModel` reads this batch entry: the packed question and, when given, ``block_ids``
+    and ``block_windows``."""
+    return key.startswith(_QUESTION_PREFIX) or key in ("block_ids", "block_windows")
 
 
 def model_inputs(batch: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:

@@ -33,6 +33,7 @@ from realm_tf.data import questions
 from realm_tf.models import open_qa_model
 from realm_tf.tasks import open_qa
 from realm_tf.tasks import reading_sets
+from realm_tf.tasks import reading_windows
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class ReaderWarmStartTask(open_qa.OpenQaTask):
         super().__init__(cfg)
         self.question_paths = list(question_paths) or list(cfg.qa.reader_questions)
         self.sources = np.zeros([0], np.int64)  # [num_questions]: the file of each training question
+        self._windows: np.ndarray | None = None  # [num_questions, 1 + negatives, 2]
         if not self.question_paths:
             raise errors.UserError("train-reader needs question files (--questions or qa.reader_questions)")
 
@@ -102,6 +104,27 @@ class ReaderWarmStartTask(open_qa.OpenQaTask):
                                    "questions_per_file": np.bincount(self.sources, minlength=len(
                                        self.question_paths)).tolist()})
         return self._training_set
+
+    def block_windows(self) -> np.ndarray | None:
+        """``int64[num_questions, 1 + negatives, 2]``: the body window each training block is read through
+        (``qa.reader_window`` wordpieces, :mod:`realm_tf.tasks.reading_windows`), or None (0: whole blocks)."""
+        length = self.cfg.qa.reader_window
+        if length <= 0:
+            return None
+        if self._windows is None:
+            examples, block_ids, _ = self.training_set()
+            blocks, width = self.block_store(), self.cfg.model.max_span_width
+            answers = [list(e.answers[:self.cfg.qa.max_answers]) for e in examples]
+            flat = [a for row in answers for a in row]
+            pieces = self.tokenizer(tf.constant(flat or [""])).to_list() if flat else []  # [num_answers, (len)]
+            per_question, at = [], 0
+            for row in answers:
+                per_question.append([np.asarray(p, np.int32) for p in pieces[at:at + len(row)] if len(p) <= width])
+                at += len(row)
+            self._windows, counts = reading_windows.choose_windows(block_ids, blocks.body_ids, per_question, length,
+                                                                   seed=self.cfg.reader.seed)
+            logger.info("train-reader: each block read through a window of %d body wordpieces: %s", length, counts)
+        return self._windows
 
     def file_shares(self) -> np.ndarray:
         """``float[len(question_paths)]``: the probability that the next question comes from each file, ∝ n_i^T
@@ -149,5 +172,5 @@ class ReaderWarmStartTask(open_qa.OpenQaTask):
 
 def train_reader(cfg: config_lib.ExperimentConfig, question_paths: Sequence[str] = ()) -> dict[str, Any]:
     """``realm-tf train-reader``: trains the span reader on gold + negative blocks for ``reader.steps``
-    (or ``reader.max_minutes``); resumes from ``reader.model_dir``."""
+    resumes from ``reader.model_dir``."""
     return experiment.run_experiment(ReaderWarmStartTask(cfg, question_paths))

@@ -229,44 +229,6 @@ def test_no_normalisation_scale_or_bias_is_decayed_in_any_model():
     assert any("cca_norm" in name for name in norms) and any("kernel" in name for name in decayed)
 
 
-def test_a_budgeted_decay_ends_at_the_step_the_time_budget_allows():
-    cfg = config.TrainerConfig(learning_rate=1e-3, warmup_steps=0, steps=800, learning_rate_decay="budget",
-                               max_minutes=1.0)
-    optimizer = optimizer_lib.build_optimizer(cfg)
-    schedule = optimizer_lib.budgeted_schedule(optimizer)
-    assert isinstance(schedule, optimizer_lib.BudgetedLinearDecay)
-    # Before the budget is known: the linear schedule to ``steps``.
-    np.testing.assert_allclose([float(optimizer.learning_rate(s)) for s in (0, 400, 800, 900)],
-                               [1e-3, 5e-4, 0.0, 0.0], rtol=1e-6, atol=1e-12)
-    now = [10.0]  # the first step ends at 10 s (tracing), then 1 s a step; 60 s of budget from 0 s
-    hook = optimizer_lib.budget_hook(optimizer, cfg, run_start=lambda: 0.0, clock=lambda: now[0])
-    for step in range(1, 11):
-        hook(step, {})
-        now[0] += 1.0
-    # At step 10 (t = 19 s): 41 s left at 1 s a step -> the decay ends at step 51.
-    assert float(schedule.decay_steps.numpy()) == pytest.approx(51.0)
-    np.testing.assert_allclose([float(optimizer.learning_rate(s)) for s in (10, 30, 51)],
-                               [1e-3 * (1 - 10 / 51), 1e-3 * (1 - 30 / 51), 0.0], rtol=1e-5, atol=1e-12)
-    for step in range(11, 80):  # past the budget: the rate is ~0 from here on, never negative
-        hook(step, {})
-        now[0] += 1.0
-    assert float(schedule.decay_steps.numpy()) == pytest.approx(80.0) and float(optimizer.learning_rate(79)) >= 0
-    # More budget than steps: the decay ends at ``steps``, as the linear schedule does.
-    roomy = dataclasses.replace(cfg, max_minutes=1e4)
-    long_hook = optimizer_lib.budget_hook(optimizer, roomy, run_start=lambda: 0.0, clock=lambda: now[0])
-    for step in range(100, 110):
-        long_hook(step, {})
-        now[0] += 1.0
-    assert float(schedule.decay_steps.numpy()) == pytest.approx(800.0)
-
-
-def test_no_budget_hook_without_a_budget_or_a_budgeted_schedule():
-    budget = config.TrainerConfig(steps=100, learning_rate_decay="budget", max_minutes=0.0)
-    linear = config.TrainerConfig(steps=100, learning_rate_decay="linear", max_minutes=5.0)
-    for cfg in (budget, linear):
-        assert optimizer_lib.budget_hook(optimizer_lib.build_optimizer(cfg), cfg, run_start=lambda: 0.0) is None
-
-
 def test_embedding_rows_are_applied_as_the_dense_gradient_they_stand_for():
     """A word-embedding table's gradient (``tf.IndexedSlices``, a row twice) takes the steps tf-models' AdamW takes
     with its sparse update, and those of the same gradient given densely; the table is never scattered into."""

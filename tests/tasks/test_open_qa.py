@@ -484,3 +484,24 @@ def test_finetune_on_bm25_blocks_trains_the_reader_alone(qa):
     assert moment and np.abs(trained.get_tensor(moment[0])).max() > 0  # the reader's span scorer trained
     bert = [name for name in slots if name.startswith("reader/encoder/") and "/m/" in name]
     assert bert and any(np.abs(trained.get_tensor(name)).max() > 0 for name in bert)
+
+
+def test_block_windows_read_that_part_of_each_body_and_the_title_whole(qa):
+    _, _, task, model, blocks, examples = qa
+    batch = next(iter(task.dataset(examples, len(examples))))
+    question = {k: v for k, v in batch.items() if k.startswith("question_")}
+    chosen = np.array([[(5 * i + j) % len(blocks) for j in range(2)] for i in range(len(examples))], np.int32)
+    rng = np.random.default_rng(0)
+    windows = np.zeros([*chosen.shape, 2], np.int32)
+    for (i, j), block in np.ndenumerate(chosen):
+        length = len(blocks.body_ids(int(block)))
+        windows[i, j] = (rng.integers(0, length), rng.integers(1, 12))  # may run past the end: clipped
+    outputs = model({**question, "block_ids": tf.constant(chosen), "block_windows": tf.constant(windows)})
+    for (i, j), block in np.ndenumerate(chosen):
+        title = task.tokenizer(tf.constant([blocks.titles[int(block)]])).to_list()[0]
+        start, count = windows[i, j]
+        expected = title + [task.tokenizer.sep_id] + blocks.body_ids(int(block)).tolist()[start:start + count]
+        ids = outputs["reader_input_word_ids"].numpy()[i, j].tolist()
+        types = outputs["reader_input_type_ids"].numpy()[i, j].tolist()
+        read = [t for t, s in zip(ids, types) if s == 1][:-1]  # the block segment without its final [SEP]
+        assert read == expected

@@ -300,3 +300,33 @@ def test_mixed_bfloat16_reader_computes_in_bfloat16_and_trains_float32_checkpoin
     np.testing.assert_array_equal(restored.reader.span_hidden.kernel.numpy(),
                                   reader.get_tensor("reader/span_hidden/kernel/.ATTRIBUTES/VARIABLE_VALUE"))
     assert not np.allclose(restored.reader.span_hidden.kernel.numpy(), full.reader.span_hidden.kernel.numpy())
+
+
+def test_reading_windows_hold_the_answer_and_the_reader_trains_on_them(squad, tmp_path):
+    """qa.reader_window: the training batch reads each gold body through a window that holds an answer, no
+    longer than the window, and the warm start trains on them."""
+    _, path, blocks, sets = squad
+    window = 24
+    overrides = [s for s in sets if s != "--set"] + [f"qa.reader_window={window}",
+                                                       f"reader.model_dir={tmp_path}/reader"]
+    task = reader_warm_start.ReaderWarmStartTask(config.load_config(TINY, overrides), [str(path)])
+    examples, block_ids, _ = task.training_set()
+    windows = task.block_windows()
+    assert windows.shape == (*block_ids.shape, 2)
+    windowed = 0
+    for example, row, spans in zip(examples, block_ids, windows):
+        for block, (start, count) in zip(row, spans):
+            body = blocks.body_ids(int(block))
+            assert count == min(window, len(body)) and 0 <= start <= len(body) - count
+        start, count = spans[0]
+        gold = blocks.body_ids(int(row[0]))
+        whole, read = " ".join(map(str, gold)), " ".join(map(str, gold[start:start + count]))
+        answers = [" ".join(map(str, a)) for a in task.tokenizer(tf.constant(list(example.answers))).to_list()
+                   if len(a) <= task.cfg.model.max_span_width]
+        if len(gold) > window and any(f" {a} " in f" {whole} " for a in answers):  # else: a random window
+            windowed += 1
+            assert any(f" {a} " in f" {read} " for a in answers)
+    assert windowed > 0  # some gold bodies are longer than the window
+    features, _ = next(iter(task.build_inputs(seed=0)))
+    assert features["block_windows"].shape == (4, 3, 2)
+    assert reader_warm_start.train_reader(task.cfg, [str(path)])["step"] == 3
