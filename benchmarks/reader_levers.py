@@ -26,7 +26,9 @@ Levers (``--levers``; each a set of config overrides, or extra question files):
 - ``window_128`` / ``window_96``: each block's body read through a window of that many wordpieces in training,
   the gold block's holding an answer at a random offset (``qa.reader_window``): a cheaper step (the batch is
   padded to its longest input, so the step's length falls from about REALM's 320 to the window's), against
-  reading whole blocks; evaluation reads whole blocks either way.
+  reading whole blocks; evaluation reads whole blocks either way. ``window_128_bfloat16``: ``window_128`` in
+  mixed bfloat16 (compared with ``window_128``; run with ``--set reader.precision=float32``): whether a CPU that
+  multiplies bfloat16 natively may train the demo's reader in it and answer as well.
 - ``squad_train``: ``steps_x3`` with the SQuAD training set as more reading data (``data/reading/``: 87,636
   questions, 8× the bundled SQuAD dev questions), compared with ``steps_x3``: the same steps, more distinct
   questions. The three files are drawn about equally often (``qa.reader_source_temperature`` near 0), so the NQ
@@ -76,10 +78,11 @@ LEVERS: dict[str, list[str]] = {
     "squad_train": ["reader.steps={steps_x3}", "qa.reader_source_temperature=0.01"],
     "window_128": ["qa.reader_window=128"],
     "window_96": ["qa.reader_window=96"],
+    "window_128_bfloat16": ["qa.reader_window=128", "reader.precision=mixed_bfloat16"],
     "minutes_linear": ["reader.steps={steps_x3}", "reader.max_minutes={minutes}"],
 }
 #: What each lever is compared with (paired, on the same questions): the base, or the lever it adds one thing to.
-REFERENCE = {"squad_train": "steps_x3", "batch_32": "steps_x4"}
+REFERENCE = {"squad_train": "steps_x3", "batch_32": "steps_x4", "window_128_bfloat16": "window_128"}
 
 
 def base_overrides(steps: int, blocks: str) -> list[str]:

@@ -109,10 +109,25 @@ def call_in_child(call: Call, verbose: bool = False) -> Any:
 
 
 def run_stage(stage: Stage, in_children: bool = True, verbose: bool = False) -> Any:
-    """Runs the calls of ``stage`` in order, each in a child process of its own (``in_children``) or in this one;
-    returns the last call's result."""
-    result = None
-    for call in stage.calls:
-        result = call_in_child(call, verbose) if in_children else call_here(call)
-    return result
+    """Runs the calls of ``stage`` in order, all in one child process of its own (``in_children``: one start of
+    TensorFlow a stage) or in this one; returns the last call's result.
+
+    Raises:
+      concurrent.futures.process.BrokenProcessPool: the child died without a result (killed, out of memory).
+    """
+    if not in_children:
+        result = None
+        for call in stage.calls:
+            result = call_here(call)
+        return result
+    sys.stdout.flush()
+    sys.stderr.flush()
+    context = multiprocessing.get_context("spawn")
+    tensorflow = any(call.starts_tensorflow for call in stage.calls)
+    with futures.ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=process_settings.prepare_process,
+                                     initargs=(verbose, tensorflow)) as pool:
+        result = None
+        for call in stage.calls:
+            result = pool.submit(call_here, call).result()
+        return result
 

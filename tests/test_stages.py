@@ -46,6 +46,18 @@ def test_a_stage_runs_its_calls_in_order_and_returns_the_last_result(tmp_path):
         stages.Call("os.path:exists", {"path": str(path)}, starts_tensorflow=False)))
     assert stages.run_stage(stage, in_children=False) is True
     assert stages.run_stage(stage) is True
+    pids = stages.Stage("pids", "", (stages.Call("os:getpid", starts_tensorflow=False),) * 2)
+    one_child = stages.run_stage(dataclasses.replace(pids, calls=pids.calls[:1]))
+    assert one_child != os.getpid() and stages.run_stage(pids) != one_child  # a new child for each stage
+
+
+def test_the_calls_of_a_stage_share_one_child_process():
+    """One TensorFlow start a stage: what the first call leaves in its process, the second finds."""
+    key = "REALM_TF_STAGE_TEST"
+    stage = stages.Stage("same-child", "", (
+        stages.Call("os:environ.update", {key: "seen"}, starts_tensorflow=False),
+        stages.Call("os:environ.get", {"key": key}, starts_tensorflow=False)))
+    assert stages.run_stage(stage) == "seen" and key not in os.environ  # not this process
 
 
 def test_plain_keeps_data_and_leaves_out_objects():

@@ -3,6 +3,7 @@ exports, and answering questions with an exported model."""
 from __future__ import annotations
 
 import argparse
+import os
 
 from realm_tf import errors
 from realm_tf.commands import command
@@ -141,15 +142,30 @@ def _cmd_ask(args: argparse.Namespace) -> int:
     """Answers questions with an exported Open-QA model."""
     from realm_tf.serving import answerer
 
-    answerer.ask(args.model, args.questions, snippet=args.snippet)
+    answerer.ask(args.model or default_model(), args.questions, snippet=args.snippet)
     return 0
+
+
+#: Where ``ask`` looks for a served model when ``--model`` is not given, in this order: the model of the
+#: configs/minilm.yaml guides' export, then ``make demo``'s.
+DEFAULT_MODELS = ("runs/minilm/served", "runs/demo/served")
+
+
+def default_model() -> str:
+    """The first of :data:`DEFAULT_MODELS` that holds an export; a UserError naming them and ``--model`` when
+    none does."""
+    for path in DEFAULT_MODELS:
+        if os.path.isdir(path):
+            return path
+    raise errors.UserError(f"no served model at {' or '.join(DEFAULT_MODELS)} (from {os.getcwd()}): run `make demo` "
+                           f"or `realm-tf export`, or pass --model PATH, the export's base path")
 
 
 def _args_ask(p: argparse.ArgumentParser) -> None:
     p.add_argument("questions", nargs="+", help="one or more questions")
-    p.add_argument("--model", default="runs/minilm/served",
-                   help="a model base path (its newest complete version is served) or one "
-                        "export (default: runs/minilm/served)")
+    p.add_argument("--model", default=None,
+                   help="a model base path (its newest complete version is served) or one export (default: the "
+                        "first of " + ", ".join(DEFAULT_MODELS) + " that exists)")
     p.add_argument("--snippet", type=int, default=160, help="characters of each block shown")
 
 

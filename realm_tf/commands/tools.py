@@ -84,8 +84,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     # Sizes not given on the command line keep demo.run's defaults (one place for them).
     sizes = {name: getattr(args, name) for name in ("pretrain_steps", "finetune_steps", "reader_steps",
-                                                    "reader_minutes", "reader_negatives", "squad_paragraphs",
-                                                    "reader_nq", "precision", "minutes")}
+                                                    "reader_window", "reader_negatives", "squad_paragraphs",
+                                                    "precision", "cache_dir")}
     return demo.run(command.load(args), workdir=args.workdir, in_children=not args.one_process, verbose=args.verbose,
                     num_questions=args.questions, **{name: value for name, value in sizes.items() if value is not None})
 
@@ -93,35 +93,26 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _args_demo(p: argparse.ArgumentParser) -> None:
     command.add_config_args(p)
     p.add_argument("--workdir", default="runs/demo", help="output directory (recreated)")
+    p.add_argument("--cache-dir", dest="cache_dir",
+                   help="where the bundled corpus preprocessed for reading is kept between runs (default: runs/cache)")
     p.add_argument("--questions", type=int, default=800,
                    help="bundled questions used; the corpus is their gold passages + as many "
                         "others")
     p.add_argument("--pretrain-steps", dest="pretrain_steps", type=int,
                    help="REALM pre-training steps (default: the demo's)")
-    p.add_argument("--reader-steps", dest="reader_steps", type=int,
-                   help="reader warm-start steps (at most --reader-minutes)")
-    p.add_argument("--reader-minutes", dest="reader_minutes", type=float,
-                   help="time budget of the reader warm start (at most; see --minutes)")
-    p.add_argument("--minutes", type=float,
-                   help="the stages end within about this many minutes (default 13: make demo's 15 "
-                        "with the set-up and a margin); the reader warm start gets what the other stages leave, at "
-                        "most --reader-minutes (0: no budget)")
+    p.add_argument("--reader-steps", dest="reader_steps", type=int, help="reader warm-start steps (default 800)")
+    p.add_argument("--reader-window", dest="reader_window", type=int,
+                   help="body wordpieces of each block the reader warm start reads, the gold block's holding the "
+                        "answer (default 128; 0: whole blocks)")
     p.add_argument("--reader-negatives", dest="reader_negatives", type=int,
                    help="BM25 blocks without the answer read next to each gold block in the "
                         "warm start (0: gold blocks only)")
     p.add_argument("--squad-paragraphs", dest="squad_paragraphs", type=int,
-                   help="SQuAD paragraphs added to the corpus; their questions train the "
-                        "reader warm start (default: all 2,067 bundled ones)")
-    p.add_argument("--reader-nq", dest="reader_nq", choices=("all", "sample"),
-                   help="NQ training questions of the reader warm start: every bundled one, on "
-                        "the whole bundled corpus preprocessed for reading (default), or only "
-                        "the demo's sample")
-    p.add_argument("--precision", "--reader-precision", dest="precision",
-                   choices=("auto", "float32", "mixed_bfloat16"),
-                   help="the training precision of pre-training, the reader warm start and "
-                        "fine-tuning (trainer., reader., finetune.precision); auto (default): "
-                        "mixed_bfloat16 on a CPU with AVX-512 BF16 or AMX (about 1.2x the "
-                        "steps a minute, and less memory), float32 elsewhere")
+                   help="SQuAD paragraphs whose questions train the reader warm start (default: all 2,067 bundled "
+                        "ones)")
+    p.add_argument("--precision", dest="precision", choices=("float32", "mixed_bfloat16"),
+                   help="the training precision of pre-training, the reader warm start and fine-tuning (default "
+                        "float32, the same model on every machine)")
     p.add_argument("--finetune-steps", dest="finetune_steps", type=int,
                    help="Open-QA fine-tuning steps")
     p.add_argument("--one-process", dest="one_process", action="store_true",
