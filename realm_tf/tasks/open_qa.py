@@ -175,20 +175,15 @@ class OpenQaTask(base_task.Task):
         _ = self.tokenizer  # its lookup tables made eagerly, not inside the traced map below
         width, max_answers = self.cfg.model.max_span_width, self.cfg.qa.max_answers
         answers = [list(e.answers[:max_answers]) or [""] for e in examples]
-        if block_ids is not None and len(block_ids) != len(examples):
-            raise ValueError(f"{len(block_ids)} rows of block_ids for {len(examples)} questions")
-        if block_windows is not None and (block_ids is None or block_windows.shape != (*block_ids.shape, 2)):
-            raise ValueError(f"block_windows of shape {np.shape(block_windows)} for block_ids of shape "
-                             f"{np.shape(block_ids)}: one (start, count) per block read")
+        _check_given_blocks(len(examples), block_ids, block_windows)
 
         def rows(positions: np.ndarray) -> tf.data.Dataset:
             columns = {"question": tf.constant([examples[i].question for i in positions]),
                        "answers": tf.ragged.constant([answers[i] for i in positions], dtype=tf.string),
                        "index": tf.constant(positions, dtype=tf.int32)}
-            if block_ids is not None:
-                columns["block_ids"] = tf.constant(np.asarray(block_ids, np.int32)[positions])  # [n, k]
-            if block_windows is not None:
-                columns["block_windows"] = tf.constant(np.asarray(block_windows, np.int32)[positions])  # [n, k, 2]
+            for key, given in (("block_ids", block_ids), ("block_windows", block_windows)):  # [n, k], [n, k, 2]
+                if given is not None:
+                    columns[key] = tf.constant(np.asarray(given, np.int32)[positions])
             return tf.data.Dataset.from_tensor_slices(columns)
 
         if mixture is not None:
@@ -217,9 +212,7 @@ class OpenQaTask(base_task.Task):
             answer_ids = per_question.to_tensor(-1, shape=[None, max_answers, width])  # [b, max_answers, width]
             out = {**{_QUESTION_PREFIX + k: v for k, v in packed.items()}, "answer_ids": answer_ids,
                    "index": batch["index"]}
-            for key in ("block_ids", "block_windows"):  # [batch, k], [batch, k, 2]
-                if key in batch:
-                    out[key] = batch[key]
+            out.update({key: batch[key] for key in ("block_ids", "block_windows") if key in batch})  # [b, k(, 2)]
             return out
 
         return ds.map(pack, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
@@ -451,6 +444,15 @@ class _Evaluation:
     variants: list[tuple[str, dict[str, Any]]]  # (name, OpenQaTask.decode keyword arguments)
     ranked: np.ndarray | None  # [num_questions, max_k] blocks ranked outside the model, or None
     max_k: int
+
+
+def _check_given_blocks(num_examples: int, block_ids: np.ndarray | None, block_windows: np.ndarray | None) -> None:
+    """ValueError unless ``block_ids`` has a row per question and ``block_windows`` a window per given block."""
+    if block_ids is not None and len(block_ids) != num_examples:
+        raise ValueError(f"{len(block_ids)} rows of block_ids for {num_examples} questions")
+    if block_windows is not None and (block_ids is None or np.shape(block_windows) != (*np.shape(block_ids), 2)):
+        raise ValueError(f"block_windows of shape {np.shape(block_windows)} for block_ids of shape "
+                         f"{np.shape(block_ids)}: one (start, count) per block read")
 
 
 def _shuffle_buffer(num_examples: int) -> int:
