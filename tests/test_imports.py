@@ -22,8 +22,8 @@ def test_no_import_cycles():
 # (docs/architecture.md). The Beam jobs (``beam_jobs/``, one part) sit beside the package and use it; the package
 # reaches them only from above: its entry points hand the index builder (``embed_blocks``) to what runs it.
 PARTS = ("errors", "resources", "library_logs", "process_settings", "host_machine", "stages", "config", "artifacts",
-         "layers", "data", "networks", "models", "index", "export", "core", "release", "tasks", "retro", "serving", "beam_jobs", "demo",
-         "commands", "cli")
+         "layers", "data", "networks", "models", "index", "export", "core", "release", "tasks", "retro", "serving",
+         "beam_jobs", "demo", "commands", "cli")
 
 
 def part(module: str) -> str | None:
