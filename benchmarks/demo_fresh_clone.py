@@ -24,7 +24,7 @@ TABLE_ROWS = {"questions": r"held-out questions\s+(\d+)", "em": r"exact match\s+
               "accuracy@5": r"retrieval accuracy@5\s+([\d.]+)", "steps": r"steps\s+(.+)",
               "minutes": r"minutes\s+([\d.]+)", "peak_gib": r"peak memory\s+([\d.]+) GiB"}
 #: ``realm-tf demo``'s stage lines: ``=== <stage> done in <seconds>s``.
-STAGE_DONE = re.compile(r"^=== ([\w-]+) done in (\d+)s")
+STAGE_DONE = re.compile(r"^=== ([\w-]+) done in (\d+)s(?: \(peak memory ([\d.]+) GiB\))?")
 
 
 def demo_table(lines: list[str]) -> dict[str, str]:
@@ -63,7 +63,8 @@ def main() -> int:
     table = demo_table(lines)
     max_rss = next((int(m.group(1)) for line in lines if (m := re.search(r"Maximum resident set size \(kbytes\): "
                                                                           r"(\d+)", line))), 0)
-    stages = ", ".join(f"{m.group(1)} {m.group(2)} s" for line in lines if (m := STAGE_DONE.match(line)))
+    stages = ", ".join(f"{m.group(1)} {m.group(2)} s" + (f" ({float(m.group(3)) * 2 ** 30 / 1e9:.2f} GB)" if m.group(3)
+                                                          else "") for line in lines if (m := STAGE_DONE.match(line)))
     first = next((line for line in lines if line.startswith("realm-tf demo: ")), "")
     gflops = re.search(r"at (\d+) GFLOP/s", first)
     avx512 = "avx512f" in first

@@ -69,9 +69,10 @@ def _overrides(work: str, pretrain_steps: int, finetune_steps: int, reader_steps
     ]
 
 
-#: The demo's minutes on a reference machine and that machine's numpy float32 matrix-product rate (GFLOP/s):
-#: the start-up estimate scales them by this machine's rate (``benchmarks/RESULTS.md``, make demo).
-REFERENCE_RUN = (12.0, 330.0)
+#: The demo's minutes (without the set-up) on a reference machine and that machine's float32 matrix-product rate
+#: as :func:`host_machine.sgemm_gflops` measures it: the start-up estimate scales them by this machine's rate
+#: (``benchmarks/RESULTS.md``, make demo on a fresh clone).
+REFERENCE_RUN = (19.3, 196.0)
 
 
 def run(cfg: config_lib.ExperimentConfig, workdir: str = "runs/demo", in_children: bool = True,
@@ -143,13 +144,14 @@ def _run_stages(steps: list[stages.Stage], started: float, in_children: bool, ve
     results: dict[str, Any] = {}
     for number, stage in enumerate(steps, 1):
         print(f"\n=== [{number}/{len(steps)}] {stage.name}: {stage.what}  (t={time.time() - started:.0f}s)", flush=True)
-        start = time.time()
+        start, memory = time.time(), host_machine.PeakMemory().start()
         try:
             results[stage.name] = stages.run_stage(stage, in_children, verbose)
         except futures.process.BrokenProcessPool as e:
             raise SystemExit(f"realm-tf demo: stage {stage.name} ended without a result (its process was killed: "
                              f"out of memory?)") from e
-        print(f"=== {stage.name} done in {time.time() - start:.0f}s", flush=True)
+        peak = memory.stop()
+        print(f"=== {stage.name} done in {time.time() - start:.0f}s (peak memory {peak / 2 ** 30:.2f} GiB)", flush=True)
         if stage.name == "corpus":
             stats = results[stage.name]
             print(f"  {stats['passages']} passages, {stats['questions']} questions ({stats['dev']} held out), "

@@ -68,3 +68,21 @@ def test_squad_paragraphs_caps_the_paragraphs(tmp_path):
     assert len(ids) == len(set(ids)) == 4 + 4
     _, _, _, none = _subset(tmp_path, cfg, 4, 0)
     assert none == []
+
+
+def test_the_closing_table_is_what_the_fresh_clone_record_reads():
+    import os  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+    import demo_fresh_clone  # noqa: PLC0415  (benchmarks/)
+
+    cfg = config_lib.load_config("configs/tiny.yaml", ["reader.steps=800", "finetune.steps=10"])
+    metrics = {"num_questions": 83, "exact_match": 0.349, "f1": 0.504, "accuracy@5": 0.988, "predictions": "p.jsonl",
+               "short_answers": {"num_questions": 58, "exact_match": 0.5, "f1": 0.59}}
+    results = {"corpus": {"passages": 1590}, "evaluate": metrics, "ask": {"questions": ["who?"], "answers": ["x"]}}
+    text = demo.summary(results, cfg, "runs/demo", 19.3, int(4.1 * 2 ** 30), 196.0)
+    table = demo_fresh_clone.demo_table(text.splitlines())
+    assert table == {"questions": "83", "em": "0.349", "f1": "0.504", "accuracy@5": "0.988",
+                     "steps": f"pre-training {cfg.pretrain.steps}, reader 800, fine-tuning 10 (float32)",
+                     "minutes": "19.3", "peak_gib": "4.10"}
+    assert text.splitlines()[-1].endswith(' ask --model runs/demo/served "who?"')
