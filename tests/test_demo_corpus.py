@@ -2,10 +2,15 @@
 tests/integration/test_demo.py)."""
 import gzip
 import json
+import pathlib
+import sys
 
 from realm_tf import config as config_lib
 from realm_tf import demo
 from realm_tf.data import question_split
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+import demo_fresh_clone  # noqa: E402  (benchmarks/)
 
 
 def _write_gz(path, rows):
@@ -71,11 +76,6 @@ def test_squad_paragraphs_caps_the_paragraphs(tmp_path):
 
 
 def test_the_closing_table_is_what_the_fresh_clone_record_reads():
-    import os  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
-    import demo_fresh_clone  # noqa: PLC0415  (benchmarks/)
-
     cfg = config_lib.load_config("configs/tiny.yaml", ["reader.steps=800", "finetune.steps=10"])
     metrics = {"num_questions": 83, "exact_match": 0.349, "f1": 0.504, "accuracy@5": 0.988, "predictions": "p.jsonl",
                "short_answers": {"num_questions": 58, "exact_match": 0.5, "f1": 0.59}}
