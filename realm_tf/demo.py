@@ -9,14 +9,16 @@ blocks, from the pre-trained reader) → ``finetune`` on the training questions 
 → ``export`` the serving SavedModel → ``ask`` it sample questions.
 
 The stages are a declarative list (:func:`plan`): each names the functions it calls (``"module:function"`` and
-keyword arguments, :class:`realm_tf.stages.Call`). ``realm-tf demo`` runs each stage in a process of its own
-(``--one-process``: all in one), so the demo holds one stage's memory at a time, under 4 GB: TensorFlow's BFC
-allocator keeps what a process once took; this process plans and never imports TensorFlow.
+keyword arguments, :class:`realm_tf.stages.Call`). ``realm-tf demo`` runs each training stage in a process of its
+own, and the light stages around them in a few shared ones (``--one-process``: all in one), so the demo holds one
+stage's memory at a time, under 4 GB: TensorFlow's BFC allocator keeps what a process once took; this process
+plans and never imports TensorFlow.
 
-Every machine runs the same steps in float32 and trains the same model; a slower machine takes longer, and the
-start says how long. The demo's few pre-training steps are all in REALM's reader-only phase
-(``pretrain.freeze_retriever_steps``): the retriever does not change, so the first index stays current and no
-refresh is needed. The asynchronous refresh runs in ``realm-tf pretrain`` once the retriever trains
+Every machine runs the same steps; a slower machine takes longer, and the start says how long. Pre-training and
+fine-tuning train in float32; the reader warm start, in mixed bfloat16 where the CPU multiplies bfloat16 natively
+(AMX, AVX-512 BF16) and float32 elsewhere (:func:`precisions`). The demo's few pre-training steps are all in REALM's
+reader-only phase (``pretrain.freeze_retriever_steps``): the retriever does not change, so the first index stays
+current and no refresh is needed. The asynchronous refresh runs in ``realm-tf pretrain`` once the retriever trains
 (``refresh.mode``), and in ``make test``.
 
 Everything goes to ``<workdir>`` (default ``runs/demo``, recreated each run), TensorBoard logs included, but the
@@ -38,12 +40,26 @@ from typing import Any
 
 from realm_tf import config as config_lib
 from realm_tf import host_machine
+from realm_tf import process_settings
 from realm_tf import stages
 from realm_tf.data import question_split
 
 
+def precisions(precision: str) -> tuple[str, str]:
+    """``(the reader warm start's precision, pre-training's and fine-tuning's)`` for the demo's ``--precision``:
+    ``auto`` trains the warm start in ``mixed_bfloat16`` where the CPU multiplies bfloat16 natively
+    (:func:`process_settings.native_bfloat16`) and everything else in float32; ``float32`` or ``mixed_bfloat16``,
+    everything in it."""
+    if precision == "auto":
+        return ("mixed_bfloat16" if process_settings.native_bfloat16() else "float32"), "float32"
+    if precision not in ("float32", "mixed_bfloat16"):
+        raise ValueError(f"precision {precision!r}: one of auto, float32, mixed_bfloat16")
+    return precision, precision
+
+
 def _overrides(work: str, pretrain_steps: int, finetune_steps: int, reader_steps: int, reader_window: int,
                reader_negatives: int, precision: str) -> list[str]:
+    reader_precision, precision = precisions(precision)
     return [
         f"data.blocks_dir={work}/blocks", f"data.pretraining_dir={work}/pretraining",
         f"index.index_dir={work}/index", f"refresh.export_dir={work}/export",
@@ -58,7 +74,7 @@ def _overrides(work: str, pretrain_steps: int, finetune_steps: int, reader_steps
         # The reader warm start, from the pre-trained reader: gold blocks only by default, each read through a
         # window of its body that holds the answer (qa.reader_window), at a higher rate than the benchmark's long
         # run (1e-4), the same steps on every machine.
-        f"reader.steps={reader_steps}", "reader.learning_rate=3e-4", f"reader.precision={precision}",
+        f"reader.steps={reader_steps}", "reader.learning_rate=3e-4", f"reader.precision={reader_precision}",
         f"qa.reader_window={reader_window}",
         "reader.warmup_steps=5", "reader.summary_every_steps=5", "reader.checkpoint_every_steps=1000",
         f"qa.reader_negatives={reader_negatives}",
@@ -70,21 +86,22 @@ def _overrides(work: str, pretrain_steps: int, finetune_steps: int, reader_steps
 
 
 #: The demo's minutes (without the set-up) on a reference machine and that machine's float32 matrix-product rate
-#: as :func:`host_machine.sgemm_gflops` measures it: the start-up estimate scales them by this machine's rate
-#: (``benchmarks/RESULTS.md``, make demo on a fresh clone).
-REFERENCE_RUN = (19.3, 196.0)
+#: as :func:`host_machine.sgemm_gflops` measures it, by the reader warm start's precision: the start-up estimate
+#: scales them by this machine's rate (``benchmarks/RESULTS.md``, make demo on a fresh clone).
+REFERENCE_RUNS = {"float32": (19.3, 196.0), "mixed_bfloat16": (15.0, 196.0)}
 
 
 def run(cfg: config_lib.ExperimentConfig, workdir: str = "runs/demo", in_children: bool = True,
-        verbose: bool = False, num_questions: int = 800, pretrain_steps: int = 2, finetune_steps: int = 10,
+        verbose: bool = False, num_questions: int = 800, pretrain_steps: int = 2, finetune_steps: int = 20,
         reader_steps: int = 800, reader_window: int = 128, reader_negatives: int = 0, reader_batch_size: int = 8,
         squad_paragraphs: int | None = None, samples: int = 3, pretrain_batch_size: int = 1,
-        finetune_batch_size: int = 2, precision: str = "float32", cache_dir: str = "runs/cache") -> int:
+        finetune_batch_size: int = 1, precision: str = "auto", cache_dir: str = "runs/cache") -> int:
     """Runs every stage on a subset of the bundled data; returns 0 when the loop completed.
 
     Each stage calls the library functions that the ``realm-tf`` commands call (:func:`plan`), in a child process
-    of its own (``in_children``; :mod:`realm_tf.stages`) or in this one. Every machine runs the same steps in the
-    same precision, so every machine trains the same model; a slower one takes longer.
+    of its own (``in_children``; :mod:`realm_tf.stages`) or in this one. Every machine runs the same steps, so a
+    slower one takes longer; ``precision`` (:func:`precisions`): ``auto`` trains the reader warm start in
+    ``mixed_bfloat16`` where the CPU multiplies bfloat16 natively, and everything else in float32.
 
     The reader warm start draws from every bundled SQuAD question (``squad_paragraphs=None``: 10,570) and the
     training split of *every* bundled NQ question (about 6,000; never a held-out one), on the gold blocks of the
@@ -107,11 +124,12 @@ def run(cfg: config_lib.ExperimentConfig, workdir: str = "runs/demo", in_childre
                "finetune_batch_size": finetune_batch_size}
     params = config_lib.save_params(cfg, work)
     gflops = host_machine.sgemm_gflops(2048)
-    minutes, reference_gflops = REFERENCE_RUN
+    minutes, reference_gflops = REFERENCE_RUNS[cfg.reader.precision]
     print(f"realm-tf demo: {host_machine.cpu_summary()}; float32 matrix products at {gflops:.0f} GFLOP/s. The same "
           f"steps on every machine ({pretrain_steps} pre-training, {reader_steps} reader, {finetune_steps} "
-          f"fine-tuning, {precision}): about {minutes * reference_gflops / gflops:.0f} minutes here (estimated "
-          f"from this rate; each training stage's bar gives its own from its first steps)", flush=True)
+          f"fine-tuning; the reader in {cfg.reader.precision}, the rest in {cfg.finetune.precision}): about "
+          f"{minutes * reference_gflops / gflops:.0f} minutes here (estimated from this rate; each training stage's "
+          f"bar gives its own from its first steps)", flush=True)
     memory = host_machine.PeakMemory().start()
     results = _run_stages(plan(cfg, work, params, options), started, in_children, verbose)
     peak = memory.stop()
@@ -142,21 +160,28 @@ def _preprocessing_sources() -> list[str]:
 def _run_stages(steps: list[stages.Stage], started: float, in_children: bool, verbose: bool) -> dict[str, Any]:
     """Runs the stages in order; ``{stage name: result}``."""
     results: dict[str, Any] = {}
-    for number, stage in enumerate(steps, 1):
-        print(f"\n=== [{number}/{len(steps)}] {stage.name}: {stage.what}  (t={time.time() - started:.0f}s)", flush=True)
-        start, memory = time.time(), host_machine.PeakMemory().start()
-        try:
-            results[stage.name] = stages.run_stage(stage, in_children, verbose)
-        except futures.process.BrokenProcessPool as e:
-            raise SystemExit(f"realm-tf demo: stage {stage.name} ended without a result (its process was killed: "
-                             f"out of memory?)") from e
-        peak = memory.stop()
-        print(f"=== {stage.name} done in {time.time() - start:.0f}s (peak memory {peak / 2 ** 30:.2f} GiB)", flush=True)
-        if stage.name == "corpus":
-            stats = results[stage.name]
-            print(f"  {stats['passages']} passages, {stats['questions']} questions ({stats['dev']} held out), "
-                  f"{stats['squad_questions']} SQuAD questions for the reader warm start")
+    with stages.ChildProcesses(in_children, verbose) as children:
+        for number, stage in enumerate(steps, 1):
+            print(f"\n=== [{number}/{len(steps)}] {stage.name}: {stage.what}  (t={time.time() - started:.0f}s)",
+                  flush=True)
+            results[stage.name] = _run_stage(children, stage)
     return results
+
+
+def _run_stage(children: stages.ChildProcesses, stage: stages.Stage) -> Any:
+    """Runs one stage, prints its time and peak memory (and the corpus's counts), and returns its result."""
+    start, memory = time.time(), host_machine.PeakMemory().start()
+    try:
+        result = children.run(stage)
+    except futures.process.BrokenProcessPool as e:
+        raise SystemExit(f"realm-tf demo: stage {stage.name} ended without a result (its process was killed: "
+                         f"out of memory?)") from e
+    peak = memory.stop()
+    print(f"=== {stage.name} done in {time.time() - start:.0f}s (peak memory {peak / 2 ** 30:.2f} GiB)", flush=True)
+    if stage.name == "corpus":
+        print(f"  {result['passages']} passages, {result['questions']} questions ({result['dev']} held out), "
+              f"{result['squad_questions']} SQuAD questions for the reader warm start")
+    return result
 
 
 def summary(results: dict[str, Any], cfg: config_lib.ExperimentConfig, work: str, minutes: float, peak_bytes: int,
@@ -170,7 +195,8 @@ def summary(results: dict[str, Any], cfg: config_lib.ExperimentConfig, work: str
             ("F1", f"{metrics['f1']:.3f} (NQ-open's: {short['f1']:.3f})"),
             ("retrieval accuracy@5", f"{metrics['accuracy@5']:.3f} of {stats['passages']} passages"),
             ("steps", f"pre-training {cfg.pretrain.steps}, reader {cfg.reader.steps}, fine-tuning "
-                      f"{cfg.finetune.steps} ({cfg.reader.precision})"),
+                      f"{cfg.finetune.steps} (the reader in {cfg.reader.precision}, the rest in "
+                      f"{cfg.finetune.precision})"),
             ("minutes", f"{minutes:.1f} (float32 matrix products at {gflops:.0f} GFLOP/s)"),
             ("peak memory", f"{peak_bytes / 2 ** 30:.2f} GiB (the demo and its stage processes, summed)")]
     width = max(len(name) for name, _ in rows)
@@ -210,7 +236,7 @@ def plan(cfg: config_lib.ExperimentConfig, work: str, params: str,
     if not os.path.exists(os.path.join(reading, "manifest.json")):  # the reading corpus, once (reading_cache)
         preprocess.append(stages.Call("beam_jobs.preprocess_corpus:JOB.call", {
             "config": params, "input": [cfg.data.corpus_pattern], "output": reading}))
-    stage = lambda name, what, *calls: stages.Stage(name, what, calls)  # noqa: E731
+    stage = lambda name, what, *calls, process="": stages.Stage(name, what, calls, process)  # noqa: E731
     return [
         stage("corpus", "gold passages of sampled questions + as many others", stages.Call(
             "realm_tf.demo:sample_corpus", {"cfg": cfg, "corpus_out": corpus, "questions_out": questions,
@@ -218,18 +244,19 @@ def plan(cfg: config_lib.ExperimentConfig, work: str, params: str,
                                             "squad_paragraphs": options["squad_paragraphs"]},
             starts_tensorflow=False)),
         stage("preprocess", "passages -> blocks of <= 288 wordpieces"
-              + ("" if len(preprocess) == 1 else "; the bundled corpus for reading, kept in " + reading), *preprocess),
+              + ("" if len(preprocess) == 1 else "; the bundled corpus for reading, kept in " + reading), *preprocess,
+              process="data"),
         stage("pretraining-data", "salient-span masked queries", stages.Call(
-            "beam_jobs.generate_pretraining_data:JOB.call", {"config": params})),
+            "beam_jobs.generate_pretraining_data:JOB.call", {"config": params}), process="data"),
         stage("init-retriever", "the import's projection fitted to the corpus (model.projection_init)", stages.Call(
             "realm_tf.tasks.projection_init:init_retriever",
-            {"cfg": cfg, "out": f"{work}/retriever_init", "num_blocks": 256})),
+            {"cfg": cfg, "out": f"{work}/retriever_init", "num_blocks": 256}), process="retriever"),
         # Pre-training finds this index and builds none (in its own process it would keep the memory).
         stage("index", "Embed_doc exported, every block embedded, the first ScaNN index published",
               stages.Call("realm_tf.core.warm_start:export_retriever_of_run",
                           {"cfg": cfg, "run_dir": f"{work}/retriever_init"},
                           report="realm_tf.core.warm_start:format_retriever_export"),
-              stages.Call("beam_jobs.embed_blocks:refresh_index", {"config": params})),
+              stages.Call("beam_jobs.embed_blocks:refresh_index", {"config": params}), process="retriever"),
         stage("pretrain", f"REALM pre-training, {cfg.pretrain.steps} steps: most of this stage is the MLM head's "
                           f"warm-up, the step's trace and a held-out evaluation", stages.Call(
             "realm_tf.tasks.realm_pretraining:pretrain", {"cfg": pretrain},
@@ -240,12 +267,13 @@ def plan(cfg: config_lib.ExperimentConfig, work: str, params: str,
             "realm_tf.tasks.open_qa:finetune", {"cfg": finetune, "train_path": questions})),
         stage("evaluate", "held-out questions: EM, retrieval accuracy@k", stages.Call(
             "realm_tf.tasks.open_qa:evaluate", {"cfg": cfg, "questions_path": questions, "split": "dev",
-                                                "metrics_path": f"{work}/metrics.json"})),
+                                                "metrics_path": f"{work}/metrics.json"}), process="serving"),
         stage("export", "one SavedModel: tokenize, embed, ScaNN search, read, decode", stages.Call(
-            "realm_tf.tasks.open_qa:export_for_serving", {"cfg": cfg, "out": served})),
+            "realm_tf.tasks.open_qa:export_for_serving", {"cfg": cfg, "out": served}), process="serving"),
         stage("ask", "sample held-out questions", stages.Call(
             "realm_tf.demo:ask_held_out", {"model": served, "questions_path": questions,
-                                           "dev_fraction": cfg.data.qa_dev_fraction, "count": options["samples"]})),
+                                           "dev_fraction": cfg.data.qa_dev_fraction, "count": options["samples"]}),
+              process="serving"),
     ]
 
 

@@ -1,10 +1,11 @@
-"""Stages of a long job: Python calls named by where they live, each run in a child process of its own.
+"""Stages of a long job: Python calls named by where they live, each stage run in a child process of its own.
 
-A job of many steps (``realm-tf demo``: preprocess, pre-train, fine-tune, export, ...) holds one step's memory at
-a time when each step runs in a fresh process: TensorFlow's BFC allocator keeps every region a process once mapped,
-so steps run in one process hold the sum of their peaks, and in children only the largest. A :class:`Call` names
-its function by module and attribute (``"realm_tf.tasks.open_qa:finetune"``) and carries keyword arguments, so the
-process that plans the job never imports TensorFlow or the function's module; the child calls the same function
+A job of many steps (``realm-tf demo``: preprocess, pre-train, fine-tune, export, ...) holds one step's memory at a
+time when each step runs in a fresh process: TensorFlow's BFC allocator keeps every region a process once mapped, so
+steps run in one process hold the sum of their peaks, and in children only the largest. Light stages that follow each
+other may share a child (:attr:`Stage.process`), which then starts TensorFlow once for all of them. A :class:`Call`
+names its function by module and attribute (``"realm_tf.tasks.open_qa:finetune"``) and carries keyword arguments, so
+the process that plans the job never imports TensorFlow or the function's module; the child calls the same function
 that the command line and the tests call.
 """
 from __future__ import annotations
@@ -50,11 +51,13 @@ class Call:
 @dataclasses.dataclass(frozen=True)
 class Stage:
     """One step of a job: its ``name``, a line on ``what`` it does, and its calls, run in order (the stage's result
-    is the last call's)."""
+    is the last call's). ``process``: stages next to each other with the same non-empty name run in one child
+    process (:class:`ChildProcesses`); an empty name, a child of the stage's own."""
 
     name: str
     what: str
     calls: tuple[Call, ...]
+    process: str = ""
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -108,6 +111,64 @@ def call_in_child(call: Call, verbose: bool = False) -> Any:
         return pool.submit(call_here, call).result()
 
 
+class ChildProcesses:
+    """Runs stages one after another, each in a child process (``spawn``: no state of this one is inherited), a
+    stage that shares its :attr:`Stage.process` with the stage before it in that stage's child (unless it runs
+    TensorFlow and that child has not started it); or all of them in this process (``in_children=False``). A
+    context manager: the last child ends with it.
+
+        with stages.ChildProcesses() as children:
+            for stage in plan:
+                result = children.run(stage)
+    """
+
+    def __init__(self, in_children: bool = True, verbose: bool = False) -> None:
+        self.in_children = in_children
+        self.verbose = verbose
+        self._pool: futures.ProcessPoolExecutor | None = None
+        self._process, self._tensorflow = "", False
+
+    def __enter__(self) -> "ChildProcesses":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Ends the current child (it holds the memory of the stages it ran)."""
+        if self._pool is not None:
+            self._pool.shutdown()
+        self._pool, self._process, self._tensorflow = None, "", False
+
+    def run(self, stage: Stage) -> Any:
+        """Runs the calls of ``stage`` in order and returns the last call's result.
+
+        Raises:
+          concurrent.futures.process.BrokenProcessPool: the child died without a result (killed, out of memory).
+        """
+        if not self.in_children:
+            result = None
+            for call in stage.calls:
+                result = call_here(call)
+            return result
+        tensorflow = any(call.starts_tensorflow for call in stage.calls)
+        if (self._pool is None or not stage.process or stage.process != self._process
+                or (tensorflow and not self._tensorflow)):  # a child that did not start TensorFlow quietly
+            self.close()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            self._pool = futures.ProcessPoolExecutor(
+                max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                initializer=process_settings.prepare_process, initargs=(self.verbose, tensorflow))
+            self._process, self._tensorflow = stage.process, tensorflow
+        result = None
+        for call in stage.calls:
+            result = self._pool.submit(call_here, call).result()
+        if not stage.process:
+            self.close()
+        return result
+
+
 def run_stage(stage: Stage, in_children: bool = True, verbose: bool = False) -> Any:
     """Runs the calls of ``stage`` in order, all in one child process of its own (``in_children``: one start of
     TensorFlow a stage) or in this one; returns the last call's result.
@@ -115,19 +176,5 @@ def run_stage(stage: Stage, in_children: bool = True, verbose: bool = False) -> 
     Raises:
       concurrent.futures.process.BrokenProcessPool: the child died without a result (killed, out of memory).
     """
-    if not in_children:
-        result = None
-        for call in stage.calls:
-            result = call_here(call)
-        return result
-    sys.stdout.flush()
-    sys.stderr.flush()
-    context = multiprocessing.get_context("spawn")
-    tensorflow = any(call.starts_tensorflow for call in stage.calls)
-    with futures.ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=process_settings.prepare_process,
-                                     initargs=(verbose, tensorflow)) as pool:
-        result = None
-        for call in stage.calls:
-            result = pool.submit(call_here, call).result()
-        return result
-
+    with ChildProcesses(in_children, verbose) as children:
+        return children.run(stage)

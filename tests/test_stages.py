@@ -60,6 +60,22 @@ def test_the_calls_of_a_stage_share_one_child_process():
     assert stages.run_stage(stage) == "seen" and key not in os.environ  # not this process
 
 
+def test_stages_that_share_a_process_name_run_in_one_child_and_the_next_gets_a_new_one():
+    pid = stages.Call("os:getpid", starts_tensorflow=False)
+    plan = [stages.Stage("a", "", (pid,), "light"), stages.Stage("b", "", (pid,), "light"),
+            stages.Stage("own", "", (pid,)), stages.Stage("c", "", (pid,), "light"),
+            stages.Stage("d", "", (pid,), "other")]
+    with stages.ChildProcesses() as children:
+        a, b, own, c, d = (children.run(stage) for stage in plan)
+    assert a == b and len({a, own, c, d, os.getpid()}) == 5  # only neighbours share a child
+    tensorflow = stages.Stage("tf", "", (stages.Call("os:getpid"),), "light")  # needs a child that started it
+    with stages.ChildProcesses() as children:
+        first, second, third = (children.run(stage) for stage in (plan[0], tensorflow, plan[0]))
+    assert first != second == third
+    with stages.ChildProcesses(in_children=False) as here:
+        assert {here.run(stage) for stage in plan} == {os.getpid()}
+
+
 def test_plain_keeps_data_and_leaves_out_objects():
     result = {"step": np.int64(3), "loss": np.float32(0.5), "model": object(), "logs": [1, object(), "x"],
               "nested": {"ok": (True, None)}}

@@ -110,11 +110,12 @@ def _args_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--squad-paragraphs", dest="squad_paragraphs", type=int,
                    help="SQuAD paragraphs whose questions train the reader warm start (default: all 2,067 bundled "
                         "ones)")
-    p.add_argument("--precision", dest="precision", choices=("float32", "mixed_bfloat16"),
-                   help="the training precision of pre-training, the reader warm start and fine-tuning (default "
-                        "float32, the same model on every machine)")
+    p.add_argument("--precision", dest="precision", choices=("auto", "float32", "mixed_bfloat16"),
+                   help="training precision. auto (default): the reader warm start in mixed_bfloat16 where the CPU "
+                        "multiplies bfloat16 natively (AMX, AVX-512 BF16), in float32 elsewhere, and pre-training "
+                        "and fine-tuning in float32; float32 or mixed_bfloat16: every training stage in it")
     p.add_argument("--finetune-steps", dest="finetune_steps", type=int,
-                   help="Open-QA fine-tuning steps")
+                   help="Open-QA fine-tuning steps of one question (default 20)")
     p.add_argument("--one-process", dest="one_process", action="store_true",
                    help="run every stage in this process (faster to start; the process then "
                         "holds the sum of the stages' memory) instead of each in its own")

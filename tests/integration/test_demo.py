@@ -11,6 +11,7 @@ import pytest
 
 from realm_tf import config
 from realm_tf import demo
+from realm_tf import process_settings
 
 
 def _run(*args, cwd=None):
@@ -19,17 +20,20 @@ def _run(*args, cwd=None):
                           timeout=900, cwd=cwd)
 
 
-def test_the_plan_trains_every_section_for_its_steps_with_no_clock(tmp_path):
-    """Every training section of the demo's plan runs its steps: no minute limit, no budget-bound schedule, one
-    precision; the same plan on any machine."""
+@pytest.mark.parametrize("native_bfloat16", [False, True])
+def test_the_plan_trains_every_section_for_its_steps_with_no_clock(tmp_path, monkeypatch, native_bfloat16):
+    """Every training section of the demo's plan runs its steps: no minute limit, no budget-bound schedule; the
+    same steps on any machine, and float32 but for the reader warm start on a CPU that multiplies bfloat16."""
+    monkeypatch.setattr(process_settings, "native_bfloat16", lambda: native_bfloat16)
     cfg = config.load_config("configs/minilm.yaml")
     work = str(tmp_path / "demo")
-    for item in demo._overrides(work, 2, 10, 800, 128, 0, "float32"):  # noqa: SLF001  (the plan's own settings)
+    for item in demo._overrides(work, 2, 20, 800, 128, 0, "auto"):  # noqa: SLF001  (the plan's own settings)
         cfg = config.apply_override(cfg, item)
     options = {"num_questions": 800, "squad_paragraphs": None, "reader_batch_size": 8, "samples": 3,
                "reading_blocks": demo.reading_cache(cfg, str(tmp_path / "cache")), "pretrain_batch_size": 1,
-               "finetune_batch_size": 2}
+               "finetune_batch_size": 1}
     trained = 0
+    reader_precision = "mixed_bfloat16" if native_bfloat16 else "float32"
     for stage in demo.plan(cfg, work, str(tmp_path / "params.yaml"), options):
         for call in stage.calls:
             section_cfg = call.kwargs.get("cfg")
@@ -37,10 +41,14 @@ def test_the_plan_trains_every_section_for_its_steps_with_no_clock(tmp_path):
                 continue
             for section in (section_cfg.pretrain, section_cfg.reader, section_cfg.finetune):
                 assert section.max_minutes == 0 and section.learning_rate_decay != "budget"
-                assert section.precision == "float32"
+            assert section_cfg.pretrain.precision == section_cfg.finetune.precision == "float32"
+            assert section_cfg.reader.precision == reader_precision
             trained += call.target.endswith((":pretrain", ":train_reader", ":finetune"))
     assert trained == 3
-    assert cfg.reader.steps == 800 and cfg.qa.reader_window == 128
+    assert (cfg.pretrain.steps, cfg.reader.steps, cfg.finetune.steps, cfg.qa.reader_window) == (2, 800, 20, 128)
+    assert demo.precisions("float32") == ("float32", "float32")
+    with pytest.raises(ValueError, match="one of auto"):
+        demo.precisions("float16")
 
 
 def test_demo_minutes_is_gone():
@@ -74,7 +82,8 @@ def test_demo_runs_the_whole_loop_on_the_tiny_config_and_its_ask_line_answers(tm
     assert metrics["num_questions"] > 0 and 0 <= metrics["exact_match"] <= 1
     assert (work / "params.yaml").exists() and (work / "served" / "realm_qa.json").exists()
     params = config.load_config(str(work / "params.yaml"))
-    assert params.pretrain.precision == params.reader.precision == params.finetune.precision == "float32"
+    assert params.pretrain.precision == params.finetune.precision == "float32"
+    assert params.reader.precision == demo.precisions("auto")[0]
     assert 'model_checkpoint_path: "ckpt-2"' in (work / "reader" / "checkpoints" / "checkpoint").read_text()
     assert "SQuAD questions for the reader warm start" in result.stdout
     # The warm start read every bundled NQ training question on the whole bundled corpus, preprocessed for reading
@@ -99,7 +108,7 @@ def test_demo_runs_the_whole_loop_on_the_tiny_config_and_its_ask_line_answers(tm
     cfg = config.load_config(str(work / "params.yaml"))
     options = {"num_questions": 40, "squad_paragraphs": 4, "reader_batch_size": 8, "samples": 3,
                "reading_blocks": demo.reading_cache(cfg, str(cache)), "pretrain_batch_size": 1,
-               "finetune_batch_size": 2}
+               "finetune_batch_size": 1}
     assert options["reading_blocks"] == str(reading_dir)
     [preprocess] = [s for s in demo.plan(cfg, str(work), str(work / "params.yaml"), options) if s.name == "preprocess"]
     assert len(preprocess.calls) == 1 and preprocess.calls[0].kwargs["output"] == cfg.data.blocks_dir
