@@ -83,7 +83,7 @@ def main() -> int:
                f"{max_rss / 1e6:.2f} GB (time -v); numpy sgemm {gflops.group(1) if gflops else '?'} GFLOP/s. "
                f"Stages: {stages}",
         interval="EM on 83 questions is about ±0.05 (1 s.e.): one fresh-clone run, not a comparison",
-        notebook=args.notebook)
+        notebook=args.notebook, at_commit=result_records.commit(args.clone))
     return 0
 
 

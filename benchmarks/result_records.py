@@ -170,12 +170,13 @@ def _portable(argument: str, repo: str) -> str:
 
 def write(name: str, *, area: str, claim: str, figure: str, verdict: str = "holds", interval: str = "",
           notebook: str = "", order: int | None = None, command: str = "", records_dir: str = RECORDS_DIR,
-          results_path: str = RESULTS_PATH) -> dict[str, Any]:
+          results_path: str = RESULTS_PATH, at_commit: str = "") -> dict[str, Any]:
     """Writes ``records_dir/<name>.json`` (atomically: a reader sees the old record or the new one) with this
-    run's command, commit, machine and date, then renders ``results_path`` again. Returns the record."""
+    run's command, commit (``at_commit``: of the checkout that ran, when that is not this one), machine and
+    date, then renders ``results_path`` again. Returns the record."""
     record: dict[str, Any] = {"area": area, "claim": claim, "figure": figure, "command": command or invocation(),
-                              "commit": commit(), "machine": machine(), "date": datetime.date.today().isoformat(),
-                              "verdict": verdict}
+                              "commit": at_commit or commit(), "machine": machine(),
+                              "date": datetime.date.today().isoformat(), "verdict": verdict}
     if interval:
         record["interval"] = interval
     if notebook:
