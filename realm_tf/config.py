@@ -307,6 +307,9 @@ class PretrainConfig(TrainerConfig):
     (where the index ranks it) instead of excluding it as REALM does: a copying test. The source block holds the
     masked span verbatim, so ``span_recall`` then counts it, and ``mlm_accuracy_span_retrieved`` against
     ``mlm_accuracy_null_only_span_retrieved`` shows whether the reader predicts a span it is handed.
+    ``force_source_block``: the queries that keep their source block (``trivial_retrieval_rate_while_frozen``,
+    ``eval_keep_source_block``) have it forced in as candidate 1 instead of kept where the index ranks it, so
+    that every one of them can read its masked span: a copying control, as RETRO's ``own_neighbour_rate``.
     ``eval_split``: ``heldout`` (default) scores the salient spans held out by source block; ``train`` the first
     ``eval_examples`` salient spans of the training split in file order instead, the blocks a short run has read:
     the two tell what the reader learned about reading a block from what it learned about the blocks it read.
@@ -316,6 +319,7 @@ class PretrainConfig(TrainerConfig):
     freeze_retriever_steps: int = 0
     trivial_retrieval_rate_while_frozen: float = 0.0
     eval_keep_source_block: bool = False
+    force_source_block: bool = False
     eval_split: EvalSplit = "heldout"
 
 

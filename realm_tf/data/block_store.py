@@ -67,6 +67,7 @@ class BlockStore:
         self.titles = list(titles) if titles is not None else None
         self.texts = list(texts) if texts is not None else None
         self.doc_ids = list(doc_ids) if doc_ids is not None else None
+        self._first_of_uid: dict[str, int] | None = None  # built on first use (first_block_of_uid)
 
     @classmethod
     def load(cls, pattern: str, batch_size: int = 4096) -> "BlockStore":
@@ -103,6 +104,16 @@ class BlockStore:
         for block_id, doc_id in enumerate(self.doc_ids):
             out.setdefault(doc_id, []).append(block_id)
         return out
+
+    def first_block_of_uid(self, uids: Sequence[str]) -> np.ndarray:
+        """``int64 [len(uids)]``: for each uid, the first block that has it (duplicates share a uid), or -1 where
+        none does. The lookup is built on the first call (the store's uids do not change after :meth:`load`)."""
+        if self._first_of_uid is None:
+            first: dict[str, int] = {}
+            for block_id, uid in enumerate(self.uids.tolist()):
+                first.setdefault(uid, block_id)
+            self._first_of_uid = first
+        return np.fromiter((self._first_of_uid.get(uid, -1) for uid in uids), np.int64, count=len(uids))
 
     def __len__(self) -> int:
         return len(self.uids)

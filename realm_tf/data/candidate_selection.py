@@ -7,7 +7,8 @@ Two of REALM's pre-training strategies act here, between the MIPS search and the
 * **Exclude trivial retrievals**: the block the masked sentence x was taken from would let the reader copy the
   answer, so every block with the query's source uid is dropped from its candidates, even when it ranks first.
   The paper's reason is the retriever ("learning to look for exact string matches"); a caller that trains the
-  reader alone may keep the source block for chosen queries (``keep_source``).
+  reader alone may keep the source block for chosen queries where the search ranked it (``keep_source``), or
+  force it into their candidates (``force_blocks``), as a copying control.
 
 The search itself is given as a function (e.g. ``IndexLoader.search_batched``), so the same code serves the
 tf.data pipeline, tests with a brute-force index, and any other MIPS.
@@ -44,10 +45,13 @@ class CandidateSelector:
         self._margin = search_margin
 
     def select(self, query_embeddings: np.ndarray, source_uids: Sequence[str],
-               keep_source: Sequence[bool] | None = None) -> tuple[np.ndarray, int, int]:
+               keep_source: Sequence[bool] | None = None,
+               force_blocks: Sequence[int] | None = None) -> tuple[np.ndarray, int, int]:
         """Candidate block ids ``int64 [batch, num_candidates]`` (column 0 = ``NULL_BLOCK``).
 
         ``keep_source[i]`` true: query i keeps its source block where the search ranked it (default: excluded).
+        ``force_blocks[i]`` >= 0: that block (the query's source) is candidate 1 of query i, ahead of the search's
+        best blocks not from its source; -1: the search's alone.
 
         Returns ``(candidates, index_version, excluded)``: the version of the index that answered, and how
         many retrieved blocks were dropped as trivial (the query's own source).
@@ -55,6 +59,14 @@ class CandidateSelector:
         keep = np.zeros([len(source_uids)], bool) if keep_source is None else np.asarray(keep_source, bool)
         if keep.shape != (len(source_uids),):
             raise ValueError(f"keep_source has {keep.size} entries for {len(source_uids)} queries")
+        forced = np.full([len(source_uids)], -1, np.int64) if force_blocks is None else np.asarray(force_blocks,
+                                                                                                   np.int64)
+        if forced.shape != (len(source_uids),):
+            raise ValueError(f"force_blocks has {forced.size} entries for {len(source_uids)} queries")
+        if np.any(forced >= len(self._uids)):
+            raise IndexError(f"force_blocks {forced[forced >= len(self._uids)][:5].tolist()}: the index has "
+                             f"{len(self._uids)} blocks")
+        keep = keep & (forced < 0)  # a forced source is not kept a second time where the search ranked it
         need = self._num_candidates - 1
         num_blocks = len(self._uids)
         k = min(need + self._margin, num_blocks)
@@ -68,7 +80,11 @@ class CandidateSelector:
             raise ValueError(f"only {num_blocks} blocks in the index: not enough to give {need} candidates that "
                              f"are not the query's own source block")
         null = np.full([len(candidates), 1], NULL_BLOCK, np.int64)
-        return np.concatenate([null, candidates], axis=1), version, excluded
+        candidates = np.concatenate([null, candidates], axis=1)  # [batch, num_candidates]
+        rows = np.flatnonzero(forced >= 0)
+        candidates[rows, 2:] = candidates[rows, 1:-1]
+        candidates[rows, 1] = forced[rows]
+        return candidates, version, excluded
 
     def _filter(self, rows: np.ndarray, source_uids: Sequence[str], keep: np.ndarray,
                 need: int) -> tuple[np.ndarray, int, bool]:

@@ -107,7 +107,7 @@ class RealmPretrainingTask(base_task.Task):
         return realm_pretrainer.RealmPretrainer(retriever, encoder, name="realm_pretrainer")
 
     def build_inputs(self, input_context: tf.distribute.InputContext | None = None, seed: int | None = None,
-                     trivial_retrieval_rate: float = 0.0) -> tf.data.Dataset:
+                     trivial_retrieval_rate: float = 0.0, force_source: bool = False) -> tf.data.Dataset:
         """Training batches ``(features, labels)`` of the non-held-out masked queries with their candidates
         from the current index (:class:`RetrievalAugmentedInput`); needs :meth:`initialize` first."""
         if self.inputs is None:
@@ -117,7 +117,7 @@ class RealmPretrainingTask(base_task.Task):
             batch_size = input_context.get_per_replica_batch_size(batch_size)
         train_split = heldout_predicate(self.cfg.data.pretraining_heldout_fraction, heldout=False)
         dataset = self.inputs.dataset(self.pattern, batch_size, input_context, seed=seed, split=train_split,
-                                      trivial_retrieval_rate=trivial_retrieval_rate)
+                                      trivial_retrieval_rate=trivial_retrieval_rate, force_source=force_source)
         return dataset.map(base_task.split_features(is_model_input))
 
     def build_losses(self, labels: Mapping[str, tf.Tensor],
@@ -174,8 +174,8 @@ class RealmPretrainingTask(base_task.Task):
                                 (("train_retriever", True),))
         if step >= frozen_until:
             return [train]
-        frozen_inputs = (("seed", trainer.seed + 1_000_003), ("trivial_retrieval_rate", rate)) if rate \
-            else train.input_options
+        frozen_inputs = (("seed", trainer.seed + 1_000_003), ("trivial_retrieval_rate", rate),
+                         ("force_source", trainer.force_source_block)) if rate else train.input_options
         return [base_task.Phase("reader_alone", frozen_until, frozen_inputs, (("train_retriever", False),)), train]
 
     def initialize(self, model: realm_pretrainer.RealmPretrainer, loop: training_loop.TrainingLoop) -> None:
@@ -268,23 +268,26 @@ class RealmPretrainingTask(base_task.Task):
 
     def eval_name(self) -> str:
         """The evaluation's TensorBoard run: ``eval`` (REALM's held-out spans), or ``eval_train`` and/or
-        ``..._source_kept`` for the training split's spans and the copying test, so no curve mixes them."""
+        ``..._source_kept`` / ``..._source_forced`` for the training split's spans and the copying test (the
+        source block kept where ranked, or forced in), so no curve mixes them."""
         trainer = self.cfg.pretrain
-        return ("eval" + ("_train" if trainer.eval_split == "train" else "")
-                + ("_source_kept" if trainer.eval_keep_source_block else ""))
+        source = ("" if not trainer.eval_keep_source_block else
+                  "_source_forced" if trainer.force_source_block else "_source_kept")
+        return "eval" + ("_train" if trainer.eval_split == "train" else "") + source
 
     def eval_inputs(self) -> tf.data.Dataset | None:
         """The held-out salient spans (``pretrain.eval_examples`` of them; held out by source block), or the
         training split's (``pretrain.eval_split``), as ``(features, labels)`` batches, with their retrievals from
         the current index (chief only); each query's source block excluded, or kept where the index ranks it
-        (``pretrain.eval_keep_source_block``)."""
+        (``pretrain.eval_keep_source_block``), or forced in (and ``pretrain.force_source_block``)."""
         if not self.chief:
             return None
         batch = self.global_batch_size
         heldout = self.inputs.dataset(self.eval_pattern, batch, repeat=False, shuffle=False,
                                       split=salient_predicate(self.cfg.data.pretraining_heldout_fraction,
                                                               self.cfg.pretrain.eval_split == "heldout"),
-                                      trivial_retrieval_rate=1.0 if self.cfg.pretrain.eval_keep_source_block else 0.0)
+                                      trivial_retrieval_rate=1.0 if self.cfg.pretrain.eval_keep_source_block else 0.0,
+                                      force_source=self.cfg.pretrain.force_source_block)
         heldout = heldout.take(max(1, self.cfg.pretrain.eval_examples // batch))
         return heldout.map(base_task.split_features(is_model_input))
 
@@ -297,7 +300,11 @@ class RealmPretrainingTask(base_task.Task):
         ``span_recall_top1`` / ``span_recall`` (fraction of examples whose masked wordpieces appear, in order,
         in the reader's view of the top-1 / any retrieved block: what retrieval can give at most),
         ``mlm_accuracy_span_retrieved`` / ``mlm_accuracy_null_only_span_retrieved`` (the two accuracies on the
-        examples with the span in some retrieved block: does the reader copy it?) and ``num_examples``.
+        examples with the span in some retrieved block: does the reader copy it?), ``source_in_candidates``
+        (fraction of examples whose own source block is a candidate: 1.0 with it forced in), on those examples
+        ``mlm_accuracy_source_alone`` (the reader's accuracy reading the source block alone, p(y | x, z = source),
+        which a low p(z = source | x) cannot hide) beside ``mlm_accuracy_source_held`` (the marginal's), and
+        ``num_examples``.
         """
         return evaluation.run_evaluation(self, model, dataset)
 
@@ -307,7 +314,8 @@ class RealmPretrainingTask(base_task.Task):
     _SPAN_INPUTS = ("reader_input_word_ids", "reader_input_type_ids", "reader_input_mask", "target_ids",
                     "target_weights")
     _SUMS = ("correct", "correct_null", "count", "utility", "log_likelihood", "log_likelihood_null", "examples",
-             "top1", "any", "correct_found", "correct_null_found", "count_found")
+             "top1", "any", "correct_found", "correct_null_found", "count_found", "source_held", "correct_source",
+             "correct_source_held", "count_source")
 
     def validation_step(self, inputs: tuple[base_task.Features, base_task.Labels],
                         model: realm_pretrainer.RealmPretrainer) -> base_task.Logs:
@@ -320,7 +328,14 @@ class RealmPretrainingTask(base_task.Task):
         null = realm_loss.realm_marginal_loss(outputs["retrieval_logits"][:, :1], outputs["mlm_logits"][:, :1],
                                               labels["target_ids"], labels["target_weights"])
         batch = {**features, **labels}
-        return {"full": full, "null": null, "span": {k: batch[k] for k in self._SPAN_INPUTS}}
+        column = labels["source_column"]  # [batch]: the source block's candidate, -1 where it is none
+        source_logits = tf.gather(outputs["mlm_logits"], tf.maximum(column, 0), axis=1, batch_dims=1)  # [b, m, v]
+        predicted = tf.argmax(source_logits, axis=-1, output_type=tf.int32)  # [batch, num_masked]
+        weights = tf.cast(labels["target_weights"], tf.float32)  # [batch, num_masked]
+        source_correct = tf.reduce_sum(tf.cast(tf.equal(predicted, labels["target_ids"]), tf.float32) * weights,
+                                       axis=-1)  # [batch]
+        return {"full": full, "null": null, "span": {k: batch[k] for k in self._SPAN_INPUTS},
+                "source": {"column": column, "correct": source_correct}}
 
     def aggregate_logs(self, state: dict[str, float] | None, step_outputs: base_task.Logs) -> dict[str, float]:
         """Sums a batch's correct masked wordpieces, retrieval utility and log-likelihoods, overall and on the
@@ -341,18 +356,27 @@ class RealmPretrainingTask(base_task.Task):
         sums["log_likelihood"] += float(tf.reduce_sum(full["log_marginal"]))
         sums["log_likelihood_null"] += float(tf.reduce_sum(null["log_marginal"]))
         sums["examples"] += int(full["loss"].shape[0])
+        held = step_outputs["source"]["column"].numpy() >= 0  # [batch]
+        sums["source_held"] += float(held.sum())
+        sums["correct_source"] += float(step_outputs["source"]["correct"].numpy()[held].sum())
+        sums["correct_source_held"] += float(full["mlm_correct"].numpy()[held].sum())
+        sums["count_source"] += float(full["mlm_count"].numpy()[held].sum())
         return sums
 
     def reduce_aggregated_logs(self, state: dict[str, float] | None) -> dict[str, Any]:
         """The held-out scores of :meth:`evaluate` from the sums."""
         sums = state or dict.fromkeys(self._SUMS, 0.0)
         n, count, found = max(sums["examples"], 1), max(sums["count"], 1.0), max(sums["count_found"], 1.0)
+        source = max(sums["count_source"], 1.0)
         return {"mlm_accuracy": sums["correct"] / count, "mlm_accuracy_null_only": sums["correct_null"] / count,
                 "retrieval_utility": sums["utility"] / n, "log_likelihood": sums["log_likelihood"] / n,
                 "log_likelihood_null_only": sums["log_likelihood_null"] / n, "span_recall_top1": sums["top1"] / n,
                 "span_recall": sums["any"] / n, "num_examples": int(sums["examples"]),
                 "mlm_accuracy_span_retrieved": sums["correct_found"] / found,
-                "mlm_accuracy_null_only_span_retrieved": sums["correct_null_found"] / found}
+                "mlm_accuracy_null_only_span_retrieved": sums["correct_null_found"] / found,
+                "source_in_candidates": sums["source_held"] / n,
+                "mlm_accuracy_source_alone": sums["correct_source"] / source,
+                "mlm_accuracy_source_held": sums["correct_source_held"] / source}
 
 
 def span_in_candidates(batch: Mapping[str, tf.Tensor]) -> np.ndarray:
@@ -445,10 +469,15 @@ def format_result(result: Mapping[str, Any]) -> str:
     if "eval" in result:
         e, name = result["eval"], result.get("eval_name", "eval")
         spans = "training-split salient spans" if name.startswith("eval_train") else "held-out salient spans"
-        kept = ", source block kept" if name.endswith("_source_kept") else ""
+        kept = (", source block kept" if name.endswith("_source_kept") else
+                ", source block forced in" if name.endswith("_source_forced") else "")
         lines.append(f"  {spans} ({e['num_examples']} examples{kept}): MLM accuracy "
                      f"{e['mlm_accuracy']:.4f} with retrieval vs {e['mlm_accuracy_null_only']:.4f} null document "
                      f"only; retrieval utility {e['retrieval_utility']:.4f}; masked span in the top-1 block "
                      f"{e['span_recall_top1']:.3f}, in any retrieved block {e['span_recall']:.3f}; on those "
                      f"{e['mlm_accuracy_span_retrieved']:.4f} vs {e['mlm_accuracy_null_only_span_retrieved']:.4f}")
+        if kept:
+            lines.append(f"  source block among the candidates for {e['source_in_candidates']:.3f} of them; on those, "
+                         f"MLM accuracy reading it alone {e['mlm_accuracy_source_alone']:.4f}, marginal "
+                         f"{e['mlm_accuracy_source_held']:.4f}")
     return "\n".join(lines)

@@ -22,6 +22,7 @@ Elements (``static_padding`` pads to the configured lengths; otherwise to the ba
   ``query_*`` ``int32[batch, query_len]``, ``candidates_*`` ``int32[batch, k, block_len]``,
   ``reader_*`` ``int32[batch, k, reader_len]``, ``masked_positions`` / ``target_ids`` ``int32[batch, masked]``,
   ``target_weights`` ``float32[batch, masked]``, ``candidate_ids`` ``int64[batch, k]`` (-1 = null document),
+  ``source_column`` ``int32[batch]`` (the candidate that is the query's own source block, -1 where none is),
   ``index_version`` ``int64[batch]``, ``index_export_step`` ``int64[batch]`` (the step of the export that
   embedded its blocks), ``index_exported_at`` ``float64[batch]`` (Unix seconds).
 """
@@ -63,6 +64,7 @@ class PipelineStats:
     batches: int = 0
     excluded_source_blocks: int = 0  # retrieved blocks dropped because they were the query's own source
     trivial_retrievals_kept: int = 0  # source blocks left among the candidates (``trivial_retrieval_rate``)
+    sources_forced: int = 0  # queries whose source block was put among their candidates (``force_source``)
     retrieval_seconds: float = 0.0  # embedding queries + search + gathering, summed
     versions: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # batches per version
 
@@ -104,7 +106,7 @@ class RetrievalAugmentedInput:
     def dataset(self, file_pattern: str, batch_size: int, input_context: tf.distribute.InputContext | None = None,
                 repeat: bool = True, seed: int | None = None, shuffle: bool = True,
                 split: Callable[[Mapping[str, tf.Tensor]], tf.Tensor] | None = None,
-                trivial_retrieval_rate: float = 0.0) -> tf.data.Dataset:
+                trivial_retrieval_rate: float = 0.0, force_source: bool = False) -> tf.data.Dataset:
         """Retrieval-augmented batches of ``batch_size`` pre-training examples from ``file_pattern``.
 
         Args:
@@ -112,6 +114,8 @@ class RetrievalAugmentedInput:
           split: ``parsed record -> bool[]`` keeping only some examples (train / held-out).
           trivial_retrieval_rate: fraction of queries (drawn with ``seed``) that keep their own source block
             among the candidates; 0 excludes every trivial retrieval (REALM §3.4).
+          force_source: those queries have their source block forced in as candidate 1, instead of kept where
+            the search ranked it (a copying control: every one of them can read the masked span).
         """
         if not 0.0 <= trivial_retrieval_rate <= 1.0:
             raise ValueError(f"trivial_retrieval_rate={trivial_retrieval_rate}: must be in [0, 1]")
@@ -141,31 +145,33 @@ class RetrievalAugmentedInput:
             "query_ids": ragged(), "mask_positions": ragged(), "target_ids": ragged(),
             "candidate_title_ids": ragged(), "candidate_body_ids": ragged(), "reader_doc_ids": ragged(),
             "candidate_ids": tf.TensorSpec([None, k], tf.int64),
+            "source_column": tf.TensorSpec([None], tf.int32),
             "index_version": tf.TensorSpec([None], tf.int64),
             "index_export_step": tf.TensorSpec([None], tf.int64),
             "index_exported_at": tf.TensorSpec([None], tf.float64),
         }
         dataset = tf.data.Dataset.from_generator(
-            lambda: self._retrieve_batches(raw, trivial_retrieval_rate, np.random.default_rng(seed)),
+            lambda: self._retrieve_batches(raw, trivial_retrieval_rate, force_source, np.random.default_rng(seed)),
             output_signature=signature)
         # A fixed, small prefetch: every buffered batch was retrieved with the index of its time, so a deep
         # (AUTOTUNE) buffer would add its length to the off-policy delay and hold back a refreshed index.
         return dataset.map(self.pack, num_parallel_calls=2).prefetch(PREFETCH_BATCHES)
 
-    def _retrieve_batches(self, raw: tf.data.Dataset, trivial_retrieval_rate: float,
+    def _retrieve_batches(self, raw: tf.data.Dataset, trivial_retrieval_rate: float, force_source: bool,
                           rng: np.random.Generator) -> Iterator[dict[str, Any]]:
         for records in raw:
             keep = (rng.random(int(records[example_schemas.SOURCE_UID].shape[0])) < trivial_retrieval_rate
                     if trivial_retrieval_rate > 0 else None)
-            yield self.retrieve(records, keep_source=keep)
+            yield self.retrieve(records, keep_source=keep, force_source=force_source)
 
     # ---- per batch --------------------------------------------------------------------------------------
 
-    def retrieve(self, records: Mapping[str, tf.RaggedTensor],
-                 keep_source: np.ndarray | None = None) -> dict[str, Any]:
+    def retrieve(self, records: Mapping[str, tf.RaggedTensor], keep_source: np.ndarray | None = None,
+                 force_source: bool = False) -> dict[str, Any]:
         """Candidates for one parsed batch (``query_ids``, ``mask_positions``, ``target_ids``, ``source_uid``).
 
-        ``keep_source``: ``bool[batch]``, queries that keep their source block (default: none do).
+        ``keep_source``: ``bool[batch]``, queries that keep their source block (default: none do), where the
+        search ranked it, or (``force_source``) as candidate 1.
         """
         start = time.perf_counter()
         self.loader.maybe_refresh()
@@ -189,17 +195,29 @@ class RetrievalAugmentedInput:
 
         selector = candidate_selection.CandidateSelector(search, blocks.uids, self.cfg.model.num_candidates)
         source_uids = [u.decode() for u in records[example_schemas.SOURCE_UID].numpy()]
-        candidates, _, excluded = selector.select(query_embeddings, source_uids, keep_source)  # [batch, k]
+        forced = None
+        if force_source and keep_source is not None:
+            forced = np.where(keep_source, blocks.first_block_of_uid(source_uids), -1)  # [batch]
+            missing = [uid for uid, keep, row in zip(source_uids, keep_source, forced) if keep and row < 0]
+            if missing:
+                raise errors.UserError(f"{blocks.source}: the source blocks of {len(missing)} queries (uid "
+                                       f"{missing[0]}) are not in the corpus: the pre-training data was made from "
+                                       f"other blocks")
+        candidates, _, excluded = selector.select(query_embeddings, source_uids, keep_source,
+                                                  forced)  # [batch, k]
         blocks.check_ids(candidates)
         trivial = 0 if keep_source is None else sum(
             int(np.sum(blocks.uids[row[row >= 0]] == uid))
             for row, uid, keep in zip(candidates, source_uids, keep_source) if keep)
+        source_column = np.asarray([next((c for c in range(1, len(row)) if row[c] >= 0 and blocks.uids[row[c]] == uid),
+                                         -1) for row, uid in zip(candidates, source_uids)], np.int32)  # [batch]
         titles, bodies, reader_docs = self._candidate_texts(blocks, candidates)
         batch = len(source_uids)
         with self._lock:
             self.stats.batches += 1
             self.stats.excluded_source_blocks += excluded
             self.stats.trivial_retrievals_kept += trivial
+            self.stats.sources_forced += 0 if forced is None else int(np.sum(forced >= 0))
             self.stats.versions[version] += 1
             self.stats.retrieval_seconds += time.perf_counter() - start
         return {
@@ -211,6 +229,7 @@ class RetrievalAugmentedInput:
             "candidate_body_ids": _ragged(bodies),  # [batch * k, (len)]
             "reader_doc_ids": _ragged(reader_docs),  # [batch * k, (len)]
             "candidate_ids": candidates,  # [batch, k]
+            "source_column": source_column,  # [batch]: the candidate that is the query's source block, or -1
             "index_version": np.full([batch], version, np.int64),
             "index_export_step": np.full([batch], index_publisher.export_step(metadata), np.int64),
             "index_exported_at": np.full([batch], exported_at, np.float64),
@@ -251,6 +270,7 @@ class RetrievalAugmentedInput:
             "target_ids": raw["target_ids"].to_tensor(0, shape=[None, num_masked]),  # [batch, masked]
             "target_weights": tf.ones_like(positions, tf.float32).to_tensor(0.0, shape=[None, num_masked]),
             "candidate_ids": raw["candidate_ids"],  # [batch, k]
+            "source_column": raw["source_column"],  # [batch]
             "index_version": raw["index_version"],  # [batch]
             "index_export_step": raw["index_export_step"],  # [batch]
             "index_exported_at": raw["index_exported_at"],  # [batch]

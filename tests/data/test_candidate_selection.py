@@ -71,3 +71,19 @@ def test_kept_source_blocks_stay_where_the_search_ranked_them():
     assert excluded == 1  # only the second query's source was dropped
     with pytest.raises(ValueError, match="keep_source"):
         selector.select(queries, sources, keep_source=[True])
+
+
+def test_a_forced_source_block_is_candidate_one_even_where_the_search_would_not_rank_it():
+    blocks, uids, search, _ = _setup()
+    queries = -blocks[[3, 5, 11]] * 10.0  # each source block ranks near the bottom
+    sources = [uids[3], uids[5], uids[11]]
+    selector = candidate_selection.CandidateSelector(search, uids, num_candidates=6)
+    candidates, _, _ = selector.select(queries, sources, keep_source=[True, True, False], force_blocks=[3, -1, 11])
+    for q, row, source, forced, keep in zip(queries, candidates, sources, [3, -1, 11], [True, True, False]):
+        ranked = [b for b in np.argsort(-(blocks @ q)) if uids[b] != source or (keep and forced < 0)]
+        assert list(row[1:]) == ([forced] + ranked[:4] if forced >= 0 else ranked[:5])  # numpy brute force
+    assert candidates[0, 1] == 3 and 7 not in candidates[0]  # the source's other copy is not read twice
+    with pytest.raises(ValueError, match="force_blocks"):
+        selector.select(queries, sources, force_blocks=[3])
+    with pytest.raises(IndexError, match="30 blocks"):
+        selector.select(queries, sources, force_blocks=[3, 30, -1])

@@ -149,24 +149,28 @@ def test_evaluation_reads_the_salient_spans_of_its_split(setup, split):
     assert read and read == expected[:len(expected) // batch * batch]  # whole batches, in file order
 
 
-@pytest.mark.parametrize("keep", [False, True])
-def test_held_out_evaluation_keeps_the_source_block_only_when_asked(setup, keep):
+@pytest.mark.parametrize("keep,force", [(False, False), (True, False), (True, True)])
+def test_held_out_evaluation_keeps_the_source_block_only_when_asked(setup, keep, force):
     """``pretrain.eval_keep_source_block``: the copying test reads each held-out query's source block (the index
-    ranks it first here); REALM's evaluation never does."""
+    ranks it first here; ``force_source_block`` puts it first anyway); REALM's evaluation never does. The
+    ``source_column`` label names the candidate that is the source."""
     cfg, _, blocks, records, inputs = setup
-    cfg = dataclasses.replace(cfg, pretrain=dataclasses.replace(cfg.pretrain, eval_keep_source_block=keep))
+    cfg = dataclasses.replace(cfg, pretrain=dataclasses.replace(cfg.pretrain, eval_keep_source_block=keep,
+                                                                force_source_block=force))
     task = realm_pretraining.RealmPretrainingTask(cfg)
     task.inputs, task.chief = inputs, True
     by_query = {tuple(r[example_schemas.QUERY_IDS]): r[example_schemas.SOURCE_UID].decode() for r in records}
     sep = inputs.tokenizer.sep_id
-    queries = 0
+    queries, forced_before = 0, inputs.stats.sources_forced
     for features, labels in task.eval_inputs():
         for q, cands in zip(features["query_input_word_ids"].numpy(), labels["candidate_ids"].numpy()):
             source = by_query[tuple(q[1:list(q).index(sep)].tolist())]
             assert (blocks.uids[cands[1]] == source) == keep
             assert keep or all(blocks.uids[c] != source for c in cands[1:])
             queries += 1
-    assert queries > 0
+        assert labels["source_column"].numpy().tolist() == [1 if keep else -1] * len(labels["source_column"])
+    forced = inputs.stats.sources_forced - forced_before  # (the pipeline may retrieve a batch ahead)
+    assert queries > 0 and (forced >= queries if force else forced == 0)
 
 
 def test_trivial_retrievals_need_a_frozen_retriever(tmp_path, pretraining_workspace, workspace_overrides):
@@ -179,10 +183,13 @@ def test_trivial_retrievals_need_a_frozen_retriever(tmp_path, pretraining_worksp
 def test_evaluate_against_numpy(setup):
     cfg, task, _, _, inputs = setup
     model = task.build_model()
-    dataset = inputs.dataset(f"{cfg.data.pretraining_dir}/pretraining-*", 4, repeat=False, shuffle=False).take(3)
+    # Half the queries read their source block: the scores on them, reading it alone and marginally, too.
+    dataset = inputs.dataset(f"{cfg.data.pretraining_dir}/pretraining-*", 4, repeat=False, shuffle=False, seed=3,
+                             trivial_retrieval_rate=0.5, force_source=True).take(3)
     scores = task.evaluate(model, dataset.map(base_task.split_features(realm_pretraining.is_model_input)))
     correct = np.zeros(2)  # [with retrieval, null only]
     correct_found, count, count_found, n = np.zeros(2), 0.0, 0.0, 0
+    held, correct_source, count_source = 0, np.zeros(2), 0.0  # [alone, marginal]
     for batch in dataset:
         out = model({k: v for k, v in batch.items() if k.startswith(("query_", "candidates_", "reader_", "masked"))})
         retrieval = out["retrieval_logits"].numpy().astype(np.float64)  # [b, k]
@@ -201,11 +208,19 @@ def test_evaluate_against_numpy(setup):
             if found[i]:
                 correct_found += hits
                 count_found += weights[i].sum()
+            column = int(batch["source_column"][i])
+            if column >= 0:
+                held += 1
+                correct_source += [((p_y[i, column].argmax(-1) == targets[i]) * weights[i]).sum(), hits[0]]
+                count_source += weights[i].sum()
             n += 1
     assert scores["num_examples"] == n == 12
     np.testing.assert_allclose([scores["mlm_accuracy"], scores["mlm_accuracy_null_only"]], correct / count, atol=1e-6)
     np.testing.assert_allclose([scores["mlm_accuracy_span_retrieved"], scores["mlm_accuracy_null_only_span_retrieved"]],
                                correct_found / max(count_found, 1.0), atol=1e-6)
+    assert 0 < held < n and scores["source_in_candidates"] == held / n
+    np.testing.assert_allclose([scores["mlm_accuracy_source_alone"], scores["mlm_accuracy_source_held"]],
+                               correct_source / count_source, atol=1e-6)
 
 
 def _numpy_log_marginal(model, batch):
