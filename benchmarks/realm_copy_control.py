@@ -12,8 +12,9 @@ accuracy with the null document alone.
 Everything is the product's pipeline: ``preprocess`` → ``generate-pretraining-data`` (salient spans) → ``pretrain``
 (its first index, candidate selection, tf.data input and ``RealmPretrainingTask``) in chunks of ``--chunk`` steps,
 each followed by the held-out evaluation (held out by source block, so the held-out blocks were never read in
-training). ``--encoder LxH`` trains encoders of L layers and width H from scratch (no import); ``--encoder import``
-keeps the config's (MiniLM in configs/minilm.yaml). Resumable (``<out>/stages.json`` and each run's checkpoints):
+training). ``--encoder LxH`` trains encoders of L layers and width H from scratch (no import), over the config's
+vocabulary cut to the corpus's pieces (``realm_tf.data.corpus_vocabulary``); ``--encoder import`` keeps the
+config's (MiniLM in configs/minilm.yaml). Resumable (``<out>/stages.json`` and each run's checkpoints):
 
     nohup .venv/bin/python benchmarks/realm_copy_control.py --out runs/bench/copy_small --encoder 4x128 \\
         --steps 5000 > runs/bench/copy_small.log 2>&1 &
@@ -59,13 +60,19 @@ def encoder_overrides(encoder: str) -> list[str]:
             "model.init_checkpoint=", "model.retriever_checkpoint=", "pretrain.mlm_head_warmup_blocks=0"]
 
 
-def write_corpus(source: str, count: int, path: str) -> dict[str, int]:
-    """The first ``count`` passages of ``source`` (JSONL, gzip or not) into ``path``."""
+def write_corpus(source: str, count: int, path: str, vocab_file: str, vocab_path: str) -> dict[str, int]:
+    """The first ``count`` passages of ``source`` (JSONL, gzip or not) into ``path``, and ``vocab_file`` cut to
+    the pieces their texts use into ``vocab_path`` (:mod:`realm_tf.data.corpus_vocabulary`)."""
+    from realm_tf.data import corpus_vocabulary  # pylint: disable=import-outside-toplevel  (starts TensorFlow)
+
     opener = gzip.open if source.endswith(".gz") else open
     with opener(source, "rt", encoding="utf-8") as f:
         lines = list(itertools.islice(f, count))
     config_lib.atomic_write_text(path, "".join(lines))
-    return {"passages": len(lines)}
+    texts = [value for line in lines for value in json.loads(line).values() if isinstance(value, str)]
+    vocab = corpus_vocabulary.cut_vocabulary(vocab_file, texts)
+    corpus_vocabulary.write_vocabulary(vocab, vocab_path)
+    return {"passages": len(lines), "vocab_size": len(vocab)}
 
 
 def train_in_chunks(out: str, sets: list[str], steps: int, chunk: int, deadline: float) -> list[dict]:
@@ -120,11 +127,15 @@ def main() -> int:
     parser.add_argument("--corpus", default="data/open_qa/passages.jsonl.gz")
     parser.add_argument("--passages", type=int, default=2000, help="the corpus: the first this many passages")
     parser.add_argument("--encoder", default="4x128", help="LxH from scratch, or 'import' (the config's weights)")
+    parser.add_argument("--full-vocabulary", dest="full_vocabulary", action="store_true",
+                        help="keep the config's whole vocabulary (default for LxH: cut to the corpus's pieces)")
     parser.add_argument("--steps", type=int, default=5000)
     parser.add_argument("--chunk", type=int, default=500, help="steps between held-out evaluations")
     parser.add_argument("--learning-rate", dest="learning_rate", type=float, default=1e-3)
     parser.add_argument("--batch-size", dest="batch_size", type=int, default=16)
     parser.add_argument("--eval-examples", dest="eval_examples", type=int, default=512)
+    parser.add_argument("--heldout-fraction", dest="heldout_fraction", type=float, default=0.1,
+                        help="share of the salient-span queries held out (by source block) for the scoring")
     parser.add_argument("--max-hours", dest="max_hours", type=float, default=0.0, help="stop (resumably) after")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="for every stage")
     parser.add_argument("--record", default="", help="write this result record (e.g. realm-copy-control-small)")
@@ -136,11 +147,17 @@ def main() -> int:
               f"index.index_dir={out}/index", f"refresh.export_dir={out}/export", f"pretrain.model_dir={out}/model",
               f"data.batch_size={args.batch_size}", f"pretrain.learning_rate={args.learning_rate}",
               f"pretrain.eval_examples={args.eval_examples}", "pretrain.checkpoint_every_steps=250",
+              f"data.pretraining_heldout_fraction={args.heldout_fraction}",
               "pretrain.summary_every_steps=50", *encoder_overrides(args.encoder), *CONTROL, *args.overrides]
     sets = ["--config", args.config, *sum((["--set", o] for o in common), [])]
     stage = stages.Stages(out)
     deadline = time.time() + args.max_hours * 3600 if args.max_hours > 0 else float("inf")
-    stage("corpus", lambda: write_corpus(args.corpus, args.passages, f"{out}/corpus.jsonl"))
+    vocab_file = config_lib.load_config(args.config, args.overrides).model.vocab_file
+    corpus = stage("corpus", lambda: write_corpus(args.corpus, args.passages, f"{out}/corpus.jsonl", vocab_file,
+                                                  f"{out}/vocab.txt"))
+    if args.encoder != "import" and not args.full_vocabulary:
+        sets += ["--set", f"model.vocab_file={out}/vocab.txt",
+                 "--set", f"model.encoder.vocab_size={corpus['vocab_size']}"]
     stage("blocks", lambda: stages.cli(["preprocess", *sets, "--input", f"{out}/corpus.jsonl",
                                         "--output", f"{out}/blocks"]))
     stage("data", lambda: stages.cli(["generate-pretraining-data", *sets]))

@@ -226,21 +226,15 @@ def _build_corpus_vocabulary(root, pretraining_workspace):
 
     from beam_jobs import preprocess_corpus
     from realm_tf import config
-    from realm_tf.layers import bert_tokenizer
+    from realm_tf.data import corpus_vocabulary
     from realm_tf.networks import bert_encoder
     from realm_tf.networks import bert_weight_import
 
     vocab_file = config.load_config(TINY).model.vocab_file
     with open(pretraining_workspace / "corpus.jsonl", encoding="utf-8") as f:
         texts = [value for line in f for value in json.loads(line).values() if isinstance(value, str)]
-    full = bert_tokenizer.read_vocab(vocab_file)
-    ids = bert_tokenizer.BertTokenizer(vocab_file)(tf.constant(texts)).flat_values.numpy()  # [pieces]
-    used = set(ids.tolist())
-    specials = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
-    vocab = [piece for i, piece in enumerate(full) if i in used or piece in specials]
-    (root / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
-    cut = bert_tokenizer.BertTokenizer(str(root / "vocab.txt"))(tf.constant(texts)).flat_values.numpy()
-    assert [vocab[i] for i in cut] == [full[i] for i in ids]  # the same pieces, only renumbered
+    vocab = corpus_vocabulary.cut_vocabulary(vocab_file, texts)  # the same pieces, only renumbered
+    corpus_vocabulary.write_vocabulary(vocab, str(root / "vocab.txt"))
     sets = [f"model.vocab_file={root}/vocab.txt", f"model.encoder.vocab_size={len(vocab)}",
             f"data.blocks_dir={root}/blocks"]
     encoder = bert_encoder.build_bert_encoder(config.load_config(TINY, sets).model.encoder)

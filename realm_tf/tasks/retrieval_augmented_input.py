@@ -195,22 +195,14 @@ class RetrievalAugmentedInput:
 
         selector = candidate_selection.CandidateSelector(search, blocks.uids, self.cfg.model.num_candidates)
         source_uids = [u.decode() for u in records[example_schemas.SOURCE_UID].numpy()]
-        forced = None
-        if force_source and keep_source is not None:
-            forced = np.where(keep_source, blocks.first_block_of_uid(source_uids), -1)  # [batch]
-            missing = [uid for uid, keep, row in zip(source_uids, keep_source, forced) if keep and row < 0]
-            if missing:
-                raise errors.UserError(f"{blocks.source}: the source blocks of {len(missing)} queries (uid "
-                                       f"{missing[0]}) are not in the corpus: the pre-training data was made from "
-                                       f"other blocks")
+        forced = _forced_sources(blocks, source_uids, keep_source) if force_source else None  # [batch]
         candidates, _, excluded = selector.select(query_embeddings, source_uids, keep_source,
                                                   forced)  # [batch, k]
         blocks.check_ids(candidates)
         trivial = 0 if keep_source is None else sum(
             int(np.sum(blocks.uids[row[row >= 0]] == uid))
             for row, uid, keep in zip(candidates, source_uids, keep_source) if keep)
-        source_column = np.asarray([next((c for c in range(1, len(row)) if row[c] >= 0 and blocks.uids[row[c]] == uid),
-                                         -1) for row, uid in zip(candidates, source_uids)], np.int32)  # [batch]
+        source_column = _source_columns(blocks, candidates, source_uids)  # [batch]
         titles, bodies, reader_docs = self._candidate_texts(blocks, candidates)
         batch = len(source_uids)
         with self._lock:
@@ -285,6 +277,30 @@ class RetrievalAugmentedInput:
             logger.info("input pipeline: index version %d, query embedder from %s", version,
                          metadata.get("export_path"))
         return self._embedders[version]
+
+
+def _forced_sources(blocks: block_store_lib.BlockStore, source_uids: list[str],
+                    keep_source: np.ndarray | None) -> np.ndarray | None:
+    """``int64 [batch]``: the source block to force in for each query that keeps it, -1 for the others (None when
+    none does); UserError when a kept query's source block is not in the corpus."""
+    if keep_source is None:
+        return None
+    forced = np.where(keep_source, blocks.first_block_of_uid(source_uids), -1)  # [batch]
+    missing = [uid for uid, keep, row in zip(source_uids, keep_source, forced) if keep and row < 0]
+    if missing:
+        raise errors.UserError(f"{blocks.source}: the source blocks of {len(missing)} queries (uid {missing[0]}) are "
+                               f"not in the corpus: the pre-training data was made from other blocks")
+    return forced
+
+
+def _source_columns(blocks: block_store_lib.BlockStore, candidates: np.ndarray, source_uids: list[str]) -> np.ndarray:
+    """``int32 [batch]``: the first candidate of each query (of ``candidates`` ``[batch, k]``) that is its source
+    block, or -1 where none is."""
+    columns = np.full([len(source_uids)], -1, np.int32)
+    for i, (row, uid) in enumerate(zip(candidates, source_uids)):
+        hits = [c for c in range(1, len(row)) if row[c] >= 0 and blocks.uids[row[c]] == uid]
+        columns[i] = hits[0] if hits else -1
+    return columns
 
 
 def max_predictions(cfg: config_lib.ExperimentConfig) -> int:
