@@ -118,3 +118,14 @@ def test_resolve_rewrites_only_evaluate_of_an_experiment_with_its_own_command():
 def test_train_refuses_an_unknown_experiment():
     result = _run("train", "--experiment", "nope", "--config", "configs/tiny.yaml")
     assert result.returncode == 2 and "invalid choice: 'nope'" in result.stderr
+
+
+def test_generate_world_writes_a_seeded_world_and_refuses_one_too_large(tmp_path, capsys):
+    assert cli.main(["generate-world", "--output", str(tmp_path / "w"), "--seed", "5", "--people", "30"]) == 0
+    out = capsys.readouterr().out
+    assert "90 facts of 30 people" in out and (tmp_path / "w" / "questions-test.jsonl").exists()
+    first = (tmp_path / "w" / "passages.jsonl").read_text()
+    assert cli.main(["generate-world", "--output", str(tmp_path / "again"), "--seed", "5", "--people", "30"]) == 0
+    assert (tmp_path / "again" / "passages.jsonl").read_text() == first  # the seed decides the world
+    assert cli.main(["generate-world", "--output", str(tmp_path / "big"), "--places", "100000"]) == 2
+    assert "too large" in capsys.readouterr().err

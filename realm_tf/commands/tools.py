@@ -147,6 +147,37 @@ def _args_verify(p: argparse.ArgumentParser) -> None:
                         "(each is checked)")
 
 
+def _cmd_generate_world(args: argparse.Namespace) -> int:
+    """A world of fictional facts from a seed (realm_tf.data.fictional_world), in the bundled data's formats."""
+    from realm_tf.data import fictional_world  # pylint: disable=import-outside-toplevel
+
+    try:
+        world = fictional_world.generate_world(args.seed, args.people, args.places, args.organisations,
+                                               args.restatements, args.facts_per_note)
+    except ValueError as e:
+        raise errors.UserError(f"generate-world: {e}") from e
+    counts = fictional_world.write_world(world, args.output)
+    print(f"generate-world: seed {args.seed}: {counts['facts']} facts of {args.people} people in "
+          f"{counts['passages']} passages; questions: " +
+          ", ".join(f"{counts['questions_' + s]} {s}" for s in fictional_world.SPLITS) + f"; wrote {args.output}/")
+    return 0
+
+
+def _args_generate_world(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = ("example: realm-tf generate-world --output runs/world --seed 0 --people 200\n"
+                "then: realm-tf preprocess --config configs/tiny.yaml --input runs/world/passages.jsonl ...")
+    p.add_argument("--output", required=True, help="directory for passages*.jsonl, questions-*.jsonl, world.json")
+    p.add_argument("--seed", type=int, default=0, help="the world's seed (default 0)")
+    p.add_argument("--people", type=int, default=200, help="people, three facts each (default 200)")
+    p.add_argument("--places", type=int, default=40, help="invented places (default 40)")
+    p.add_argument("--organisations", type=int, default=30, help="invented organisations (default 30)")
+    p.add_argument("--restatements", type=int, default=2,
+                   help="notes that restate each fact in other words (default 2)")
+    p.add_argument("--facts-per-note", dest="facts_per_note", type=int, default=4,
+                   help="facts a note gathers (default 4)")
+
+
 COMMANDS = [
     command.Command("config",
                     "print the resolved experiment config (YAML + --set overrides)",
@@ -162,6 +193,10 @@ COMMANDS = [
                     "run the whole loop on the bundled data: blocks, index, pre-train, fine-tune, evaluate, export, "
                     "ask",
                     _cmd_demo, _args_demo, starts_tensorflow=False),
+    command.Command("generate-world",
+                    "write a seeded world of fictional facts (people, places, organisations, years) as passages and "
+                    "questions: knowledge no pretrained weights hold, for REALM's retrieval controls",
+                    _cmd_generate_world, _args_generate_world, starts_tensorflow=False),
     command.Command("verify",
                     "check published artifacts (index versions, exports, served models, job outputs) file by file "
                     "against the SHA-256 digests in their markers; exit code 1 when one is damaged",

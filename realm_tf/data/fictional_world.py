@@ -99,8 +99,10 @@ def _names(rng: random.Random, count: int, parts: int, syllables: Sequence[int],
     """``count`` new names ``template.format(*words, ending)``, each word invented from ``syllables[i]`` syllables:
     no invented word equals, holds or is held by a word of ``taken`` (which it joins), so that no name is found
     inside another."""
+    if count > len(_SYLLABLES) ** min(syllables[:parts]) // 4:
+        raise ValueError(f"could not invent {count} distinct names: the world is too large for the syllables")
     out: list[str] = []
-    for _ in range(1000 * count):
+    for _ in range(100 * count):
         if len(out) == count:
             return out
         ending = rng.choice(endings) if endings else ""
