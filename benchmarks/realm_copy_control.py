@@ -28,6 +28,7 @@ import json
 import os
 import sys
 import time
+from typing import Callable, Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -75,25 +76,34 @@ def write_corpus(source: str, count: int, path: str, vocab_file: str, vocab_path
     return {"passages": len(lines), "vocab_size": len(vocab)}
 
 
-def train_in_chunks(out: str, sets: list[str], steps: int, chunk: int, deadline: float) -> list[dict]:
-    """Pre-trains ``<out>/model`` to ``steps`` in chunks of ``chunk`` steps, scoring the held-out spans after each;
-    the curve, kept in ``<out>/curve.json`` (a rerun continues it)."""
+def train_in_chunks(out: str, sets: list[str], steps: int, chunk: int, deadline: float,
+                    kept: Sequence[str] = KEPT, inputs: Sequence[str] = (),
+                    describe: Callable[[dict], str] | None = None) -> list[dict]:
+    """Pre-trains ``<out>/model`` to ``steps`` in chunks of ``chunk`` steps (``realm-tf pretrain`` with ``sets``
+    and ``inputs``), scoring the held-out spans after each; the curve of the ``kept`` scores, kept in
+    ``<out>/curve.json`` (a rerun continues it). ``describe(scores)``: the line printed after a chunk."""
     path = f"{out}/curve.json"
     curve = stages.read_curve(path)
+    describe = describe or describe_copying
     while (curve[-1]["step"] if curve else 0) < steps:
         if time.time() > deadline:
             raise stages.OutOfTime("pretrain")
         step = min(steps, (curve[-1]["step"] if curve else 0) + chunk)
         metrics, started = f"{out}/metrics-{step}.json", time.time()
-        stages.cli(["pretrain", *sets, "--set", f"pretrain.steps={step}", "--metrics", metrics])
+        stages.cli(["pretrain", *sets, "--set", f"pretrain.steps={step}", *inputs, "--metrics", metrics])
         with open(metrics, encoding="utf-8") as f:
             scores = json.load(f)["eval"]
-        curve.append({"step": step, "minutes": (time.time() - started) / 60, **{k: scores[k] for k in KEPT}})
+        curve.append({"step": step, "minutes": (time.time() - started) / 60, **{k: scores[k] for k in kept}})
         config_lib.atomic_write_text(path, json.dumps(curve, indent=2) + "\n")
-        print(f"step {step}: source alone {scores['mlm_accuracy_source_alone']:.3f}, marginal "
-              f"{scores['mlm_accuracy_source_held']:.3f}, null document only {scores['mlm_accuracy_null_only']:.3f}"
-              f" (source among the candidates: {scores['source_in_candidates']:.3f})", flush=True)
+        print(f"step {step}: {describe(scores)}", flush=True)
     return curve
+
+
+def describe_copying(scores: dict) -> str:
+    """The copying scores of one held-out evaluation, on a line."""
+    return (f"source alone {scores['mlm_accuracy_source_alone']:.3f}, marginal "
+            f"{scores['mlm_accuracy_source_held']:.3f}, null document only {scores['mlm_accuracy_null_only']:.3f} "
+            f"(source among the candidates: {scores['source_in_candidates']:.3f})")
 
 
 def plot(curves: dict[str, list[dict]], path: str) -> None:

@@ -50,26 +50,11 @@ def world_vocabulary(world: str, vocab_file: str, vocab_path: str) -> dict[str, 
     return {"vocab_size": len(vocab), "passages": len(rows)}
 
 
-def train_in_chunks(out: str, sets: list[str], steps: int, chunk: int, deadline: float) -> list[dict]:
-    """Pre-trains ``<out>/model`` to ``steps`` in chunks, scoring the test split's queries after each; the curve
-    (``<out>/curve.json``, continued by a rerun)."""
-    path = f"{out}/curve.json"
-    curve = stages.read_curve(path)
-    while (curve[-1]["step"] if curve else 0) < steps:
-        if time.time() > deadline:
-            raise stages.OutOfTime("pretrain")
-        step = min(steps, (curve[-1]["step"] if curve else 0) + chunk)
-        metrics, started = f"{out}/metrics-{step}.json", time.time()
-        stages.cli(["pretrain", *sets, "--set", f"pretrain.steps={step}", "--input", f"{out}/data_train/pretraining-*",
-                    "--eval-input", f"{out}/data_test/pretraining-*", "--metrics", metrics])
-        with open(metrics, encoding="utf-8") as f:
-            scores = json.load(f)["eval"]
-        curve.append({"step": step, "minutes": (time.time() - started) / 60, **{k: scores[k] for k in KEPT}})
-        config_lib.atomic_write_text(path, json.dumps(curve, indent=2) + "\n")
-        print(f"step {step}: span recall@1 {scores['span_recall_top1']:.3f}, @k {scores['span_recall']:.3f}; "
-              f"utility {scores['retrieval_utility']:.3f}; MLM accuracy {scores['mlm_accuracy']:.3f} against "
-              f"{scores['mlm_accuracy_null_only']:.3f} with the null document alone", flush=True)
-    return curve
+def describe(scores: dict) -> str:
+    """The retrieval scores of one held-out evaluation, on a line."""
+    return (f"span recall@1 {scores['span_recall_top1']:.3f}, @k {scores['span_recall']:.3f}; utility "
+            f"{scores['retrieval_utility']:.3f}; MLM accuracy {scores['mlm_accuracy']:.3f} against "
+            f"{scores['mlm_accuracy_null_only']:.3f} with the null document alone")
 
 
 def main() -> int:
@@ -114,7 +99,9 @@ def main() -> int:
             "generate-pretraining-data", *sets(f"data.blocks_dir={out}/blocks_{split}",
                                                f"data.pretraining_dir={out}/data_{split}")]))
     try:
-        curve = train_in_chunks(out, sets(f"data.blocks_dir={out}/blocks_all"), args.steps, args.chunk, deadline)
+        curve = realm_copy_control.train_in_chunks(
+            out, sets(f"data.blocks_dir={out}/blocks_all"), args.steps, args.chunk, deadline, KEPT,
+            ["--input", f"{out}/data_train/pretraining-*", "--eval-input", f"{out}/data_test/pretraining-*"], describe)
     except stages.OutOfTime:
         print("realm_fictional_world: --max-hours reached; the same command continues", flush=True)
         return 0
