@@ -103,12 +103,7 @@ def call_in_child(call: Call, verbose: bool = False) -> Any:
     Raises:
       concurrent.futures.process.BrokenProcessPool: the child died without a result (killed, out of memory).
     """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    context = multiprocessing.get_context("spawn")
-    with futures.ProcessPoolExecutor(max_workers=1, mp_context=context, initializer=process_settings.prepare_process,
-                                     initargs=(verbose, call.starts_tensorflow)) as pool:
-        return pool.submit(call_here, call).result()
+    return run_stage(Stage(call.target, "", (call,)), verbose=verbose)
 
 
 class ChildProcesses:

@@ -18,6 +18,7 @@ from typing import Iterable, Sequence
 
 import tensorflow as tf
 
+from realm_tf import config as config_lib
 from realm_tf.layers import bert_tokenizer
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -46,10 +47,7 @@ def cut_vocabulary(vocab_file: str, texts: Sequence[str], lower_case: bool = Tru
 
 def write_vocabulary(vocab: Iterable[str], path: str) -> None:
     """``vocab`` as a BERT ``vocab.txt`` (one piece a line, id = line number), written atomically."""
-    tmp = path + ".tmp"
-    with tf.io.gfile.GFile(tmp, "w") as f:
-        f.write("\n".join(vocab) + "\n")
-    tf.io.gfile.rename(tmp, path, overwrite=True)
+    config_lib.atomic_write_text(path, "\n".join(vocab) + "\n")
 
 
 def _piece_ids(tokenizer: bert_tokenizer.BertTokenizer, texts: Sequence[str]) -> list[int]:

@@ -26,6 +26,8 @@ import os
 import random
 from typing import Any, Sequence
 
+from realm_tf import config as config_lib
+
 SPLITS = ("train", "tune", "test")
 RELATIONS = ("born_in", "born_year", "works_for")
 
@@ -89,8 +91,12 @@ class World:
 
     def questions(self, split: str) -> list[dict[str, Any]]:
         """One question a fact of ``split``, in the bundled question format."""
+        stating: dict[int, list[int]] = {}
+        for d in self.documents:
+            for fact in d.facts:
+                stating.setdefault(fact, []).append(d.id)
         return [{"id": f"{self.seed}-{i}", "question": QUESTIONS[f.relation].format(person=f.person),
-                 "answers": [f.value], "gold_passage_ids": self.documents_stating(i), "relation": f.relation}
+                 "answers": [f.value], "gold_passage_ids": stating[i], "relation": f.relation}
                 for i, f in enumerate(self.facts) if f.split == split]
 
 
@@ -173,10 +179,8 @@ def write_world(world: World, out_dir: str) -> dict[str, int]:
     os.makedirs(out_dir, exist_ok=True)
 
     def write(name: str, rows: list[dict[str, Any]]) -> None:
-        tmp = os.path.join(out_dir, name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-        os.replace(tmp, os.path.join(out_dir, name))
+        config_lib.atomic_write_text(os.path.join(out_dir, name),
+                                     "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
 
     passages = [{"id": d.id, "title": d.title, "text": d.text, "split": d.split} for d in world.documents]
     write("passages.jsonl", passages)
