@@ -9,7 +9,8 @@ and tied masked-LM head that REALM pre-training trains, and the masked-LM loss o
 
 ``--task content``: the window sits at a random offset of z and the mask at a random position of x, so only a
 content-addressed lookup copies. ``--task position``: both fixed, so a positional rule copies (the positive
-control: the model and its gradients can learn to copy at all).
+control: the model and its gradients can learn to copy at all). ``--task shift``: the window fixed, the mask at
+random, so the span sits a fixed distance after the mask (a relative-position rule copies).
 
     .venv/bin/python benchmarks/encoder_copy_probe.py --task content --encoder 2x64 --steps 2000
 """
@@ -34,13 +35,20 @@ CLS, SEP, MASK, FIRST_WORD = 2, 3, 4, 10
 
 
 def make_batch(rng: np.random.Generator, task: str, batch: int, vocab: int, x_len: int, z_len: int,
-               masked: int) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
-    """``(features, targets)``: [CLS] x [SEP] z [SEP], x a window of z with ``masked`` tokens masked."""
+               masked: int, scattered: bool = False) -> tuple[dict[str, tf.Tensor], tf.Tensor]:
+    """``(features, targets)``: [CLS] x [SEP] z [SEP], x a window of z with ``masked`` tokens masked.
+
+    The masked tokens are one span of x, or (``scattered``) single tokens at every other position of x's interior.
+    """
     z = rng.integers(FIRST_WORD, vocab, size=(batch, z_len))  # [batch, z_len]
     offsets = rng.integers(0, z_len - x_len, size=batch) if task == "content" else np.full(batch, 5)
-    starts = rng.integers(1, x_len - masked - 1, size=batch) if task == "content" else np.full(batch, 3)
     x = np.stack([z[i, o:o + x_len] for i, o in enumerate(offsets)])  # [batch, x_len]
-    columns = starts[:, None] + np.arange(masked)[None, :]  # [batch, masked]
+    if scattered:  # single tokens, each with unmasked neighbours: 1, 3, 5, ... of x, a random subset
+        odd = np.arange(1, x_len - 1, 2)
+        columns = np.sort(np.stack([rng.choice(odd, masked, replace=False) for _ in range(batch)]), 1)
+    else:
+        starts = rng.integers(1, x_len - masked - 1, size=batch) if task != "position" else np.full(batch, 3)
+        columns = starts[:, None] + np.arange(masked)[None, :]  # [batch, masked]
     targets = np.take_along_axis(x, columns, axis=1)  # [batch, masked]
     np.put_along_axis(x, columns, MASK, axis=1)
     ids = np.concatenate([np.full((batch, 1), CLS), x, np.full((batch, 1), SEP), z, np.full((batch, 1), SEP)], 1)
@@ -50,16 +58,50 @@ def make_batch(rng: np.random.Generator, task: str, batch: int, vocab: int, x_le
     return features, tf.constant(targets, tf.int32)
 
 
+class PreviousTokenInputs(tf_keras.layers.Layer):
+    """Word embeddings plus a learned embedding of each position's previous token (zeros at position 0)."""
+
+    def __init__(self, vocab: int, width: int, **kwargs):
+        super().__init__(**kwargs)
+        self.table = self.add_weight(name="previous", shape=(vocab, width),
+                                     initializer=tf_keras.initializers.TruncatedNormal(stddev=0.02))
+
+    def call(self, encoder: tf_keras.layers.Layer, ids: tf.Tensor) -> tf.Tensor:
+        words = tf.gather(encoder.get_embedding_table(), ids)  # [batch, len, width]
+        before = tf.gather(self.table, ids[:, :-1])  # [batch, len - 1, width]
+        return words + tf.pad(before, [[0, 0], [1, 0], [0, 0]])
+
+
+def start_sinusoidal(model: tf_keras.Model) -> None:
+    """Sets the position-embedding table to sinusoids scaled to the word embeddings' standard deviation."""
+    table = next(v for v in model.variables if "position_embedding" in v.name)  # [positions, width]
+    words = next(v for v in model.variables if "word_embeddings" in v.name)  # [vocab, width]
+    positions, width = table.shape
+    angles = np.arange(positions)[:, None] / 10000.0 ** (np.arange(0, width, 2)[None, :] / width)
+    sinusoids = np.concatenate([np.sin(angles), np.cos(angles)], axis=1)[:, :width]  # RMS 1/sqrt(2)
+    table.assign(sinusoids * float(tf.math.reduce_std(words)) * np.sqrt(2.0))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
-    parser.add_argument("--task", choices=("content", "position"), default="content")
+    parser.add_argument("--task", choices=("content", "shift", "position"), default="content")
     parser.add_argument("--encoder", default="2x64", help="LxH from scratch")
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--learning-rate", dest="learning_rate", type=float, default=1e-3)
     parser.add_argument("--warmup", type=int, default=0, help="linear warm-up steps")
     parser.add_argument("--vocab", type=int, default=2000)
     parser.add_argument("--masked", type=int, default=2)
+    parser.add_argument("--scattered", action="store_true", help="mask single tokens, not one span")
+    parser.add_argument("--batch-size", dest="batch_size", type=int, default=32)
+    parser.add_argument("--x-len", dest="x_len", type=int, default=20)
+    parser.add_argument("--z-len", dest="z_len", type=int, default=60)
+    parser.add_argument("--sinusoidal", action="store_true",
+                        help="start the position embeddings as sinusoids (Vaswani et al., 2017), at the word "
+                             "embeddings' scale, instead of at random")
+    parser.add_argument("--previous-token-inputs", dest="previous_token_inputs", action="store_true",
+                        help="add to each position's input embedding a learned embedding of the token before it: "
+                             "the reader is handed what a previous-token head would compute")
     parser.add_argument("--every", type=int, default=250)
     args = parser.parse_args()
 
@@ -69,16 +111,28 @@ def main() -> int:
         f"model.encoder.num_attention_heads={max(2, width // 64)}", f"model.encoder.intermediate_size={4 * width}",
         f"model.encoder.vocab_size={args.vocab}", "model.init_checkpoint="])
     model = knowledge_augmented_encoder.build_knowledge_augmented_encoder(cfg.model)
+    if args.sinusoidal:
+        start_sinusoidal(model)
     rate = tf_keras.optimizers.schedules.PolynomialDecay(args.learning_rate * 1e-3, max(args.warmup, 1),
                                                          args.learning_rate)
     optimizer = tf_keras.optimizers.Adam(rate if args.warmup else args.learning_rate)
 
+    previous = PreviousTokenInputs(args.vocab, width) if args.previous_token_inputs else None
+
+    def forward(features: dict[str, tf.Tensor]) -> tf.Tensor:
+        if previous is None:
+            return model(features, training=True)["mlm_logits"]
+        embedded = {**features, "input_word_embeddings": previous(model.encoder, features["input_word_ids"])}
+        sequence = model.encoder(embedded, training=True)["sequence_output"]  # [batch, len, width]
+        return model.masked_lm(sequence, masked_positions=features["masked_positions"])
+
     @tf.function(jit_compile=True)
     def step(features: dict[str, tf.Tensor], targets: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         with tf.GradientTape() as tape:
-            logits = model(features, training=True)["mlm_logits"]  # [batch, masked, vocab]
+            logits = forward(features)  # [batch, masked, vocab]
             loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(targets, logits))
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        variables = model.trainable_variables + (previous.trainable_variables if previous is not None else [])
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
         correct = tf.equal(tf.argmax(logits, -1, output_type=tf.int32), targets)
         return loss, tf.reduce_mean(tf.cast(correct, tf.float32))
 
@@ -86,7 +140,8 @@ def main() -> int:
     print(f"task {args.task}, encoder {args.encoder}, rate {args.learning_rate}, warm-up {args.warmup}; chance "
           f"loss {np.log(args.vocab - FIRST_WORD):.3f}", flush=True)
     for number in range(1, args.steps + 1):
-        loss, accuracy = step(*make_batch(rng, args.task, 32, args.vocab, 20, 60, args.masked))
+        loss, accuracy = step(*make_batch(rng, args.task, args.batch_size, args.vocab, args.x_len, args.z_len,
+                                            args.masked, args.scattered))
         if number % args.every == 0:
             print(f"step {number}: loss {float(loss):.3f}, copy accuracy {float(accuracy):.3f} "
                   f"({time.time() - start:.0f} s)", flush=True)

@@ -146,6 +146,10 @@ def main() -> int:
     parser.add_argument("--eval-examples", dest="eval_examples", type=int, default=512)
     parser.add_argument("--heldout-fraction", dest="heldout_fraction", type=float, default=0.1,
                         help="share of the salient-span queries held out (by source block) for the scoring")
+    parser.add_argument("--train-masking", dest="train_masking", default="salient",
+                        choices=("salient", "random_span", "random_token"),
+                        help="what the training queries mask (data.masking_strategy); the held-out scoring always "
+                             "reads salient spans")
     parser.add_argument("--max-hours", dest="max_hours", type=float, default=0.0, help="stop (resumably) after")
     parser.add_argument("--set", dest="overrides", action="append", default=[], help="for every stage")
     parser.add_argument("--record", default="", help="write this result record (e.g. realm-copy-control-small)")
@@ -171,8 +175,15 @@ def main() -> int:
     stage("blocks", lambda: stages.cli(["preprocess", *sets, "--input", f"{out}/corpus.jsonl",
                                         "--output", f"{out}/blocks"]))
     stage("data", lambda: stages.cli(["generate-pretraining-data", *sets]))
+    inputs: list[str] = []
+    if args.train_masking != "salient":
+        masked = f"{out}/pretraining-{args.train_masking}"
+        stage(f"data-{args.train_masking}", lambda: stages.cli([
+            "generate-pretraining-data", *sets, "--set", f"data.pretraining_dir={masked}",
+            "--set", f"data.masking_strategy={args.train_masking}"]))
+        inputs = ["--input", f"{masked}/pretraining-*", "--eval-input", f"{out}/pretraining/pretraining-*"]
     try:
-        curve = train_in_chunks(out, sets, args.steps, args.chunk, deadline)
+        curve = train_in_chunks(out, sets, args.steps, args.chunk, deadline, inputs=inputs)
     except stages.OutOfTime:
         print("realm_copy_control: --max-hours reached; the same command continues", flush=True)
         return 0

@@ -151,7 +151,8 @@ def generate_world(seed: int = 0, num_people: int = 200, num_places: int = 40, n
     documents: list[Document] = []
     for p, person in enumerate(people):
         own = tuple(range(3 * p, 3 * p + 3))
-        opening = f"{person} is a {rng.choice(_OCCUPATIONS)}."
+        occupation = rng.choice(_OCCUPATIONS)
+        opening = f"{person} is {'an' if occupation[0] in 'aeiou' else 'a'} {occupation}."
         text = " ".join([opening, *(REFERENCE[facts[i].relation].format(person=person, value=facts[i].value)
                                     for i in own)])
         documents.append(Document(len(documents), person, text, split_of[person], own))

@@ -47,6 +47,8 @@ def test_every_sentence_states_a_fact_of_the_world_and_each_person_has_one_value
         facts_of.setdefault(f.person, set()).add(f.value)
     for _, person, stated in _statements(world):
         assert len(stated) <= 1 and set(stated) <= facts_of[person]  # the opening sentence states no value
+    text = " ".join(d.text for d in world.documents)
+    assert not re.search(r"\ba [aeiou]", text) and re.search(r"\ban [aeiou]", text)  # "an astronomer"
 
 
 def test_every_question_is_answerable_from_exactly_the_documents_that_state_its_fact(world):
