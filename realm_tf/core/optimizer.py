@@ -55,7 +55,9 @@ class ScaledAdamWeightDecay(legacy_adamw.AdamWeightDecay):
         self._paths = dict(paths or {})
 
     def lr_scale(self, variable_name: str) -> float:
-        """The learning-rate scale of the variable called ``variable_name``."""
+        """The learning-rate scale of the variable called ``variable_name``: a MirroredStrategy replica's copy
+        (``<name>/replica_<i>:0`` on every replica after the first) takes its variable's."""
+        variable_name = _REPLICA_COPY.sub(r"\1", variable_name)
         path = self._paths.get(variable_name, variable_name)
         return next((s for pattern, s in self._compiled if pattern.search(path)), 1.0)
 
@@ -78,6 +80,10 @@ class ScaledAdamWeightDecay(legacy_adamw.AdamWeightDecay):
 
     def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "lr_scales": [list(item) for item in self.lr_scales]}
+
+
+#: The name MirroredStrategy gives a variable's copy on replica i > 0: ``<name>/replica_<i>:<output>``.
+_REPLICA_COPY = re.compile(r"/replica_\d+(:\d+)$")
 
 
 def variable_paths(model: tf_keras.layers.Layer) -> dict[str, str]:
