@@ -519,6 +519,8 @@ def load_config(path: str | os.PathLike[str] | None = None,
     _check_index(cfg, source, lines)
     for section in dataclasses.fields(cfg):  # every training section (trainer, ict, reader, finetune, ...)
         trainer = getattr(cfg, section.name)
+        if isinstance(trainer, TrainerConfig) and trainer.strategy == "tpu":
+            _check_tpu(cfg, section.name, source, lines)
         if isinstance(trainer, TrainerConfig) and trainer.intra_op_threads < 0:
             key = f"{section.name}.intra_op_threads"
             raise ConfigError(f"{_where(source, lines, key)}: {key} must be >= 0 (0: TensorFlow's default, one "
@@ -667,6 +669,21 @@ def _check_index(cfg: ExperimentConfig, source: str, lines: Mapping[str, int]) -
     if cfg.model.num_candidates < 2:
         raise ConfigError(f"{_where(source, lines, 'model.num_candidates')}: model.num_candidates must be >= 2 (the "
                           f"null document and at least one retrieved block), got {cfg.model.num_candidates}")
+
+
+def _check_tpu(cfg: ExperimentConfig, section: str, source: str, lines: Mapping[str, int]) -> None:
+    """A TPU compiles one program per input shape: ``strategy: tpu`` needs every batch padded to the configured
+    lengths (``data.static_padding``) and one length group per BERT (the length buckets)."""
+    unfit = [f"{key}={value}" for key, value, fit in (
+        ("data.static_padding", str(cfg.data.static_padding).lower(), cfg.data.static_padding),
+        ("model.reader_length_buckets", cfg.model.reader_length_buckets, cfg.model.reader_length_buckets == 1),
+        ("model.candidate_length_buckets", cfg.model.candidate_length_buckets,
+         cfg.model.candidate_length_buckets == 1)) if not fit]
+    if unfit:
+        key = f"{section}.strategy"
+        raise ConfigError(f"{_where(source, lines, key)}: {key}=tpu needs static shapes: set "
+                          f"data.static_padding=true, model.reader_length_buckets=1 and "
+                          f"model.candidate_length_buckets=1 (got {', '.join(unfit)})")
 
 
 def _renamed_sections(raw: dict[str, Any], lines: dict[str, int],

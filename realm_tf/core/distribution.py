@@ -2,8 +2,8 @@
 
 REALM pre-trained on 64 TPUs (Guu et al., 2020, App. A). The same training code runs under:
 ``default`` (one device), ``mirrored`` (all local devices), ``multi_worker`` (MultiWorkerMirroredStrategy,
-workers described by ``TF_CONFIG``) and ``tpu`` (TPUStrategy; ``TPU_NAME`` names the TPU, empty for a
-local TPU VM).
+workers described by ``TF_CONFIG``) and ``tpu`` (TPUStrategy; ``TPU_NAME`` names a TPU node, or ``TPU_CONFIG``
+describes it; with neither, the TPU VM's own chips, ``"local"``).
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import os
 import tensorflow as tf
 
 from realm_tf import config as config_lib
+from realm_tf import errors
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +37,28 @@ def make_strategy(name: str) -> tf.distribute.Strategy:
             implementation=tf.distribute.experimental.CommunicationImplementation.RING)
         return tf.distribute.MultiWorkerMirroredStrategy(communication_options=communication)
     if name == "tpu":
-        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=os.environ.get("TPU_NAME", ""))
+        return _tpu_strategy(tpu_address())
+    raise ValueError(f"pretrain.strategy={name!r}: expected one of {STRATEGIES}")
+
+
+def tpu_address() -> str | None:
+    """What ``TPUClusterResolver`` is given: ``TPU_NAME``; None where ``TPU_CONFIG`` describes the TPU (the
+    resolver reads it); else ``"local"``, the chips of the TPU VM this runs on."""
+    if os.environ.get("TPU_NAME"):
+        return os.environ["TPU_NAME"]
+    return None if os.environ.get("TPU_CONFIG") else "local"
+
+
+def _tpu_strategy(address: str | None) -> tf.distribute.Strategy:
+    """TPUStrategy over the TPU at ``address``; a clear error where there is none."""
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=address)
         tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
-        return tf.distribute.TPUStrategy(resolver)
-    raise ValueError(f"pretrain.strategy={name!r}: expected one of {STRATEGIES}")
+    except (ValueError, RuntimeError, tf.errors.OpError) as e:
+        raise errors.UserError(f"strategy=tpu: no TPU found at {address or 'TPU_CONFIG'} (set TPU_NAME to a TPU "
+                               f"node's name, or run on a TPU VM): {e}") from e
+    return tf.distribute.TPUStrategy(resolver)
 
 
 def set_intra_op_threads(threads: int) -> int:

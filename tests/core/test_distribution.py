@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 from realm_tf import config
+from realm_tf import errors
 from realm_tf.core import distribution
 
 # A fresh process: TensorFlow sizes its intra-op pool once, when its runtime starts.
@@ -73,3 +74,35 @@ def test_strategies_by_name():
     assert distribution.make_strategy("default") is tf.distribute.get_strategy()
     with pytest.raises(ValueError, match="expected one of"):
         distribution.make_strategy("parameter_server")
+
+
+@pytest.mark.parametrize("env, expected", [({}, "local"), ({"TPU_NAME": "node-1"}, "node-1"),
+                                           ({"TPU_CONFIG": '{"tpu_node_name": "n"}'}, None),
+                                           ({"TPU_NAME": "node-1", "TPU_CONFIG": "{}"}, "node-1")])
+def test_the_tpu_address_is_the_named_node_the_config_or_the_vms_own_chips(monkeypatch, env, expected):
+    for key in ("TPU_NAME", "TPU_CONFIG"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert distribution.tpu_address() == expected
+
+
+def test_no_tpu_is_a_clear_error_naming_where_it_looked(monkeypatch):
+    def resolver(tpu):  # what TensorFlow's resolver raises on a machine without TPUs
+        raise ValueError("TPUs not found in the cluster")
+    monkeypatch.setattr(tf.distribute.cluster_resolver, "TPUClusterResolver", resolver)
+    monkeypatch.delenv("TPU_NAME", raising=False)
+    monkeypatch.delenv("TPU_CONFIG", raising=False)
+    with pytest.raises(errors.UserError, match=r"strategy=tpu: no TPU found at local .*TPU_NAME"):
+        distribution.make_strategy("tpu")
+
+
+def test_a_tpu_strategy_needs_static_shapes_and_names_the_settings(tmp_path):
+    path = tmp_path / "tpu.yaml"
+    path.write_text("name: t\npretrain:\n  strategy: tpu\n")
+    with pytest.raises(config.ConfigError, match=r"tpu.yaml:3: pretrain.strategy=tpu needs static shapes.*"
+                                                 r"data.static_padding=false, model.reader_length_buckets=4"):
+        config.load_config(path)
+    fixed = config.load_config(path, ["data.static_padding=true", "model.reader_length_buckets=1",
+                                      "model.candidate_length_buckets=1"])
+    assert fixed.pretrain.strategy == "tpu"
