@@ -410,21 +410,20 @@ def test_staged_pretraining_warms_the_head_freezes_then_trains_the_retriever(tmp
     assert again["step"] == 4 and sorted(os.listdir(f"{cfg.pretrain.model_dir}/checkpoints")) == checkpoints
     assert again["eval"] == pytest.approx(result["eval"], rel=1e-5)
     assert (tmp_path / "model" / "params.yaml").read_text() == params
-    # The copying test on the training split: its own TensorBoard run, named in the printed summary. Every block is
-    # a candidate, so each query's kept source block is read whatever the (random, tiny) retriever ranks first.
-    num_blocks = len(block_store.BlockStore.load(f"{pretraining_workspace}/blocks/blocks-*.tfrecord*"))
-    copying = dataclasses.replace(
-        cfg, model=dataclasses.replace(cfg.model, num_candidates=num_blocks + 1),
-        pretrain=dataclasses.replace(cfg.pretrain, eval_split="train", eval_keep_source_block=True, eval_examples=16))
+    # The copying test on the training split: its own TensorBoard run, named in the printed summary. Each query's
+    # source block is forced among its candidates, whatever the (random, tiny) retriever ranks first.
+    copying = dataclasses.replace(cfg, pretrain=dataclasses.replace(
+        cfg.pretrain, eval_split="train", eval_keep_source_block=True, force_source_block=True, eval_examples=16))
     other = realm_pretraining.pretrain(copying, eval_pattern=f"{pretraining_workspace}/pretraining/pretraining-*",
                                        train=False)
-    assert other["eval_name"] == "eval_train_source_kept" and result["eval_name"] == "eval"
+    assert other["eval_name"] == "eval_train_source_forced" and result["eval_name"] == "eval"
     assert other["eval"]["num_examples"] == 16 and other["eval"]["span_recall"] == 1.0
-    assert set(read_scalars(f"{cfg.pretrain.model_dir}/eval_train_source_kept")) >= {"mlm_accuracy", "span_recall"}
+    assert other["eval"]["source_in_candidates"] == 1.0
+    assert set(read_scalars(f"{cfg.pretrain.model_dir}/eval_train_source_forced")) >= {"mlm_accuracy", "span_recall"}
     assert read_scalars(f"{cfg.pretrain.model_dir}/eval")["mlm_accuracy"][-1][1] == pytest.approx(
         result["eval"]["mlm_accuracy"], rel=1e-5)  # the held-out curve holds only held-out scores
     assert "training-split salient spans" in realm_pretraining.format_result(other)
-    assert "source block kept" in realm_pretraining.format_result(other)
+    assert "source block forced in" in realm_pretraining.format_result(other)
     assert "held-out salient spans" in realm_pretraining.format_result(again)
     with caplog.at_level(logging.WARNING, logger="realm_tf.tasks.realm_pretraining"):
         # The eval shards hold held-out spans only: nothing of the training split to score, and the log says so.
