@@ -39,10 +39,12 @@ import result_records  # noqa: E402  (benchmarks/)
 import stages  # noqa: E402  (benchmarks/)
 
 #: The control: the retriever frozen for the whole run, every query's source block forced among its candidates in
-#: training and in the held-out scoring.
+#: training and in the held-out scoring, beside the null document only (with a frozen retriever p(z | x) is about
+#: even, so each further candidate takes a share of the reader's gradient from the source block; ``--set
+#: model.num_candidates=K`` reads more).
 CONTROL = ["pretrain.freeze_retriever_steps=1000000000", "pretrain.trivial_retrieval_rate_while_frozen=1.0",
            "pretrain.force_source_block=true", "pretrain.eval_keep_source_block=true",
-           "pretrain.learning_rate_decay=constant", "refresh.mode=external"]
+           "pretrain.learning_rate_decay=constant", "refresh.mode=external", "model.num_candidates=2"]
 #: The held-out scores kept per chunk.
 KEPT = ("mlm_accuracy_source_alone", "mlm_accuracy_source_held", "mlm_accuracy_null_only", "mlm_accuracy",
         "source_in_candidates", "retrieval_utility", "num_examples")
