@@ -31,6 +31,8 @@ import tf_keras  # noqa: E402
 from realm_tf import config as config_lib  # noqa: E402
 from realm_tf.models import knowledge_augmented_encoder  # noqa: E402
 
+import realm_copy_control  # noqa: E402  (benchmarks/)
+
 CLS, SEP, MASK, FIRST_WORD = 2, 3, 4, 10
 
 
@@ -105,11 +107,9 @@ def main() -> int:
     parser.add_argument("--every", type=int, default=250)
     args = parser.parse_args()
 
-    layers, width = (int(n) for n in args.encoder.split("x"))
-    cfg = config_lib.load_config("configs/tiny.yaml", [
-        f"model.encoder.num_layers={layers}", f"model.encoder.hidden_size={width}",
-        f"model.encoder.num_attention_heads={max(2, width // 64)}", f"model.encoder.intermediate_size={4 * width}",
-        f"model.encoder.vocab_size={args.vocab}", "model.init_checkpoint="])
+    cfg = config_lib.load_config("configs/tiny.yaml", [*realm_copy_control.encoder_overrides(args.encoder),
+                                                       f"model.encoder.vocab_size={args.vocab}"])
+    width = cfg.model.encoder.hidden_size
     model = knowledge_augmented_encoder.build_knowledge_augmented_encoder(cfg.model)
     if args.sinusoidal:
         start_sinusoidal(model)

@@ -73,8 +73,7 @@ def write_corpus(source: str, count: int, path: str, vocab_file: str, vocab_path
         lines = list(itertools.islice(f, count))
     config_lib.atomic_write_text(path, "".join(lines))
     texts = [value for line in lines for value in json.loads(line).values() if isinstance(value, str)]
-    vocab = corpus_vocabulary.cut_vocabulary(vocab_file, texts)
-    corpus_vocabulary.write_vocabulary(vocab, vocab_path)
+    vocab = corpus_vocabulary.write_cut_vocabulary(vocab_file, texts, vocab_path)
     return {"passages": len(lines), "vocab_size": len(vocab)}
 
 

@@ -45,8 +45,8 @@ def world_vocabulary(world: str, vocab_file: str, vocab_path: str) -> dict[str, 
 
     with open(f"{world}/passages.jsonl", encoding="utf-8") as f:
         rows = [json.loads(line) for line in f]
-    vocab = corpus_vocabulary.cut_vocabulary(vocab_file, [t for r in rows for t in (r["title"], r["text"])])
-    corpus_vocabulary.write_vocabulary(vocab, vocab_path)
+    vocab = corpus_vocabulary.write_cut_vocabulary(vocab_file, [t for r in rows for t in (r["title"], r["text"])],
+                                                   vocab_path)
     return {"vocab_size": len(vocab), "passages": len(rows)}
 
 

@@ -674,11 +674,10 @@ def _check_index(cfg: ExperimentConfig, source: str, lines: Mapping[str, int]) -
 def _check_tpu(cfg: ExperimentConfig, section: str, source: str, lines: Mapping[str, int]) -> None:
     """A TPU compiles one program per input shape: ``strategy: tpu`` needs every batch padded to the configured
     lengths (``data.static_padding``) and one length group per BERT (the length buckets)."""
-    unfit = [f"{key}={value}" for key, value, fit in (
-        ("data.static_padding", str(cfg.data.static_padding).lower(), cfg.data.static_padding),
-        ("model.reader_length_buckets", cfg.model.reader_length_buckets, cfg.model.reader_length_buckets == 1),
-        ("model.candidate_length_buckets", cfg.model.candidate_length_buckets,
-         cfg.model.candidate_length_buckets == 1)) if not fit]
+    unfit = [] if cfg.data.static_padding else ["data.static_padding=false"]
+    for name in ("reader_length_buckets", "candidate_length_buckets"):
+        if getattr(cfg.model, name) != 1:
+            unfit.append(f"model.{name}={getattr(cfg.model, name)}")
     if unfit:
         key = f"{section}.strategy"
         raise ConfigError(f"{_where(source, lines, key)}: {key}=tpu needs static shapes: set "

@@ -233,8 +233,8 @@ def _build_corpus_vocabulary(root, pretraining_workspace):
     vocab_file = config.load_config(TINY).model.vocab_file
     with open(pretraining_workspace / "corpus.jsonl", encoding="utf-8") as f:
         texts = [value for line in f for value in json.loads(line).values() if isinstance(value, str)]
-    vocab = corpus_vocabulary.cut_vocabulary(vocab_file, texts)  # the same pieces, only renumbered
-    corpus_vocabulary.write_vocabulary(vocab, str(root / "vocab.txt"))
+    # The same pieces, only renumbered.
+    vocab = corpus_vocabulary.write_cut_vocabulary(vocab_file, texts, str(root / "vocab.txt"))
     sets = [f"model.vocab_file={root}/vocab.txt", f"model.encoder.vocab_size={len(vocab)}",
             f"data.blocks_dir={root}/blocks"]
     encoder = bert_encoder.build_bert_encoder(config.load_config(TINY, sets).model.encoder)

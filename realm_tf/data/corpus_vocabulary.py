@@ -45,6 +45,13 @@ def cut_vocabulary(vocab_file: str, texts: Sequence[str], lower_case: bool = Tru
     return vocab
 
 
+def write_cut_vocabulary(vocab_file: str, texts: Sequence[str], path: str, lower_case: bool = True) -> list[str]:
+    """:func:`cut_vocabulary` of ``texts``, written to ``path`` (:func:`write_vocabulary`); the pieces."""
+    vocab = cut_vocabulary(vocab_file, texts, lower_case=lower_case)
+    write_vocabulary(vocab, path)
+    return vocab
+
+
 def write_vocabulary(vocab: Iterable[str], path: str) -> None:
     """``vocab`` as a BERT ``vocab.txt`` (one piece a line, id = line number), written atomically."""
     config_lib.atomic_write_text(path, "\n".join(vocab) + "\n")

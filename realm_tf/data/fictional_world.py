@@ -21,6 +21,7 @@ and questions ``{id, question, answers, gold_passage_ids}`` a split, plus ``worl
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import random
@@ -85,18 +86,23 @@ class World:
     facts: tuple[Fact, ...]
     documents: tuple[Document, ...]
 
-    def documents_stating(self, fact: int) -> list[int]:
-        """The ids of the documents that state fact ``fact`` (its reference document and its restatements)."""
-        return [d.id for d in self.documents if fact in d.facts]
-
-    def questions(self, split: str) -> list[dict[str, Any]]:
-        """One question a fact of ``split``, in the bundled question format."""
+    @functools.cached_property
+    def _stating(self) -> dict[int, list[int]]:
+        """Fact index -> the ids of the documents that state it, in document order."""
         stating: dict[int, list[int]] = {}
         for d in self.documents:
             for fact in d.facts:
                 stating.setdefault(fact, []).append(d.id)
+        return stating
+
+    def documents_stating(self, fact: int) -> list[int]:
+        """The ids of the documents that state fact ``fact`` (its reference document and its restatements)."""
+        return list(self._stating.get(fact, ()))
+
+    def questions(self, split: str) -> list[dict[str, Any]]:
+        """One question a fact of ``split``, in the bundled question format."""
         return [{"id": f"{self.seed}-{i}", "question": QUESTIONS[f.relation].format(person=f.person),
-                 "answers": [f.value], "gold_passage_ids": stating[i], "relation": f.relation}
+                 "answers": [f.value], "gold_passage_ids": self.documents_stating(i), "relation": f.relation}
                 for i, f in enumerate(self.facts) if f.split == split]
 
 

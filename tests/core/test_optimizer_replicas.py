@@ -46,29 +46,19 @@ cfg = dataclasses.replace(config.TrainerConfig(), learning_rate=1e-2, warmup_ste
 x = tf.constant(np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32))
 
 
-def train(model, optimizer, step_fn):
-    for _ in range(3):
-        step_fn()
-    return [v.numpy() for v in model.trainable_variables]
+def step(model, optimizer, inputs):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(inputs) ** 2) / 4.0  # the global batch's mean: the replicas' gradients sum
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
 
 
-def one_device():
-    model = Model()
-    model(x)
-    model.set_weights(initial)
-    optimizer = optimizer_lib.build_optimizer(cfg, model)
-
-    def step():
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(model(x) ** 2) / 4.0
-        optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-    return model, train(model, optimizer, step)
-
-
-probe = Model()
-probe(x)
-initial = probe.get_weights()
-single_model, single = one_device()
+single_model = Model()
+single_model(x)
+initial = single_model.get_weights()
+single_optimizer = optimizer_lib.build_optimizer(cfg, single_model)
+for _ in range(3):
+    step(single_model, single_optimizer, x)
+single = [v.numpy() for v in single_model.trainable_variables]
 strategy = distribution.make_strategy("mirrored")
 assert strategy.num_replicas_in_sync == 2
 with strategy.scope():
@@ -80,13 +70,7 @@ halves = strategy.experimental_distribute_values_from_function(
     lambda context: x[2 * context.replica_id_in_sync_group:2 * context.replica_id_in_sync_group + 2])
 
 
-@tf.function
-def replica_step(half):
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(model(half) ** 2) / 4.0  # the global batch's mean: the replicas' gradients sum
-    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-
-
+replica_step = tf.function(lambda half: step(model, optimizer, half))
 for _ in range(3):
     strategy.run(replica_step, args=(halves,))
 report = {}

@@ -53,8 +53,8 @@ def _write_corpus(path, seed=0):
 
 def test_a_reader_handed_its_source_block_copies_the_masked_span(tmp_path):
     texts = _write_corpus(tmp_path / "corpus.jsonl")
-    vocab = corpus_vocabulary.cut_vocabulary(config.load_config(TINY).model.vocab_file, texts)
-    corpus_vocabulary.write_vocabulary(vocab, str(tmp_path / "vocab.txt"))
+    vocab = corpus_vocabulary.write_cut_vocabulary(config.load_config(TINY).model.vocab_file, texts,
+                                                   str(tmp_path / "vocab.txt"))
     sets = [f"data.blocks_dir={tmp_path}/blocks", f"data.pretraining_dir={tmp_path}/pretraining",
             f"index.index_dir={tmp_path}/index", f"refresh.export_dir={tmp_path}/export",
             f"pretrain.model_dir={tmp_path}/model", f"model.vocab_file={tmp_path}/vocab.txt",
