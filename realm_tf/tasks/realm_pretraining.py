@@ -149,7 +149,6 @@ class RealmPretrainingTask(base_task.Task):
         exported = tf.cast(labels.get("index_export_step", labels["index_version"]), tf.float32)  # [batch]
         step = tf.cast(global_step if global_step is not None else optimizer.iterations, tf.float32)
         delay_steps = step - exported  # [batch]
-        delay_seconds = tf.cast(tf.timestamp() - labels["index_exported_at"], tf.float32)  # [batch]
         return {
             "loss": tf.reduce_mean(per_example),
             "mlm_accuracy": tf.reduce_sum(terms["mlm_correct"]) / tf.maximum(tf.reduce_sum(terms["mlm_count"]), 1.0),
@@ -157,7 +156,7 @@ class RealmPretrainingTask(base_task.Task):
             "null_probability": tf.reduce_mean(terms["null_probability"]),
             "query_similarity": tf.reduce_mean(terms["query_similarity"]),
             "off_policy_delay_steps": tf.reduce_mean(delay_steps),
-            "off_policy_delay_seconds": tf.reduce_mean(delay_seconds),
+            "off_policy_delay_seconds": tf.reduce_mean(labels["index_age_seconds"]),
             "index_version": tf.reduce_max(version),
             "learning_rate": training_loop.learning_rate(optimizer),
         }

@@ -14,9 +14,9 @@ For every batch of salient-span-masked queries x the pipeline, running ahead of 
    ``[CLS] title [SEP] body [SEP]`` for Embed_doc and join_BERT(x, title [SEP] body) for the reader, in the
    graph with the same ``join_bert`` the exports use.
 
-Each batch carries the index version it used and when that version's export was written, so the trainer can
-report the off-policy delay (steps and seconds between the Embed_doc that chose the candidates and the
-current weights).
+Each batch carries the index version it used and how old that version's export was when the batch was
+retrieved, so the trainer can report the off-policy delay (steps and seconds between the Embed_doc that chose
+the candidates and the current weights) without reading a clock inside its compiled step.
 
 Elements (``static_padding`` pads to the configured lengths; otherwise to the batch's longest row):
   ``query_*`` ``int32[batch, query_len]``, ``candidates_*`` ``int32[batch, k, block_len]``,
@@ -24,7 +24,9 @@ Elements (``static_padding`` pads to the configured lengths; otherwise to the ba
   ``target_weights`` ``float32[batch, masked]``, ``candidate_ids`` ``int64[batch, k]`` (-1 = null document),
   ``source_column`` ``int32[batch]`` (the candidate that is the query's own source block, -1 where none is),
   ``index_version`` ``int64[batch]``, ``index_export_step`` ``int64[batch]`` (the step of the export that
-  embedded its blocks), ``index_exported_at`` ``float64[batch]`` (Unix seconds).
+  embedded its blocks), ``index_age_seconds`` ``float32[batch]`` (seconds from that export to this batch's
+  retrieval, on the host's clock; the few prefetched batches' wait is not in it). No element is a string or
+  float64, which an XLA device cannot hold.
 """
 from __future__ import annotations
 
@@ -148,7 +150,7 @@ class RetrievalAugmentedInput:
             "source_column": tf.TensorSpec([None], tf.int32),
             "index_version": tf.TensorSpec([None], tf.int64),
             "index_export_step": tf.TensorSpec([None], tf.int64),
-            "index_exported_at": tf.TensorSpec([None], tf.float64),
+            "index_age_seconds": tf.TensorSpec([None], tf.float32),
         }
         dataset = tf.data.Dataset.from_generator(
             lambda: self._retrieve_batches(raw, trivial_retrieval_rate, force_source, np.random.default_rng(seed)),
@@ -224,7 +226,7 @@ class RetrievalAugmentedInput:
             "source_column": source_column,  # [batch]: the candidate that is the query's source block, or -1
             "index_version": np.full([batch], version, np.int64),
             "index_export_step": np.full([batch], index_publisher.export_step(metadata), np.int64),
-            "index_exported_at": np.full([batch], exported_at, np.float64),
+            "index_age_seconds": np.full([batch], max(time.time() - exported_at, 0.0), np.float32),
         }
 
     def _candidate_texts(self, blocks: block_store_lib.BlockStore, candidates: np.ndarray
@@ -254,10 +256,11 @@ class RetrievalAugmentedInput:
         reader = self.tokenizer.join_bert(repeated, raw["reader_doc_ids"], m.reader_seq_length, static)
         num_masked = max_predictions(self.cfg) if static else None
         positions = raw["mask_positions"] + 1  # [batch, (masked)]: after [CLS], same in query and reader
+        block_len, reader_len = (m.block_seq_length, m.reader_seq_length) if static else (-1, -1)  # static for XLA
         out = {
             **{"query_" + key: v for key, v in query.items()},
-            **{"candidates_" + key: tf.reshape(v, [batch, k, -1]) for key, v in blocks.items()},
-            **{"reader_" + key: tf.reshape(v, [batch, k, -1]) for key, v in reader.items()},
+            **{"candidates_" + key: tf.reshape(v, [batch, k, block_len]) for key, v in blocks.items()},
+            **{"reader_" + key: tf.reshape(v, [batch, k, reader_len]) for key, v in reader.items()},
             "masked_positions": positions.to_tensor(0, shape=[None, num_masked]),  # [batch, masked]
             "target_ids": raw["target_ids"].to_tensor(0, shape=[None, num_masked]),  # [batch, masked]
             "target_weights": tf.ones_like(positions, tf.float32).to_tensor(0.0, shape=[None, num_masked]),
@@ -265,7 +268,7 @@ class RetrievalAugmentedInput:
             "source_column": raw["source_column"],  # [batch]
             "index_version": raw["index_version"],  # [batch]
             "index_export_step": raw["index_export_step"],  # [batch]
-            "index_exported_at": raw["index_exported_at"],  # [batch]
+            "index_age_seconds": raw["index_age_seconds"],  # [batch]
         }
         return out
 
