@@ -483,7 +483,10 @@ def test_export_steps_are_strictly_inside_the_run_and_after_the_freeze(start, fr
 
 def test_the_step_compiles_with_xla_on_a_static_batch_and_updates_as_without(setup):
     """An accelerator's step: no string or float64 in the batch, every non-batch dimension static, and the whole
-    update (forward, loss, gradients, AdamW) one XLA program giving the uncompiled step's weights."""
+    update (forward, loss, gradients, optimizer) one XLA program: with AdamW it lowers to HLO, and with plain
+    gradient descent (whose update is the gradient itself, so rounding is not amplified as in Adam's first step,
+    which moves every weight by the rate whatever its gradient) it gives the uncompiled step's weights to
+    rounding of the largest update."""
     cfg, task, blocks, _, _ = setup
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, static_padding=True))
     inputs = retrieval_augmented_input.RetrievalAugmentedInput(
@@ -496,17 +499,21 @@ def test_the_step_compiles_with_xla_on_a_static_batch_and_updates_as_without(set
     task = realm_pretraining.RealmPretrainingTask(cfg)
     model = task.build_model()
     model(batch[0], training=False)
-    start, after = model.get_weights(), []
+    adamw = optimizer_lib.build_optimizer(cfg.pretrain, model)
+    compiled = tf.function(lambda b: task.train_step(b, model, adamw), jit_compile=True, autograph=False)
+    assert "HloModule" in compiled.experimental_get_compiler_ir(batch)(stage="hlo")
+    start = [v.numpy() for v in model.trainable_variables]
+    updates = []
     for jit in (False, True):
-        model.set_weights(start)
-        optimizer = optimizer_lib.build_optimizer(cfg.pretrain, model)
-        step = tf.function(lambda b: task.train_step(b, model, optimizer),
-                           jit_compile=jit, autograph=False)
-        if jit:
-            assert "HloModule" in step.experimental_get_compiler_ir(batch)(stage="hlo")
+        for variable, value in zip(model.trainable_variables, start):
+            variable.assign(value)
+        sgd = tf_keras.optimizers.SGD(1.0)
+        step = tf.function(lambda b, sgd=sgd: task.train_step(b, model, sgd), jit_compile=jit, autograph=False)
         logs = step(batch)
         assert np.isfinite(logs["loss"].numpy()) and logs["off_policy_delay_seconds"].numpy() > 0
-        after.append([v.numpy() for v in model.trainable_variables])
-    for eager, compiled, first in zip(*after, start):  # Adam's first step moves each weight by
-        # about the rate, whatever its gradient: rounding of a near-zero gradient shows as a few % of it
-        np.testing.assert_allclose(compiled - first, eager - first, atol=0.05 * cfg.pretrain.learning_rate)
+        updates.append([v.numpy() - value for v, value in zip(model.trainable_variables, start)])
+    scale = max(np.abs(u).max() for u in updates[0])  # a small gradient (the retriever's, whose candidates
+    # all read alike at initialisation) is a cancellation residue: compare rounding to the largest update
+    assert scale > 0
+    for eager, xla in zip(*updates):
+        np.testing.assert_allclose(xla, eager, rtol=0, atol=1e-4 * scale)
