@@ -44,7 +44,7 @@ IndexKind = Literal["scann", "brute_force"]
 ReorderDtype = Literal["float32", "int8"]
 RefreshMode = Literal["process", "thread", "external"]
 Strategy = Literal["default", "mirrored", "multi_worker", "tpu"]
-Precision = Literal["float32", "mixed_bfloat16"]
+Precision = Literal["float32", "mixed_bfloat16", "mixed_float16"]
 EvalSplit = Literal["heldout", "train"]
 LearningRateDecay = Literal["linear", "constant", "cooldown"]
 
@@ -246,7 +246,10 @@ class TrainerConfig:
     """Optimisation and bookkeeping of a training job (REALM Appendix A).
 
     ``precision``: ``mixed_bfloat16`` computes the layers in bfloat16 with float32 variables, optimizer and losses
-    (``core/precision``); checkpoints are float32 either way.
+    (``core/precision``); ``mixed_float16`` in float16 (GPUs without bfloat16: V100, T4), with dynamic loss
+    scaling: the loss is multiplied by a scale before the gradients, a step whose gradients overflow is skipped
+    and halves the scale, and ``loss_scale_growth_steps`` good steps in a row double it. Checkpoints are float32
+    either way.
     ``clip_norm``: the global norm the gradient of a step (summed over replicas) is clipped to, once.
     ``intra_op_threads``: threads one op may split its work over (TensorFlow's intra-op pool); 0 keeps TensorFlow's
     default, one per core. With 1, every op runs whole on the thread that runs it and independent ops (the
@@ -265,6 +268,9 @@ class TrainerConfig:
     linear decay to 0 over the last ``cooldown_steps`` before ``steps``: the warm-up-stable-decay schedule, which
     lets a constant-rate run, continued for as long as it improves, be annealed from any of its checkpoints;
     ``core/optimizer.CooldownDecay``).
+    ``jit_compile``: each replica's step (forward, loss, gradients, optimizer update) is one XLA program
+    (``tf.function(jit_compile=True)``), as a TPU requires and as GPUs run fastest; the steps then need fixed
+    shapes (``data.static_padding: true``) so that the program is compiled once.
     ``learning_rate_scales``: ``"REGEX=SCALE"`` items; variables whose name matches REGEX (first match wins)
     train at ``learning_rate × SCALE``, e.g. ``["masked_lm=10", "knowledge_retriever=0.1"]`` for a new MLM head
     and a retriever kept near its warm start (``core/optimizer.ScaledAdamWeightDecay``).
@@ -273,6 +279,7 @@ class TrainerConfig:
     model_dir: str = "/tmp/realm_tf/model"
     strategy: Strategy = "default"
     precision: Precision = "float32"
+    loss_scale_growth_steps: int = 2000
     steps: int = 1000
     learning_rate: float = 3e-5
     warmup_steps: int = 100
@@ -287,6 +294,7 @@ class TrainerConfig:
     eval_every_steps: int = 0
     max_minutes: float = 0.0
     intra_op_threads: int = 0
+    jit_compile: bool = False
     learning_rate_scales: tuple[str, ...] = ()
     seed: int = 0
 
@@ -520,7 +528,9 @@ def load_config(path: str | os.PathLike[str] | None = None,
     for section in dataclasses.fields(cfg):  # every training section (trainer, ict, reader, finetune, ...)
         trainer = getattr(cfg, section.name)
         if isinstance(trainer, TrainerConfig) and trainer.strategy == "tpu":
-            _check_tpu(cfg, section.name, source, lines)
+            _check_static_shapes(cfg, f"{section.name}.strategy", "tpu", source, lines)
+        if isinstance(trainer, TrainerConfig) and trainer.jit_compile:
+            _check_static_shapes(cfg, f"{section.name}.jit_compile", "true", source, lines)
         if isinstance(trainer, TrainerConfig) and trainer.intra_op_threads < 0:
             key = f"{section.name}.intra_op_threads"
             raise ConfigError(f"{_where(source, lines, key)}: {key} must be >= 0 (0: TensorFlow's default, one "
@@ -671,16 +681,16 @@ def _check_index(cfg: ExperimentConfig, source: str, lines: Mapping[str, int]) -
                           f"null document and at least one retrieved block), got {cfg.model.num_candidates}")
 
 
-def _check_tpu(cfg: ExperimentConfig, section: str, source: str, lines: Mapping[str, int]) -> None:
-    """A TPU compiles one program per input shape: ``strategy: tpu`` needs every batch padded to the configured
-    lengths (``data.static_padding``) and one length group per BERT (the length buckets)."""
+def _check_static_shapes(cfg: ExperimentConfig, key: str, value: str, source: str,
+                         lines: Mapping[str, int]) -> None:
+    """XLA (a TPU, ``jit_compile``) compiles one program per input shape: ``key=value`` needs every batch padded
+    to the configured lengths (``data.static_padding``) and one length group per BERT (the length buckets)."""
     unfit = [] if cfg.data.static_padding else ["data.static_padding=false"]
     for name in ("reader_length_buckets", "candidate_length_buckets"):
         if getattr(cfg.model, name) != 1:
             unfit.append(f"model.{name}={getattr(cfg.model, name)}")
     if unfit:
-        key = f"{section}.strategy"
-        raise ConfigError(f"{_where(source, lines, key)}: {key}=tpu needs static shapes: set "
+        raise ConfigError(f"{_where(source, lines, key)}: {key}={value} needs static shapes: set "
                           f"data.static_padding=true, model.reader_length_buckets=1 and "
                           f"model.candidate_length_buckets=1 (got {', '.join(unfit)})")
 

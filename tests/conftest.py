@@ -20,6 +20,8 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+if str(REPO / "tests") not in sys.path:  # the helper modules of tests/ (tests are not a package), by bare name
+    sys.path.insert(1, str(REPO / "tests"))
 os.chdir(REPO)  # configs name bundled data by repo-relative paths
 
 from beam_jobs import build_chunk_database  # noqa: E402  (after TF_USE_LEGACY_KERAS is set)

@@ -97,6 +97,11 @@ class Task(abc.ABC):
         """Scalar metrics of one batch (logged as TensorBoard scalars next to ``loss``)."""
         return {}
 
+    def prepare_inputs(self, inputs: tuple[Features, Labels], model: tf_keras.Model) -> tuple[Features, Labels]:
+        """The part of a training step with no XLA kernel (a search, ragged gathers), run before
+        :meth:`train_step` and outside its compiled program (``jit_compile``). By default: nothing."""
+        return inputs
+
     def call_model(self, model: tf_keras.Model, features: Features, training: bool) -> Mapping[str, tf.Tensor]:
         """The forward pass (a dict of named tensors)."""
         return model(features, training=training)

@@ -69,10 +69,7 @@ def run_experiment(task: base_task.Task, strategy: tf.distribute.Strategy | None
             options = dict(phase.options)
             with strategy.scope():  # the phase's optimizer state before its step is traced (one trace, not two)
                 optimizer_lib.create_slots(optimizer, task.trainable_variables(model, **options))
-
-            def step_fn(inputs, options=options):
-                return task.train_step(inputs, model, optimizer, global_step=loop.global_step, **options)
-
+            step_fn = _replica_step(task, model, optimizer, loop.global_step, options)
             logs = loop.run(iterators[phase.input_options], step_fn, hooks=all_hooks, distribute_dataset=False,
                             until_step=phase.until_step)
             if phase.until_step is not None and loop.step < phase.until_step:
@@ -84,6 +81,24 @@ def run_experiment(task: base_task.Task, strategy: tf.distribute.Strategy | None
     result["stopped_by"] = loop.stopped_by
     result["train"] = logs
     return result
+
+
+def _replica_step(task: base_task.Task, model: Any, optimizer: Any, global_step: tf.Variable,
+                  options: dict[str, Any]) -> training_loop.StepFn:
+    """One replica's step of a phase, a function of the batch alone: the task's :meth:`~base_task.Task.
+    prepare_inputs`, then its update (forward, loss, gradients, optimizer), which with ``jit_compile`` is one XLA
+    program (the step's ``update``)."""
+    def update(inputs: Any) -> Any:
+        return task.train_step(inputs, model, optimizer, global_step=global_step, **options)
+
+    if task.trainer_config.jit_compile:
+        update = tf.function(update, jit_compile=True, autograph=False)
+
+    def step_fn(inputs: Any) -> Any:
+        return update(task.prepare_inputs(inputs, model))
+
+    step_fn.update = update
+    return step_fn
 
 
 def _refuse_worker_clocks(task: base_task.Task) -> None:

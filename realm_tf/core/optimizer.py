@@ -152,6 +152,7 @@ class CooldownDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
 def build_optimizer(cfg: config_lib.TrainerConfig,
                     model: tf_keras.layers.Layer | None = None) -> tf_keras.optimizers.Optimizer:
     """AdamW (weight decay off for normalisations and biases, :data:`NO_WEIGHT_DECAY`), global-norm clipping,
+    wrapped in a dynamic ``LossScaleOptimizer`` for ``precision: mixed_float16``,
     warm-up then linear decay to 0 at ``cfg.steps`` (``learning_rate_decay: constant``: no decay, for a run whose
     length is not fixed in advance; ``cooldown``: constant, then to 0 over the last
     ``cfg.cooldown_steps``, :class:`CooldownDecay`);
@@ -182,9 +183,13 @@ def build_optimizer(cfg: config_lib.TrainerConfig,
         schedule = lr_schedule.LinearWarmup(decay, cfg.warmup_steps, warmup_learning_rate=0.0) \
             if cfg.warmup_steps > 0 else decay
     kwargs = {k: v for k, v in opt_config.optimizer.get().as_dict().items() if v is not None}
-    return ScaledAdamWeightDecay(lr_scales=parse_lr_scales(cfg.learning_rate_scales),
-                                 paths=variable_paths(model) if model is not None else None, learning_rate=schedule,
-                                 **kwargs)
+    adamw = ScaledAdamWeightDecay(lr_scales=parse_lr_scales(cfg.learning_rate_scales),
+                                  paths=variable_paths(model) if model is not None else None, learning_rate=schedule,
+                                  **kwargs)
+    if cfg.precision != "mixed_float16":
+        return adamw
+    # Dynamic loss scaling (Micikevicius et al., 2018, §3.2): float16 gradients underflow without it.
+    return tf_keras.mixed_precision.LossScaleOptimizer(adamw, dynamic_growth_steps=cfg.loss_scale_growth_steps)
 
 
 def create_slots(optimizer: tf_keras.optimizers.Optimizer, variables: Sequence[tf.Variable]) -> None:
@@ -196,6 +201,7 @@ def create_slots(optimizer: tf_keras.optimizers.Optimizer, variables: Sequence[t
     checkpoint are filled as they are created (deferred restoration), exactly as in the first step.
     """
     variables = list(variables)
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # a LossScaleOptimizer's AdamW
     if hasattr(optimizer, "_create_all_weights"):  # tf_keras' legacy OptimizerV2 (tf-models' AdamWeightDecay)
         optimizer._create_all_weights(variables)  # pylint: disable=protected-access  (no public equivalent)
     else:

@@ -4,8 +4,15 @@
 bfloat16 (Micikevicius et al., 2018, "Mixed Precision Training"; bfloat16 keeps float32's exponent range, so no
 loss scaling is needed). On TPUs this is the usual setting; on CPUs with AVX-512 BF16 instructions oneDNN's
 bfloat16 matmuls run about twice as fast as float32's, and a MiniLM training step about 1.2×
-(``benchmarks/reader_mixture_benchmark.py``). Checkpoints hold float32 variables either way, so a run trained in
-one precision is evaluated, exported and resumed in the other. Only training uses it: ``evaluate``, ``export`` and the
+(``benchmarks/reader_mixture_benchmark.py``).
+
+``mixed_float16`` computes in float16, for GPUs without bfloat16 (V100, T4). float16's range is narrow, so small
+gradients underflow: the optimizer is a dynamic ``LossScaleOptimizer`` (``core/optimizer.build_optimizer``),
+which multiplies the loss by a scale, unscales the gradients, skips a step whose gradients are not finite and
+halves the scale, and doubles it after ``loss_scale_growth_steps`` good steps (Micikevicius et al., 2018, §3.2).
+Checkpoints hold float32 variables in every precision, so a run trained in one is evaluated and exported in any.
+A run resumes in float32 or mixed_bfloat16 whichever it started in; a mixed_float16 run's optimizer also holds its
+loss scale, so it resumes in mixed_float16. Only training uses the precision: ``evaluate``, ``export`` and the
 index's embeddings stay float32.
 """
 from __future__ import annotations

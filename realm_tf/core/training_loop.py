@@ -18,6 +18,7 @@ import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import tensorflow as tf
+import tf_keras
 import tqdm
 
 from realm_tf import config as config_lib
@@ -38,12 +39,18 @@ def minimize(loss_fn: LossFn, variables: Sequence[tf.Variable], optimizer: Any,
 
     The per-example loss is averaged over the *global* batch (``tf.nn.compute_average_loss``), so summing the
     replicas' gradients gives the full-batch gradient. Variables without a gradient (BERT's pooler, which
-    REALM does not use) are left alone. Returns ``loss_fn``'s outputs.
+    REALM does not use) are left alone. With a ``LossScaleOptimizer`` (``mixed_float16``) the loss is scaled
+    and the gradients unscaled. Returns ``loss_fn``'s outputs.
     """
+    scaling = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
     with tf.GradientTape() as tape:
         per_example, extras = loss_fn()
         loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+        if scaling:  # float16: gradients of the loss × scale, unscaled before the update
+            loss = optimizer.get_scaled_loss(loss)
     grads = tape.gradient(loss, variables)
+    if scaling:  # a step whose gradients are not finite is skipped, and the scale halves (apply_gradients)
+        grads = optimizer.get_unscaled_gradients(grads)
     optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables) if g is not None])
     return per_example, extras
 
@@ -146,6 +153,8 @@ class TrainingLoop:
         if distribute_dataset and isinstance(dataset, tf.data.Dataset):
             dataset = self.strategy.experimental_distribute_dataset(dataset)
         iterator = iter(dataset)
+
+        self.step_fn = step_fn
 
         def train_step(batch):
             logs = self.strategy.run(step_fn, args=(batch,))

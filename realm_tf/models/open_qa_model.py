@@ -47,6 +47,8 @@ class OpenQaModel(tf_keras.Model):
       block_seq_length: length of ``[CLS] title [SEP] body [SEP]`` when re-embedding blocks.
       recompute_doc_embeddings: score the k blocks with the current Embed_doc instead of the fixed matrix.
       reader_block_title: the reader reads ``title [SEP] body`` after the question (false: the body alone).
+      static_padding: join_BERT padded to ``reader_seq_length`` (and blocks to ``block_seq_length``), so that
+        :meth:`read` sees one shape (``data.static_padding``; XLA); else to each batch's longest row.
 
     Inputs of :meth:`call`: ``question_input_word_ids`` / ``_input_mask`` / ``_input_type_ids`` ``int32[batch, q_len]``
     (``[CLS] question [SEP]``). Optional ``block_ids`` ``int32[batch, k]``: blocks chosen by another retriever
@@ -65,7 +67,8 @@ class OpenQaModel(tf_keras.Model):
     def __init__(self, retriever: knowledge_retriever.KnowledgeRetriever, reader: span_reader.SpanReader,
                  corpus: knowledge_corpus.KnowledgeCorpus, tokenizer: bert_tokenizer.BertTokenizer,
                  reader_beam_size: int, reader_seq_length: int, block_seq_length: int,
-                 recompute_doc_embeddings: bool = False, reader_block_title: bool = True, **kwargs: Any):
+                 recompute_doc_embeddings: bool = False, reader_block_title: bool = True,
+                 static_padding: bool = False, **kwargs: Any):
         super().__init__(**kwargs)
         self.retriever = retriever
         self.reader = reader
@@ -76,6 +79,7 @@ class OpenQaModel(tf_keras.Model):
         self.block_seq_length = block_seq_length
         self.recompute_doc_embeddings = recompute_doc_embeddings
         self.reader_block_title = reader_block_title
+        self.static_padding = static_padding
         self._continuation = tf.constant(bert_tokenizer.continuation_table(tokenizer.vocab))  # [vocab]: "##" pieces
 
     def retrieve(self, question: dict[str, tf.Tensor], k: int,
@@ -108,29 +112,40 @@ class OpenQaModel(tf_keras.Model):
         return tf.equal(seps_inside, 0) & whole_words
 
     def call(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> dict[str, tf.Tensor]:
+        return self.read({**inputs, **self.gather_blocks(inputs, training=training)}, training=training)
+
+    def gather_blocks(self, inputs: dict[str, tf.Tensor], training: bool | None = None,
+                      search_training: bool | None = None) -> dict[str, tf.Tensor]:
+        """The retrieval and packing of :meth:`call`: the search (or the given ``block_ids``), the k blocks'
+        wordpieces gathered from the corpus and join_BERT(x, z) packed. Its ragged gathers and the search have
+        no XLA kernel; what it returns is dense, for :meth:`read`, which does compile. ``search_training``: the
+        query tower's mode for the search (default: ``training``).
+
+        Returns ``block_ids`` ``int32[batch, k]``, ``reader_input_word_ids`` / ``_mask`` / ``_type_ids``
+        ``int32[batch, k, reader_len]``, ``question_length`` ``int32[batch]``, and, to score the blocks:
+        ``query_embedding`` ``[batch, dim]`` (where it searched), ``block_embeddings`` ``[batch, k, dim]`` (the
+        fixed matrix's rows) or ``block_input_word_ids`` / ``_mask`` / ``_type_ids`` ``int32[batch, k, block_len]``
+        (``recompute_doc_embeddings``) or ``retrieval_scores`` ``[batch, k]`` (a served corpus's exact scores).
+        """
         question = {k: inputs["question_" + k] for k in bert_encoder.INPUT_KEYS}  # each [batch, q_len]
         given = inputs.get("block_ids")
+        out: dict[str, tf.Tensor] = {}
         if given is None:
-            query, scores, block_ids = self.retrieve(question, self.reader_beam_size, training=training)  # [b, k]
+            query, scores, block_ids = self.retrieve(question, self.reader_beam_size,
+                                                     training=training if search_training is None else search_training)
+            out["query_embedding"] = query  # [batch, dim]
         else:
             block_ids = tf.cast(given, tf.int32)  # [batch, k]
-        batch = tf.shape(block_ids)[0]
-        k = tf.shape(block_ids)[1]  # fewer when the corpus is smaller than the beam
-        flat_ids = tf.reshape(block_ids, [-1])  # [batch * k]
-        titles, bodies = self.corpus.wordpieces(flat_ids)  # [batch * k, (title_len)], [batch * k, (body_len)]
-        if given is not None:
-            retrieval_logits = tf.zeros(tf.shape(block_ids), tf.float32)  # [batch, k]: no retriever prior
-        else:
-            if self.recompute_doc_embeddings:
-                packed = self.tokenizer.join_bert(titles, bodies, self.block_seq_length, pad_to_seq_length=False)
-                docs = tf.reshape(self.retriever.embed_blocks(packed, training=training), [batch, k, -1])  # [b,k,d]
-                retrieval_logits = self.retriever.score(query, docs)  # [batch, k]: f(x, z) / τ
-            elif self.corpus.embeddings is None:  # a served corpus: the searcher's exact scores, no matrix held
-                retrieval_logits = self.retriever.logits(scores)  # [batch, k]
-            else:
-                docs = tf.stop_gradient(self.corpus.block_embeddings(block_ids))  # [batch, k, dim]
-                retrieval_logits = self.retriever.score(query, docs)  # [batch, k]: f(x, z) / τ
-
+        batch, k = _dimension(block_ids, 0), _dimension(block_ids, 1)  # k: fewer where the corpus is smaller
+        titles, bodies = self.corpus.wordpieces(tf.reshape(block_ids, [-1]))  # [b * k, (title)], [b * k, (body)]
+        if given is None and self.recompute_doc_embeddings:
+            packed = self.tokenizer.join_bert(titles, bodies, self.block_seq_length,
+                                              pad_to_seq_length=self.static_padding)  # each [batch * k, block_len]
+            out.update({"block_" + key: tf.reshape(v, [batch, k, -1]) for key, v in packed.items()})
+        elif given is None and self.corpus.embeddings is None:  # a served corpus: the searcher's exact scores
+            out["retrieval_scores"] = scores  # [batch, k]
+        elif given is None:
+            out["block_embeddings"] = self.corpus.block_embeddings(block_ids)  # [batch, k, dim]
         question_ids = _unpack(question)  # [batch, (q_len)]
         repeated = tf.gather(question_ids, tf.repeat(tf.range(batch), k))  # [batch * k, (q_len)]
         windows = inputs.get("block_windows")
@@ -141,10 +156,40 @@ class OpenQaModel(tf_keras.Model):
             doc = tf.concat([titles, sep, bodies], axis=1)  # [batch * k, (title_len + 1 + body_len)]
         else:
             doc = bodies  # [batch * k, (body_len)]
-        reader_inputs = self.tokenizer.join_bert(repeated, doc, self.reader_seq_length, pad_to_seq_length=False)
-        if training:  # a bounded number of shapes for the span reader's kernels (length_buckets.LENGTH_MULTIPLE)
+        reader_inputs = self.tokenizer.join_bert(repeated, doc, self.reader_seq_length,
+                                                 pad_to_seq_length=self.static_padding)
+        if training and not self.static_padding:  # a bounded number of shapes (length_buckets.LENGTH_MULTIPLE)
             reader_inputs = length_buckets.pad_to_multiple(reader_inputs, self.reader_seq_length)
-        reader_inputs = {key: tf.reshape(v, [batch, k, -1]) for key, v in reader_inputs.items()}  # [b, k, len]
+        length = self.reader_seq_length if self.static_padding else -1
+        out.update({"reader_" + key: tf.reshape(v, [batch, k, length]) for key, v in reader_inputs.items()})
+        out["block_ids"] = block_ids  # [batch, k]
+        out["question_length"] = tf.cast(question_ids.row_lengths(), tf.int32)  # [batch]
+        return out
+
+    def read(self, inputs: dict[str, tf.Tensor], training: bool | None = None) -> dict[str, tf.Tensor]:
+        """The dense part of :meth:`call`: f(x, z) for the gathered blocks and the span reader over
+        join_BERT(x, z). ``inputs``: the question's and :meth:`gather_blocks`'s tensors. Without
+        ``query_embedding`` (blocks gathered outside the gradient tape, or given), Embed_input(x) is computed here,
+        so that the retriever's loss reaches the query tower."""
+        block_ids = inputs["block_ids"]  # [batch, k]
+        if "block_embeddings" in inputs or "block_input_word_ids" in inputs:
+            query = inputs.get("query_embedding")
+            if query is None:
+                question = {k: inputs["question_" + k] for k in bert_encoder.INPUT_KEYS}  # each [batch, q_len]
+                query = self.retriever.embed_queries(question, training=training)  # [batch, dim]
+            if "block_embeddings" in inputs:
+                docs = tf.stop_gradient(inputs["block_embeddings"])  # [batch, k, dim]: Embed_doc fixed
+            else:
+                packed = {k: tf.reshape(inputs["block_" + k], [-1, tf.shape(inputs["block_" + k])[-1]])
+                          for k in bert_encoder.INPUT_KEYS}  # each [batch * k, block_len]
+                docs = tf.reshape(self.retriever.embed_blocks(packed, training=training),
+                                  tf.concat([tf.shape(block_ids), [-1]], 0))  # [batch, k, dim]
+            retrieval_logits = self.retriever.score(query, docs)  # [batch, k]: f(x, z) / τ
+        elif "retrieval_scores" in inputs:
+            retrieval_logits = self.retriever.logits(inputs["retrieval_scores"])  # [batch, k]
+        else:
+            retrieval_logits = tf.zeros(tf.shape(block_ids), tf.float32)  # [batch, k]: given blocks, no prior
+        reader_inputs = {key: inputs["reader_" + key] for key in bert_encoder.INPUT_KEYS}  # each [batch, k, len]
         read = self.reader(reader_inputs, training=training)
         mask = read["span_mask"] & self._answer_shaped(read, reader_inputs["input_word_ids"])  # [b, k, spans]
         logits = tf.where(mask, read["span_logits"], span_reader.MASKED_SPAN_LOGIT)  # [batch, k, num_spans]
@@ -157,7 +202,7 @@ class OpenQaModel(tf_keras.Model):
             "span_ends": read["span_ends"],  # [batch, k, num_spans]
             "reader_input_word_ids": reader_inputs["input_word_ids"],  # [batch, k, reader_len]
             "reader_input_type_ids": reader_inputs["input_type_ids"],  # [batch, k, reader_len]
-            "question_length": tf.cast(question_ids.row_lengths(), tf.int32),  # [batch]
+            "question_length": inputs["question_length"],  # [batch]
         }
 
     def decode(self, outputs: Mapping[str, tf.Tensor], retrieval_weight: float = 1.0,
@@ -239,7 +284,8 @@ class OpenQaModel(tf_keras.Model):
         return {"reader_beam_size": self.reader_beam_size, "reader_seq_length": self.reader_seq_length,
                 "block_seq_length": self.block_seq_length,
                 "recompute_doc_embeddings": self.recompute_doc_embeddings,
-                "reader_block_title": self.reader_block_title, "name": self.name}
+                "reader_block_title": self.reader_block_title, "static_padding": self.static_padding,
+                "name": self.name}
 
 
 def normalize_answers(texts: tf.Tensor) -> tf.Tensor:
@@ -264,6 +310,12 @@ def body_windows(bodies: tf.RaggedTensor, windows: tf.Tensor) -> tf.RaggedTensor
     counts = tf.minimum(tf.maximum(windows[:, 1], 0), lengths - starts)  # [rows]
     first = bodies.row_starts() + starts  # [rows]: where each window starts in the flat values
     return tf.gather(bodies.values, tf.ragged.range(first, first + counts))  # [rows, (count)]
+
+
+def _dimension(tensor: tf.Tensor, axis: int) -> int | tf.Tensor:
+    """``tensor``'s size along ``axis``: a Python int where the shape is static, else a scalar tensor."""
+    static = tensor.shape[axis]
+    return static if static is not None else tf.shape(tensor)[axis]
 
 
 def _unpack(packed: dict[str, tf.Tensor]) -> tf.RaggedTensor:

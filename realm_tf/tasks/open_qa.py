@@ -153,7 +153,8 @@ class OpenQaTask(base_task.Task):
             warm_start.restore_from_run(qa.reader_checkpoint, reader=reader)
         return open_qa_model.OpenQaModel(retriever, reader, corpus, self.tokenizer, m.reader_beam_size,
                                          m.reader_seq_length, m.block_seq_length, qa.recompute_doc_embeddings,
-                                         reader_block_title=m.reader_block_title, name="open_qa")
+                                         reader_block_title=m.reader_block_title,
+                                         static_padding=self.cfg.data.static_padding, name="open_qa")
 
     # ---- data ---------------------------------------------------------------------------------------------
 
@@ -263,6 +264,24 @@ class OpenQaTask(base_task.Task):
             metrics["retriever_loss"] = tf.reduce_mean(terms["retriever_loss"])
             metrics["reader_loss"] = tf.reduce_mean(terms["reader_loss"])
         return metrics
+
+    def prepare_inputs(self, inputs: tuple[base_task.Features, base_task.Labels],
+                       model: open_qa_model.OpenQaModel) -> tuple[base_task.Features, base_task.Labels]:
+        """The step's retrieval, before its update: the search and the corpus's ragged gathers
+        (:meth:`OpenQaModel.gather_blocks`) have no XLA kernel, so they run here, uncompiled, with the live query
+        tower (without dropout); the update (:meth:`call_model`, the loss, the gradients) then reads dense
+        tensors and compiles, and computes Embed_input(x) again under its gradient tape."""
+        features, labels = inputs
+        gathered = model.gather_blocks(features, training=True, search_training=False)
+        gathered.pop("query_embedding", None)  # computed outside the tape: no gradient would reach the tower
+        return {**features, **gathered}, labels
+
+    def call_model(self, model: open_qa_model.OpenQaModel, features: base_task.Features,
+                   training: bool) -> Mapping[str, tf.Tensor]:
+        """The forward pass; on features :meth:`prepare_inputs` gathered, only its dense part."""
+        if "reader_input_word_ids" in features:
+            return model.read(features, training=training)
+        return model(features, training=training)
 
     def trainable_variables(self, model: open_qa_model.OpenQaModel, **options: Any) -> list[tf.Variable]:
         return list(model.reader.trainable_variables if self.reader_only else model.trainable_variables)

@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
+import xla_steps  # tests/xla_steps.py (tests/ is on the path: tests/conftest.py)
 
 from beam_jobs import build_knn_datastore
 from realm_tf import cli
@@ -390,3 +391,15 @@ def test_a_resumed_run_sees_the_batches_an_uninterrupted_run_would(retro_sets):
     assert not np.array_equal(straight[0], straight[4])  # the skipped batches were real, different ones
     other_seed = iter(experiment._distributed_inputs(task, strategy, 0, {"seed": 99}))  # pylint: disable=protected-access
     assert not np.array_equal(next(other_seed)[0]["input_ids"].numpy(), straight[0])
+
+
+@pytest.mark.parametrize("retrieval", [False, True])
+def test_the_step_is_one_xla_program_traced_once(trained, tmp_path, retrieval):
+    """The decoder alone, and RETRO-fitted from it with its neighbours (static shapes: sequences and chunks are
+    of fixed length)."""
+    root, sets = trained
+    cfg = config.load_config(TINY, sets + [f"retro_trainer.model_dir={tmp_path}/run", "retro_trainer.jit_compile=true",
+                                           "data.static_padding=true"]
+                             + ([f"retro.retro_fit_from={root}/baseline"] if retrieval else []))
+    run = xla_steps.run_compiled(retro_lm.RetroLmTask(cfg, retrieval=retrieval))
+    assert np.isfinite(run.result["train"]["loss"])

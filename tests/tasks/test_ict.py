@@ -1,4 +1,5 @@
 """ICT: in-batch loss vs numpy, the loss falls on a tiny config, gradients reach both towers, resume."""
+import functools
 import gzip
 import itertools
 import json
@@ -7,6 +8,7 @@ import os
 import numpy as np
 import pytest
 import tensorflow as tf
+import xla_steps  # tests/xla_steps.py (tests/ is on the path: tests/conftest.py)
 
 from realm_tf import config
 from realm_tf.core import experiment
@@ -129,3 +131,11 @@ def test_ict_starts_from_the_retriever_checkpoint_when_given(tiny, tmp_path):
     for got, want in zip(model.weights, expected.weights):
         np.testing.assert_array_equal(got.numpy(), want.numpy())
     assert any(not np.array_equal(a.numpy(), b.numpy()) for a, b in zip(fresh.weights, expected.weights))
+
+
+@pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])
+def test_the_step_is_one_xla_program_traced_once(tiny, precision):
+    cfg = functools.reduce(config.apply_override, ["data.static_padding=true", "ict.jit_compile=true", "ict.steps=3",
+                                        f"ict.precision={precision}"], tiny)
+    run = xla_steps.run_compiled(ict.IctTask(cfg, f"{cfg.data.ict_dir}/*.tfrecord"))
+    assert np.isfinite(run.result["train"]["loss"])

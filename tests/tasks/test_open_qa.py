@@ -1,6 +1,7 @@
 """Open-QA task: in-graph answer matching vs the numpy reference, answers cut from the original text,
 fine-tune + evaluate through the CLI, EM / regex matching."""
 import dataclasses
+import functools
 import itertools
 import json
 import re
@@ -9,6 +10,7 @@ import unicodedata
 import numpy as np
 import pytest
 import tensorflow as tf
+import xla_steps  # tests/xla_steps.py (tests/ is on the path: tests/conftest.py)
 
 from beam_jobs import embed_blocks
 from realm_tf import cli
@@ -505,3 +507,14 @@ def test_block_windows_read_that_part_of_each_body_and_the_title_whole(qa):
         types = outputs["reader_input_type_ids"].numpy()[i, j].tolist()
         read = [t for t, s in zip(ids, types) if s == 1][:-1]  # the block segment without its final [SEP]
         assert read == expected
+
+
+def test_the_step_is_one_xla_program_traced_once(qa, tmp_path):
+    cfg, root, _, _, blocks, examples = qa
+    path = tmp_path / "questions.jsonl"
+    path.write_text("".join(json.dumps({"id": f"id{n}-{e.id}", "question": e.question, "answers": list(e.answers)})
+                            + "\n" for n in range(4) for e in examples))
+    run = functools.reduce(config.apply_override, [f"finetune.model_dir={tmp_path}/model", "finetune.steps=3",
+                                                   "data.static_padding=true", "finetune.jit_compile=true"], cfg)
+    result = xla_steps.run_compiled(open_qa.OpenQaTask(run, str(path)))
+    assert np.isfinite(result.result["train"]["loss"])

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
+import xla_steps  # tests/xla_steps.py (tests/ is on the path: tests/conftest.py)
 
 from realm_tf import cli
 from realm_tf import config
@@ -330,3 +331,11 @@ def test_reading_windows_hold_the_answer_and_the_reader_trains_on_them(squad, tm
     features, _ = next(iter(task.build_inputs(seed=0)))
     assert features["block_windows"].shape == (4, 3, 2)
     assert reader_warm_start.train_reader(task.cfg, [str(path)])["step"] == 3
+
+
+def test_the_step_is_one_xla_program_traced_once(squad, tmp_path):
+    root, path, blocks, sets = squad
+    cfg = config.load_config(TINY, [s for s in sets if s != "--set"] + [
+        f"reader.model_dir={tmp_path}/reader", "data.static_padding=true", "reader.jit_compile=true"])
+    run = xla_steps.run_compiled(reader_warm_start.ReaderWarmStartTask(cfg, [str(path)]))
+    assert np.isfinite(run.result["train"]["loss"])

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
+import xla_steps  # tests/xla_steps.py (tests/ is on the path: tests/conftest.py)
 
 from beam_jobs import embed_blocks
 from realm_tf import config
 from realm_tf import errors
 from realm_tf.core import base_task
-from realm_tf.core import optimizer as optimizer_lib
 from realm_tf.core import precision
 from realm_tf.data import block_store
 from realm_tf.data import candidate_selection
@@ -482,11 +482,10 @@ def test_export_steps_are_strictly_inside_the_run_and_after_the_freeze(start, fr
 
 
 def test_the_step_compiles_with_xla_on_a_static_batch_and_updates_as_without(setup):
-    """An accelerator's step: no string or float64 in the batch, every non-batch dimension static, and the whole
-    update (forward, loss, gradients, optimizer) one XLA program: with AdamW it lowers to HLO, and with plain
-    gradient descent (whose update is the gradient itself, so rounding is not amplified as in Adam's first step,
-    which moves every weight by the rate whatever its gradient) it gives the uncompiled step's weights to
-    rounding of the largest update."""
+    """The step compiled with XLA computes what the uncompiled step does: with plain gradient descent (whose
+    update is the gradient itself, so rounding is not amplified as in Adam's first step, which moves every weight
+    by the rate whatever its gradient) it gives the uncompiled step's weights to rounding of the largest update.
+    (The contract with AdamW, through the product's loop: ``test_the_step_is_one_xla_program_traced_once``.)"""
     cfg, task, blocks, _, _ = setup
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, static_padding=True))
     inputs = retrieval_augmented_input.RetrievalAugmentedInput(
@@ -499,9 +498,6 @@ def test_the_step_compiles_with_xla_on_a_static_batch_and_updates_as_without(set
     task = realm_pretraining.RealmPretrainingTask(cfg)
     model = task.build_model()
     model(batch[0], training=False)
-    adamw = optimizer_lib.build_optimizer(cfg.pretrain, model)
-    compiled = tf.function(lambda b: task.train_step(b, model, adamw), jit_compile=True, autograph=False)
-    assert "HloModule" in compiled.experimental_get_compiler_ir(batch)(stage="hlo")
     start = [v.numpy() for v in model.trainable_variables]
     updates = []
     for jit in (False, True):
@@ -517,3 +513,17 @@ def test_the_step_compiles_with_xla_on_a_static_batch_and_updates_as_without(set
     assert scale > 0
     for eager, xla in zip(*updates):
         np.testing.assert_allclose(xla, eager, rtol=0, atol=1e-4 * scale)
+
+
+@pytest.mark.parametrize("frozen, precision", [(True, "mixed_bfloat16"), (False, "float32")])
+def test_the_step_is_one_xla_program_traced_once(tmp_path, pretraining_workspace, workspace_overrides, frozen,
+                                                 precision):
+    """The product's loop with ``jit_compile``: the retriever frozen for the whole run (the reader's phase) or
+    trained from step 1, in each precision."""
+    cfg = config.load_config(TINY, workspace_overrides(tmp_path, pretraining_workspace) + [
+        "data.static_padding=true", "pretrain.jit_compile=true", "pretrain.steps=3", "refresh.mode=external",
+        f"pretrain.freeze_retriever_steps={3 if frozen else 0}", f"pretrain.precision={precision}"])
+    task = realm_pretraining.RealmPretrainingTask(cfg, evaluate=False, index_builder=embed_blocks.embed_and_publish)
+    run = xla_steps.run_compiled(task)
+    retriever = [i for i, v in enumerate(run.result["model"].variables) if "knowledge_retriever" in v.name]
+    assert retriever and all(np.array_equal(run.states[0][i], run.states[-1][i]) for i in retriever) == frozen
