@@ -43,6 +43,7 @@ def run_experiment(task: base_task.Task, strategy: tf.distribute.Strategy | None
         config_lib.save_params(task.cfg, trainer.model_dir)
     distribution.set_intra_op_threads(trainer.intra_op_threads)  # before the strategy's first op
     strategy = strategy or distribution.make_strategy(trainer.strategy)
+    _refuse_xla_all_reduce_on_cpus(task, strategy)
     # The tokenizer's lookup tables: after the strategy (MultiWorkerMirroredStrategy must precede every op),
     # eagerly (not first inside a traced input or step function, whose graph would own them).
     _ = task.tokenizer
@@ -99,6 +100,19 @@ def _replica_step(task: base_task.Task, model: Any, optimizer: Any, global_step:
 
     step_fn.update = update
     return step_fn
+
+
+def _refuse_xla_all_reduce_on_cpus(task: base_task.Task, strategy: tf.distribute.Strategy) -> None:
+    """``jit_compile`` with replicas on CPUs: (MultiWorker)MirroredStrategy sums the replicas' gradients inside an
+    XLA program only between GPUs (NCCL); between CPU devices it needs a ``merge_call``, which a compiled function
+    cannot make."""
+    trainer = task.trainer_config
+    if (trainer.jit_compile and strategy.num_replicas_in_sync > 1
+            and not isinstance(strategy, tf.distribute.TPUStrategy) and not tf.config.list_logical_devices("GPU")):
+        raise config_lib.ConfigError(
+            f"{task.trainer_section}.jit_compile=true with {strategy.num_replicas_in_sync} replicas on CPUs: "
+            f"TensorFlow all-reduces gradients inside XLA only between GPUs (or on a TPU); set "
+            f"{task.trainer_section}.jit_compile=false here")
 
 
 def _refuse_worker_clocks(task: base_task.Task) -> None:

@@ -106,3 +106,14 @@ def test_a_tpu_strategy_needs_static_shapes_and_names_the_settings(tmp_path):
     fixed = config.load_config(path, ["data.static_padding=true", "model.reader_length_buckets=1",
                                       "model.candidate_length_buckets=1"])
     assert fixed.pretrain.strategy == "tpu"
+
+
+def test_jit_compile_needs_static_shapes_in_any_training_section(tmp_path):
+    path = tmp_path / "xla.yaml"
+    path.write_text("name: t\nfinetune:\n  jit_compile: true\n")
+    with pytest.raises(config.ConfigError, match=r"xla.yaml:3: finetune.jit_compile=true needs static shapes.*"
+                                                 r"data.static_padding=false"):
+        config.load_config(path)
+    fixed = config.load_config(path, ["data.static_padding=true", "model.reader_length_buckets=1",
+                                      "model.candidate_length_buckets=1"])
+    assert fixed.finetune.jit_compile and not fixed.pretrain.jit_compile

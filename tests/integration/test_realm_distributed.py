@@ -36,6 +36,12 @@ cfg = config.load_config("configs/tiny.yaml", sets + ["pretrain.strategy=mirrore
 # 1. `realm-tf pretrain` itself under MirroredStrategy (2 replicas): bootstraps the index, trains, evaluates
 #    (exports during distributed training: test_multi_worker_mirrored_two_processes).
 result = realm_pretraining.pretrain(cfg, index_builder=embed_blocks.embed_and_publish)
+compiled = config.apply_override(config.apply_override(cfg, "pretrain.jit_compile=true"), "data.static_padding=true")
+try:  # XLA all-reduces between GPUs only: on CPU replicas a clear error before anything is built
+    realm_pretraining.pretrain(compiled, index_builder=embed_blocks.embed_and_publish)
+    raise AssertionError("jit_compile on 2 CPU replicas was not refused")
+except config.ConfigError as e:
+    assert "all-reduces gradients inside XLA only between GPUs" in str(e), e
 mirrored = distribution.make_strategy("mirrored")
 assert mirrored.num_replicas_in_sync == 2, mirrored.num_replicas_in_sync
 
