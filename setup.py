@@ -30,6 +30,7 @@ setuptools.setup(
     extras_require={
         "dev": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "bm25s", "ruff==0.17.6"],
         "gcp": ["apache-beam[gcp]==2.77.0"],
+        "gpu": ["tensorflow[and-cuda]~=2.20.0"],  # CUDA and cuDNN from PyPI (Linux)
     },
     entry_points={"console_scripts": ["realm-tf=realm_tf.cli:main"]},
 )

@@ -41,6 +41,22 @@ def make_strategy(name: str) -> tf.distribute.Strategy:
     raise ValueError(f"pretrain.strategy={name!r}: expected one of {STRATEGIES}")
 
 
+def describe(strategy: tf.distribute.Strategy, section: str, trainer: config_lib.TrainerConfig) -> str:
+    """The line a training job prints at its start: its strategy, replicas and their devices, XLA and precision
+    (e.g. ``pretrain: strategy mirrored, 2 replicas on CPU:0, CPU:1 (no GPU visible); jit_compile off; precision
+    float32``), so that a missing GPU shows at once."""
+    try:
+        devices = [tf.DeviceSpec.from_string(d) for d in strategy.extended.worker_devices]
+    except RuntimeError:  # the default strategy: the first GPU if there is one, else the CPU
+        devices = [tf.DeviceSpec.from_string((tf.config.list_logical_devices("GPU")
+                                              or tf.config.list_logical_devices("CPU"))[0].name)]
+    names = ", ".join(f"{d.device_type}:{d.device_index or 0}" for d in devices)
+    replicas = strategy.num_replicas_in_sync
+    no_gpu = "" if tf.config.list_logical_devices("GPU") or trainer.strategy == "tpu" else " (no GPU visible)"
+    return (f"{section}: strategy {trainer.strategy}, {replicas} replica{'s' if replicas != 1 else ''} on "
+            f"{names}{no_gpu}; jit_compile {'on' if trainer.jit_compile else 'off'}; precision {trainer.precision}")
+
+
 def tpu_address() -> str | None:
     """What ``TPUClusterResolver`` is given: ``TPU_NAME``; None where ``TPU_CONFIG`` describes the TPU (the
     resolver reads it); else ``"local"``, the chips of the TPU VM this runs on."""

@@ -44,6 +44,7 @@ def run_experiment(task: base_task.Task, strategy: tf.distribute.Strategy | None
     distribution.set_intra_op_threads(trainer.intra_op_threads)  # before the strategy's first op
     strategy = strategy or distribution.make_strategy(trainer.strategy)
     _refuse_xla_all_reduce_on_cpus(task, strategy)
+    logger.info("%s", distribution.describe(strategy, task.trainer_section, trainer))
     # The tokenizer's lookup tables: after the strategy (MultiWorkerMirroredStrategy must precede every op),
     # eagerly (not first inside a traced input or step function, whose graph would own them).
     _ = task.tokenizer

@@ -117,3 +117,10 @@ def test_jit_compile_needs_static_shapes_in_any_training_section(tmp_path):
     fixed = config.load_config(path, ["data.static_padding=true", "model.reader_length_buckets=1",
                                       "model.candidate_length_buckets=1"])
     assert fixed.finetune.jit_compile and not fixed.pretrain.jit_compile
+
+
+def test_the_start_line_names_the_strategy_replicas_devices_and_settings():
+    trainer = config.load_config("configs/tiny.yaml", ["pretrain.precision=mixed_bfloat16"]).pretrain
+    line = distribution.describe(distribution.make_strategy("default"), "pretrain", trainer)
+    assert line == ("pretrain: strategy default, 1 replica on CPU:0 (no GPU visible); jit_compile off; "
+                    "precision mixed_bfloat16")

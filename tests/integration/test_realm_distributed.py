@@ -44,6 +44,8 @@ except config.ConfigError as e:
     assert "all-reduces gradients inside XLA only between GPUs" in str(e), e
 mirrored = distribution.make_strategy("mirrored")
 assert mirrored.num_replicas_in_sync == 2, mirrored.num_replicas_in_sync
+line = distribution.describe(mirrored, "pretrain", cfg.pretrain)
+assert line.startswith("pretrain: strategy mirrored, 2 replicas on CPU:0, CPU:1 (no GPU visible)"), line
 
 # 2. One update on a global batch of 4 split over the 2 replicas equals the update on one device.
 task = realm_pretraining.RealmPretrainingTask(cfg)
