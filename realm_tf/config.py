@@ -43,6 +43,7 @@ MaskingStrategy = Literal["salient", "random_span", "random_token"]
 IndexKind = Literal["scann", "brute_force"]
 ReorderDtype = Literal["float32", "int8"]
 RefreshMode = Literal["process", "thread", "external"]
+RefreshDevices = Literal["cpu", "all"]
 Strategy = Literal["default", "mirrored", "multi_worker", "tpu"]
 Precision = Literal["float32", "mixed_bfloat16", "mixed_float16"]
 EvalSplit = Literal["heldout", "train"]
@@ -231,6 +232,11 @@ class RefreshConfig:
       keep_exports: exports kept; older ones are deleted unless an index version still needs them.
       poll_seconds: how often the builder lists ``export_dir`` and the trainer's input pipeline lists
         ``index.index_dir`` for a newer version.
+      max_failures: the builder tries an export this many times; the trainer stops with the builder's error once
+        it has failed this many times since the newest index version (``index/refresh_failures``), rather than
+        train on against an index that no longer refreshes.
+      devices: what the builder's child process (``mode: process``) may use: ``cpu`` (the accelerators hidden
+        from it, which the trainer holds) or ``all``.
     """
 
     export_dir: str = "/tmp/realm_tf/export"
@@ -239,6 +245,8 @@ class RefreshConfig:
     beam_options: tuple[str, ...] = ()
     keep_exports: int = 3
     poll_seconds: float = 5.0
+    max_failures: int = 3
+    devices: RefreshDevices = "cpu"
 
 
 @dataclasses.dataclass(frozen=True)

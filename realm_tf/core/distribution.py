@@ -41,6 +41,17 @@ def make_strategy(name: str) -> tf.distribute.Strategy:
     raise ValueError(f"pretrain.strategy={name!r}: expected one of {STRATEGIES}")
 
 
+def allow_memory_growth() -> None:
+    """Lets each GPU's memory grow as it is used instead of being taken whole at the first op, so that a process
+    beside the trainer (an index builder with ``refresh.devices: all``, an evaluation) can have some. Must run
+    before the first op; later it leaves the GPUs as they are."""
+    for gpu in tf.config.list_physical_devices("GPU"):
+        try:
+            tf.config.experimental.set_memory_growth(gpu, True)
+        except RuntimeError:  # the runtime already started: too late, and harmless
+            logger.debug("memory growth of %s not set: TensorFlow already started", gpu.name)
+
+
 def describe(strategy: tf.distribute.Strategy, section: str, trainer: config_lib.TrainerConfig) -> str:
     """The line a training job prints at its start: its strategy, replicas and their devices, XLA and precision
     (e.g. ``pretrain: strategy mirrored, 2 replicas on CPU:0, CPU:1 (no GPU visible); jit_compile off; precision

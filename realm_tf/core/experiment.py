@@ -42,6 +42,7 @@ def run_experiment(task: base_task.Task, strategy: tf.distribute.Strategy | None
     if train:
         config_lib.save_params(task.cfg, trainer.model_dir)
     distribution.set_intra_op_threads(trainer.intra_op_threads)  # before the strategy's first op
+    distribution.allow_memory_growth()
     strategy = strategy or distribution.make_strategy(trainer.strategy)
     _refuse_xla_all_reduce_on_cpus(task, strategy)
     logger.info("%s", distribution.describe(strategy, task.trainer_section, trainer))

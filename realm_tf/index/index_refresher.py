@@ -9,8 +9,9 @@ published index version, it runs the index builder it was given on it (``beam_jo
 locally, or any Beam runner through ``refresh.beam_options``), which publishes ``index_dir/<export step>/``
 atomically. The builder is passed in by the entry point that composes the two (``realm-tf refresh-index``,
 ``realm-tf pretrain``), so the index package does not depend on the Beam jobs that sit above it. When it
-falls behind it skips to the newest export. A failed run is logged and counted and that export is not
-retried; the previous index version stays in service. It runs as ``realm-tf refresh-index --watch``, as a
+falls behind it skips to the newest export. A failed run is logged and recorded where the trainer reads it
+(:mod:`realm_tf.index.refresh_failures`), and retried up to ``refresh.max_failures`` attempts; the previous
+index version stays in service meanwhile. It runs as ``realm-tf refresh-index --watch``, as a
 child process of the trainer, or as a thread inside it (``refresh.mode``).
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any, Protocol, Sequence
 from realm_tf import artifacts
 from realm_tf import config as config_lib
 from realm_tf.index import index_publisher
+from realm_tf.index import refresh_failures
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +64,7 @@ class IndexRefresher:
         self.poll_seconds = cfg.refresh.poll_seconds
         self.pause_before_commit = pause_before_commit
         self.published: list[int] = []  # versions this refresher published
-        self.failed: dict[int, str] = {}  # export step -> error, not retried
+        self.failed: dict[int, str] = {}  # export step -> error, after refresh.max_failures attempts
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -91,8 +93,12 @@ class IndexRefresher:
         except index_publisher.IndexVersionExistsError:
             return None  # another builder published it meanwhile
         except Exception as e:  # pylint: disable=broad-except  # keep watching; the old index stays in service
-            logger.exception("refresh-index: export %d failed", step)
-            self.failed[step] = f"{type(e).__name__}: {e}"
+            error = f"{type(e).__name__}: {e}"
+            attempts = refresh_failures.record(self.export_dir, step, error)  # where the trainer reads it
+            logger.exception("refresh-index: export %d failed (attempt %d of %d)", step, attempts,
+                             self.cfg.refresh.max_failures)
+            if attempts >= self.cfg.refresh.max_failures:
+                self.failed[step] = error  # not retried; a newer export is
             return None
         self.published.append(step)
         logger.info("refresh-index: published index version %d in %.1fs", step, time.time() - start)

@@ -20,6 +20,7 @@ from realm_tf import errors
 from realm_tf.index import index_loader
 from realm_tf.index import index_publisher
 from realm_tf.index import index_refresher
+from realm_tf.index import refresh_failures
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ class RefreshSupervisor:
         self.build_index = build_index
         self.refresher: index_refresher.IndexRefresher | None = None
         self.process: subprocess.Popen | None = None
+        self.exits = 0  # times the builder's child process exited while training went on
+        self.last_exit = ""
 
     def bootstrap(self, step: int, export: Callable[[], str]) -> None:
         """Publishes a first index when ``index_dir`` has none: ``export()`` writes the current retriever's export
@@ -62,7 +65,8 @@ class RefreshSupervisor:
         else:
             refresher = index_refresher.IndexRefresher(self.params_path, self.build_index)
             built = refresher.refresh_once() is not None
-            failure = str(refresher.failed or "no export")
+            failure = refresh_failures.since_last_index(self.cfg.refresh.export_dir, self.cfg.index.index_dir)[1]
+            failure = failure or "no export"
         if not built:
             raise errors.UserError(f"{self.cfg.index.index_dir}: could not build the first index: {failure}")
 
@@ -82,13 +86,45 @@ class RefreshSupervisor:
             self.refresher = index_refresher.IndexRefresher(self.params_path, self.build_index)
             self.refresher.start_thread()
         else:
-            log = open(os.path.join(self.cfg.pretrain.model_dir, "refresh-index.log"), "ab")  # pylint: disable=consider-using-with
-            self.process = subprocess.Popen(  # pylint: disable=consider-using-with
-                [*self._refresh_index_command(), "--config", self.params_path, "--watch"],
-                stdout=log, stderr=subprocess.STDOUT)
-            log.close()
-            logger.info("index builder running as process %d (log: %s/refresh-index.log)", self.process.pid,
-                        self.cfg.pretrain.model_dir)
+            self._start_process()
+
+    @property
+    def log_path(self) -> str:
+        return os.path.join(self.cfg.pretrain.model_dir, "refresh-index.log")
+
+    def _start_process(self) -> None:
+        """``realm-tf refresh-index --watch`` as a child; with ``refresh.devices: cpu`` the GPUs are hidden from
+        it, so that it neither fails for want of the memory the trainer holds nor takes the trainer's."""
+        env = dict(os.environ)
+        if self.cfg.refresh.devices == "cpu":
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        log = open(self.log_path, "ab")  # pylint: disable=consider-using-with
+        self.process = subprocess.Popen(  # pylint: disable=consider-using-with
+            [*self._refresh_index_command(), "--config", self.params_path, "--watch"],
+            stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()
+        logger.info("index builder running as process %d (log: %s)", self.process.pid, self.log_path)
+
+    def check(self) -> int:
+        """The index builder's failures since the newest index version: its failed builds
+        (:mod:`realm_tf.index.refresh_failures`) and, in ``process`` mode, the times its child exited (it is
+        started again). Raises :class:`~realm_tf.errors.UserError` with the last error once they reach
+        ``refresh.max_failures``."""
+        if self.process is not None and self.process.poll() is not None:
+            self.exits += 1
+            logger.warning("the index builder (process %d) exited with %s; starting it again (log: %s)",
+                           self.process.pid, self.process.returncode, self.log_path)
+            self.last_exit = f"realm-tf refresh-index exited with {self.process.returncode}"
+            self._start_process()
+        failures, error = refresh_failures.since_last_index(self.cfg.refresh.export_dir, self.cfg.index.index_dir)
+        failures += self.exits
+        if failures >= self.cfg.refresh.max_failures:
+            raise errors.UserError(
+                f"the index builder failed {failures} times since index version "
+                f"{max(index_publisher.complete_versions(self.cfg.index.index_dir), default=None)} "
+                f"(refresh.max_failures={self.cfg.refresh.max_failures}), so the index no longer refreshes: "
+                f"{error or self.last_exit} (log: {self.log_path if self.process is not None else 'the builder'})")
+        return failures
 
     def stop(self) -> None:
         if self.refresher is not None:

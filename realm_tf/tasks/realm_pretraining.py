@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import time
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -239,7 +240,24 @@ class RealmPretrainingTask(base_task.Task):
                 last_version[0] = inputs.loader.version
                 logger.info("\npretrain: step %d: input pipeline switched to index version %d", step,
                             inputs.loader.version)
-        return [export_hook]
+        return [export_hook, *self._refresh_failure_hooks(loop)]
+
+    def _refresh_failure_hooks(self, loop: training_loop.TrainingLoop) -> list[training_loop.Hook]:
+        """The chief's check of the index builder, every ``refresh.poll_seconds``: its failures since the newest
+        index version as the ``index_refresh_failures`` scalar, and the run stopped with the builder's error once
+        they reach ``refresh.max_failures`` (:meth:`RefreshSupervisor.check`)."""
+        if not self.chief or self.supervisor is None or self.cfg.refresh.export_every_steps <= 0:
+            return []
+        supervisor, every, last = self.supervisor, self.cfg.refresh.poll_seconds, [0.0]
+
+        def refresh_hook(step: int, logs: Mapping[str, float]) -> None:
+            if time.time() - last[0] < every:
+                return
+            last[0] = time.time()
+            failures = supervisor.check()
+            with loop.writer.as_default(step=step):
+                tf.summary.scalar("index_refresh_failures", failures)
+        return [refresh_hook]
 
     def close(self) -> None:
         if self.supervisor is not None:

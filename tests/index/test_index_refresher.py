@@ -1,5 +1,5 @@
-"""IndexRefresher: indexes each new export (skipping to the newest when behind); a failing export is recorded,
-not retried, and the index in service is kept."""
+"""IndexRefresher: indexes each new export (skipping to the newest when behind); a failing export is recorded
+where the trainer reads it and retried up to refresh.max_failures attempts, and the index in service is kept."""
 import dataclasses
 import gzip
 import itertools
@@ -14,6 +14,7 @@ from realm_tf import config
 from realm_tf.export import retriever_export
 from realm_tf.index import index_publisher
 from realm_tf.index import index_refresher
+from realm_tf.index import refresh_failures
 from realm_tf.index import refresh_supervisor
 from realm_tf.models import knowledge_retriever
 
@@ -59,17 +60,27 @@ def test_indexes_new_exports_and_skips_to_the_newest(setup):
     assert meta["export_path"].endswith("/9") and meta["exported_at"] > 0
 
 
-def test_a_failing_export_is_recorded_not_retried(setup):
+def test_a_failing_export_is_recorded_for_the_trainer_retried_then_given_up(setup):
     cfg, params, model = setup
     refresher = index_refresher.IndexRefresher(params, embed_blocks.embed_and_publish)
     retriever_export.export_retriever(model, cfg, 2)
     assert refresher.refresh_once() == 2
     broken = retriever_export.export_retriever(model, cfg, 4)
     os.remove(os.path.join(broken, "saved_model.pb"))  # export.json says complete, but the model is gone
+    export_dir, index_dir = cfg.refresh.export_dir, cfg.index.index_dir
     assert refresher.refresh_once() is None
-    assert 4 in refresher.failed and "saved_model" in refresher.failed[4].lower()
-    assert refresher.pending_export() is None  # not retried
-    assert index_publisher.complete_versions(cfg.index.index_dir) == [2]  # the old version stays in service
+    first = refresh_failures.read(export_dir, 4)
+    assert first["attempts"] == 1 and "saved_model" in first["error"].lower()
+    assert refresh_failures.since_last_index(export_dir, index_dir) == (1, first["error"])
+    assert refresher.pending_export() == 4  # retried, up to refresh.max_failures attempts
+    assert refresher.refresh_once() is None and refresher.refresh_once() is None
+    assert 4 in refresher.failed and refresher.pending_export() is None  # then given up
+    assert refresh_failures.since_last_index(export_dir, index_dir)[0] == cfg.refresh.max_failures == 3
+    assert index_publisher.complete_versions(index_dir) == [2]  # the old version stays in service
+    assert os.listdir(os.path.join(export_dir, refresh_failures.DIRECTORY)) == ["4.json"]  # no staging file left
+    retriever_export.export_retriever(model, cfg, 6)
+    assert refresher.refresh_once() == 6
+    assert refresh_failures.since_last_index(export_dir, index_dir) == (0, None)  # counted since the newest index
 
 
 def test_exports_backing_index_versions_are_not_pruned(setup):

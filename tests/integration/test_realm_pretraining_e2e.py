@@ -127,3 +127,31 @@ def test_async_refresh_builder_killed_mid_publish_trainer_killed_and_rerun(tmp_p
 def _checkpoint_step(root):
     latest = tf.train.latest_checkpoint(str(root / "model" / "checkpoints"))
     return int(latest.rsplit("-", 1)[1]) if latest else 0
+
+
+def test_a_failing_index_builder_child_stops_the_trainer_with_its_error(tmp_path, pretraining_workspace,
+                                                                         workspace_overrides, read_scalars):
+    """``refresh.mode: process`` on the DirectRunner, the child's every build made to fail (an unknown Beam
+    runner): each failure is recorded where the trainer reads it, and the trainer stops with the child's error
+    once there are ``refresh.max_failures`` of them, instead of training on against the first index."""
+    from beam_jobs import embed_blocks  # pylint: disable=import-outside-toplevel
+    from realm_tf import config  # pylint: disable=import-outside-toplevel
+    from realm_tf import errors  # pylint: disable=import-outside-toplevel
+    from realm_tf.index import refresh_failures  # pylint: disable=import-outside-toplevel
+    from realm_tf.tasks import realm_pretraining  # pylint: disable=import-outside-toplevel
+
+    sets = workspace_overrides(tmp_path, pretraining_workspace) + ["pretrain.summary_every_steps=1"]
+    first = config.load_config(TINY, sets + ["pretrain.steps=1", "refresh.mode=external"])
+    assert realm_pretraining.pretrain(first, evaluate=False, index_builder=embed_blocks.embed_and_publish)["step"] == 1
+    failing = config.load_config(TINY, sets + [
+        "pretrain.steps=100000", "refresh.mode=process", "refresh.export_every_steps=1", "refresh.max_failures=2",
+        'refresh.beam_options=["--runner=NoSuchRunner"]'])
+    start = time.time()
+    with pytest.raises(errors.UserError, match=r"index builder failed \d+ times since index version 0 .*"
+                                               r"refresh.max_failures=2.*NoSuchRunner"):
+        realm_pretraining.pretrain(failing, evaluate=False)
+    assert time.time() - start < 300
+    failures, error = refresh_failures.since_last_index(failing.refresh.export_dir, failing.index.index_dir)
+    assert failures >= 2 and "NoSuchRunner" in error
+    assert max(v for _, v in read_scalars(f"{failing.pretrain.model_dir}/train")["index_refresh_failures"]) >= 1
+    assert "refresh-index: export" in _tail(f"{failing.pretrain.model_dir}/refresh-index.log", chars=None)
