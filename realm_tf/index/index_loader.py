@@ -5,9 +5,10 @@ background job re-embeds the corpus and publishes a new index (:mod:`realm_tf.in
 and the trainer moves to it once it is ready, without pausing. :class:`IndexLoader` is that move:
 
 * it serves the newest **complete** version of ``<index_dir>`` (numeric directory with ``index.json``);
-* :meth:`IndexLoader.maybe_refresh`, called by the caller (the tf.data pipeline between batches) or by an
-  optional watcher thread, loads a newer version *beside* the one in service and then swaps a single
-  reference under a lock; searches take a snapshot of ``(version, index, metadata)`` first, so each result
+* :meth:`IndexLoader.maybe_refresh`, called by the caller or by an optional watcher thread, loads a newer
+  version *beside* the one in service and then swaps a single reference under a lock;
+  :meth:`IndexLoader.refresh_in_background` (the tf.data pipeline, between batches) does the same on a thread of
+  its own, so that batches keep coming while a version loads; searches take a snapshot of ``(version, index, metadata)`` first, so each result
   comes entirely from one version, and :class:`SearchResult` says which;
 * a version whose ``dim``, ``vocab_hash`` or ``kind`` differs from what the model expects is refused with
   :class:`IndexMismatchError` naming its directory; any failure to load a new version leaves the previous
@@ -160,6 +161,24 @@ class IndexLoader:
         if now - self._last_check < self.min_refresh_interval_seconds:
             return False
         return self._refresh(raise_mismatch=False)
+
+    def refresh_in_background(self) -> bool:
+        """:meth:`maybe_refresh` on a thread of its own, so that the caller (the input pipeline, between batches)
+        does not wait while a new version loads: the batches go on with the version in service until the swap.
+        Rate-limited like :meth:`maybe_refresh`; returns True when it started a check."""
+        now = time.monotonic()
+        if now - self._last_check < self.min_refresh_interval_seconds or self._refresh_lock.locked():
+            return False
+        self._last_check = now
+        thread = threading.Thread(target=self._refresh_logged, name="index-load", daemon=True)
+        thread.start()
+        return True
+
+    def _refresh_logged(self) -> None:
+        try:
+            self._refresh(raise_mismatch=False)
+        except Exception:  # pylint: disable=broad-except  # a listing error: the next check tries again
+            logger.exception("%s: index refresh failed", self.index_dir)
 
     def start_watcher(self, interval_seconds: float = 30.0) -> threading.Thread:
         """Calls :meth:`maybe_refresh` every ``interval_seconds`` on a daemon thread until :meth:`stop`."""

@@ -176,7 +176,7 @@ class RetrievalAugmentedInput:
         search ranked it, or (``force_source``) as candidate 1.
         """
         start = time.perf_counter()
-        self.loader.maybe_refresh()
+        self.loader.refresh_in_background()  # a new version loads beside the batches, then swaps in
         served = self.loader.snapshot()  # one consistent version (index and blocks) for the whole batch
         version, index, metadata = served.version, served.index, served.metadata
         blocks = self.blocks if self.blocks is not None else served.blocks

@@ -145,6 +145,33 @@ def test_watcher_thread_swaps_and_stops(tmp_path):
     assert not thread.is_alive()
 
 
+def test_a_slow_load_in_the_background_does_not_stall_the_searches(tmp_path, monkeypatch):
+    """The input pipeline asks for a refresh between batches: a version that takes 5 s to load loads beside the
+    batches, which go on with the version in service, each from one version, until the swap."""
+    _publish(tmp_path, 1)
+    loader = _loader(tmp_path, min_refresh_interval_seconds=0.0)
+    load = loader._load  # pylint: disable=protected-access
+
+    def slow_load(version, path):
+        time.sleep(5.0)
+        return load(version, path)
+
+    monkeypatch.setattr(loader, "_load", slow_load)
+    _publish(tmp_path, 2)
+    swaps, start = loader.swaps, time.monotonic()
+    assert loader.refresh_in_background() is True
+    versions = []
+    while loader.version != 2 and time.monotonic() - start < 30:
+        asked = time.monotonic()
+        loader.refresh_in_background()  # a check already loading: no second one
+        result = loader.search_batched(QUERIES, 5)
+        assert _consistent(result) and time.monotonic() - asked < 1.0  # no batch waits for the load
+        versions.append(result.version)
+        time.sleep(0.05)
+    assert loader.version == 2 and time.monotonic() - start >= 5.0
+    assert versions.count(1) > 20 and loader.swaps == swaps + 1  # the batches went on meanwhile, and it loaded once
+
+
 def test_scann_index_round_trip_through_publish_and_loader(tmp_path):
     rng = np.random.default_rng(3)
     embeddings = rng.normal(size=(12_000, 32)).astype(np.float32)  # tree + AH path
