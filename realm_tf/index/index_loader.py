@@ -8,8 +8,9 @@ and the trainer moves to it once it is ready, without pausing. :class:`IndexLoad
 * :meth:`IndexLoader.maybe_refresh`, called by the caller or by an optional watcher thread, loads a newer
   version *beside* the one in service and then swaps a single reference under a lock;
   :meth:`IndexLoader.refresh_in_background` (the tf.data pipeline, between batches) does the same on a thread of
-  its own, so that batches keep coming while a version loads; searches take a snapshot of ``(version, index, metadata)`` first, so each result
-  comes entirely from one version, and :class:`SearchResult` says which;
+  its own, so that batches keep coming while a version loads; searches take a snapshot of
+  ``(version, index, metadata)`` first, so each result comes entirely from one version, and
+  :class:`SearchResult` says which;
 * a version whose ``dim``, ``vocab_hash`` or ``kind`` differs from what the model expects is refused with
   :class:`IndexMismatchError` naming its directory; any failure to load a new version leaves the previous
   one in service (logged and counted in :attr:`IndexLoader.failed_loads`);
