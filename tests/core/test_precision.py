@@ -38,7 +38,10 @@ def test_mixed_float16_skips_an_overflowing_step_halves_the_scale_and_grows_it_b
         with precision.policy_scope(name):
             models[name] = tf_keras.Sequential([tf_keras.layers.Dense(6, activation="gelu"), tf_keras.layers.Dense(1)])
             models[name].build((None, 4))
-    models["mixed_float16"].set_weights(models["float32"].get_weights())
+    rng = np.random.default_rng(1)  # fixed weights, small enough that the first scaled step does not overflow
+    weights = [rng.normal(scale=0.3, size=w.shape).astype(np.float32) for w in models["float32"].get_weights()]
+    for model in models.values():
+        model.set_weights(weights)
     half, full = models["mixed_float16"], models["float32"]
     optimizer = optimizer_lib.build_optimizer(trainer, half)
     reference = optimizer_lib.build_optimizer(dataclasses.replace(trainer, precision="float32"), full)
@@ -46,12 +49,14 @@ def test_mixed_float16_skips_an_overflowing_step_halves_the_scale_and_grows_it_b
     start_scale = float(optimizer.loss_scale)
 
     def step(model, opt, overflow=1.0):
-        def loss_fn():  # [batch]: a squared output, times inf where an overflow is injected
+        def loss_fn():  # [batch]: a squared output (small, as a token's share of a loss is), times inf where an
+            # overflow is injected
             out = tf.cast(model(x)[:, 0], tf.float32)
-            return tf.square(out - 1.0) * overflow, None
+            return 1e-2 * tf.square(out - 1.0) * overflow, None
         return float(tf.reduce_mean(training_loop.minimize(loss_fn, model.trainable_variables, opt, 8)[0]))
 
     np.testing.assert_allclose(step(half, optimizer), step(full, reference), rtol=1e-2)
+    assert float(optimizer.loss_scale) == start_scale  # a good step: applied, not skipped
     for a, b in zip(half.get_weights(), full.get_weights()):  # the update of a good step: float32's
         np.testing.assert_allclose(a, b, rtol=2e-2, atol=1e-3)
     before = half.get_weights()
