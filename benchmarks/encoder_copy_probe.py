@@ -104,6 +104,9 @@ def main() -> int:
     parser.add_argument("--previous-token-inputs", dest="previous_token_inputs", action="store_true",
                         help="add to each position's input embedding a learned embedding of the token before it: "
                              "the reader is handed what a previous-token head would compute")
+    parser.add_argument("--stages", default="",
+                        help="a curriculum instead of --task/--steps: TASK:STEPS items, e.g. shift:2500,content:4000 "
+                             "(one model and optimizer throughout)")
     parser.add_argument("--every", type=int, default=250)
     args = parser.parse_args()
 
@@ -139,12 +142,17 @@ def main() -> int:
     rng, start = np.random.default_rng(0), time.time()
     print(f"task {args.task}, encoder {args.encoder}, rate {args.learning_rate}, warm-up {args.warmup}; chance "
           f"loss {np.log(args.vocab - FIRST_WORD):.3f}", flush=True)
-    for number in range(1, args.steps + 1):
-        loss, accuracy = step(*make_batch(rng, args.task, args.batch_size, args.vocab, args.x_len, args.z_len,
-                                            args.masked, args.scattered))
-        if number % args.every == 0:
-            print(f"step {number}: loss {float(loss):.3f}, copy accuracy {float(accuracy):.3f} "
-                  f"({time.time() - start:.0f} s)", flush=True)
+    stages = [(t, int(n)) for t, n in (item.split(":") for item in args.stages.split(","))] if args.stages \
+        else [(args.task, args.steps)]
+    number = 0
+    for task, steps in stages:
+        for _ in range(steps):
+            number += 1
+            loss, accuracy = step(*make_batch(rng, task, args.batch_size, args.vocab, args.x_len, args.z_len,
+                                                args.masked, args.scattered))
+            if number % args.every == 0:
+                print(f"step {number} ({task}): loss {float(loss):.3f}, copy accuracy {float(accuracy):.3f} "
+                      f"({time.time() - start:.0f} s)", flush=True)
     return 0
 
 

@@ -279,6 +279,9 @@ class TrainerConfig:
     ``jit_compile``: each replica's step (forward, loss, gradients, optimizer update) is one XLA program
     (``tf.function(jit_compile=True)``), as a TPU requires and as GPUs run fastest; the steps then need fixed
     shapes (``data.static_padding: true``) so that the program is compiled once.
+    ``steps_per_loop`` > 1: that many steps run inside one ``tf.function`` (a ``tf.while_loop``), so that the host
+    waits for the device once per that many steps, not once per step; the hooks, summaries, evaluations and
+    exports then happen at multiples of it (their intervals must be).
     ``learning_rate_scales``: ``"REGEX=SCALE"`` items; variables whose name matches REGEX (first match wins)
     train at ``learning_rate × SCALE``, e.g. ``["masked_lm=10", "knowledge_retriever=0.1"]`` for a new MLM head
     and a retriever kept near its warm start (``core/optimizer.ScaledAdamWeightDecay``).
@@ -303,6 +306,7 @@ class TrainerConfig:
     max_minutes: float = 0.0
     intra_op_threads: int = 0
     jit_compile: bool = False
+    steps_per_loop: int = 1
     learning_rate_scales: tuple[str, ...] = ()
     seed: int = 0
 
@@ -539,6 +543,8 @@ def load_config(path: str | os.PathLike[str] | None = None,
             _check_static_shapes(cfg, f"{section.name}.strategy", "tpu", source, lines)
         if isinstance(trainer, TrainerConfig) and trainer.jit_compile:
             _check_static_shapes(cfg, f"{section.name}.jit_compile", "true", source, lines)
+        if isinstance(trainer, TrainerConfig):
+            _check_steps_per_loop(cfg, section.name, trainer, source, lines)
         if isinstance(trainer, TrainerConfig) and trainer.intra_op_threads < 0:
             key = f"{section.name}.intra_op_threads"
             raise ConfigError(f"{_where(source, lines, key)}: {key} must be >= 0 (0: TensorFlow's default, one "
@@ -687,6 +693,22 @@ def _check_index(cfg: ExperimentConfig, source: str, lines: Mapping[str, int]) -
     if cfg.model.num_candidates < 2:
         raise ConfigError(f"{_where(source, lines, 'model.num_candidates')}: model.num_candidates must be >= 2 (the "
                           f"null document and at least one retrieved block), got {cfg.model.num_candidates}")
+
+
+def _check_steps_per_loop(cfg: ExperimentConfig, section: str, trainer: TrainerConfig, source: str,
+                          lines: Mapping[str, int]) -> None:
+    """``steps_per_loop`` >= 1, and every interval the loop acts on between steps a multiple of it."""
+    key, n = f"{section}.steps_per_loop", trainer.steps_per_loop
+    if n < 1:
+        raise ConfigError(f"{_where(source, lines, key)}: {key} must be >= 1, got {n}")
+    intervals = {f"{section}.summary_every_steps": trainer.summary_every_steps,
+                 f"{section}.eval_every_steps": trainer.eval_every_steps}
+    if section == "pretrain":
+        intervals["refresh.export_every_steps"] = cfg.refresh.export_every_steps
+    for name, every in intervals.items():
+        if every > 0 and every % n:
+            raise ConfigError(f"{_where(source, lines, key)}: {key}={n} runs {n} steps per call, so {name}={every} "
+                              f"must be a multiple of it")
 
 
 def _check_static_shapes(cfg: ExperimentConfig, key: str, value: str, source: str,

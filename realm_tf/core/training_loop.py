@@ -162,6 +162,8 @@ class TrainingLoop:
             return {k: self.strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None) for k, v in logs.items()}
 
         train_step = self._train_step = tracing.trace_once(train_step, dataset)
+        self._train_steps = _several_steps(train_step, self.cfg.steps_per_loop) if (
+            self.cfg.steps_per_loop > 1 and getattr(dataset, "element_spec", None) is not None) else None
         total = self.cfg.steps if until_step is None else min(until_step, self.cfg.steps)
         bar = tqdm.tqdm(total=self.cfg.steps, initial=self.step, desc="train", unit="step", file=sys.stderr,
                         disable=not self.chief, dynamic_ncols=True, mininterval=2.0)
@@ -187,20 +189,24 @@ class TrainingLoop:
             if self.stopped_by:
                 break
             waited = time.perf_counter()
+            several = self._train_steps is not None and total - self.step >= self.cfg.steps_per_loop
             try:
-                batch = next(iterator)
-            except StopIteration:
+                if several:  # steps_per_loop steps in one call: one host round trip (the mean of their logs)
+                    logs, count = self._train_steps(iterator), self.cfg.steps_per_loop
+                else:
+                    batch = next(iterator)
+                    window_wait += time.perf_counter() - waited  # idle while the input pipeline catches up
+                    logs, count = train_step(batch), 1
+            except (StopIteration, tf.errors.OutOfRangeError):
                 logger.info("input exhausted at step %d", self.step)
                 self.stopped_by = "input exhausted"
                 break
-            window_wait += time.perf_counter() - waited  # the trainer idles while the input pipeline catches up
-            logs = train_step(batch)
-            window_steps += 1
+            window_steps += count
             step = self.step
             last = {k: float(v) for k, v in logs.items()}
             for key, value in last.items():
-                window_sums[key] = window_sums.get(key, 0.0) + value
-            bar.update(1)
+                window_sums[key] = window_sums.get(key, 0.0) + value * count
+            bar.update(count)
             if step % self.cfg.summary_every_steps == 0 or step == self.cfg.steps:
                 last = self._window_logs(window_sums, window_steps, window_wait, time.time() - window_start)
                 self._write_summaries(step, last)
@@ -222,6 +228,23 @@ class TrainingLoop:
         with self.writer.as_default(step=step):
             for key, value in logs.items():
                 tf.summary.scalar(key, value)
+
+
+def _several_steps(train_step: Callable[[Any], Mapping[str, tf.Tensor]],
+                   count: int) -> Callable[[Any], dict[str, tf.Tensor]]:
+    """``count`` calls of the traced ``train_step`` on the iterator's next batches inside one ``tf.function`` (a
+    ``tf.while_loop``, as Orbit's multi-step loops): the host waits once per ``count`` steps. Returns the mean of
+    their logs."""
+    def steps(iterator: Any) -> dict[str, tf.Tensor]:
+        first = {k: tf.cast(v, tf.float32) for k, v in train_step(next(iterator)).items()}
+
+        def body(i: tf.Tensor, sums: dict[str, tf.Tensor]) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+            logs = train_step(next(iterator))
+            return i + 1, {k: sums[k] + tf.cast(logs[k], tf.float32) for k in sums}
+
+        _, sums = tf.while_loop(lambda i, sums: i < count, body, (tf.constant(1), first))
+        return {k: v / count for k, v in sums.items()}
+    return tf.function(steps, autograph=False)
 
 
 class _StopOnSigterm:

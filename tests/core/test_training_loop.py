@@ -23,8 +23,9 @@ def _dataset():
     return tf.data.Dataset.from_generator(lambda: iter(batches), output_signature=tf.TensorSpec([4, None], tf.float32))
 
 
-def _loop(tmp_path, steps):
-    cfg = config.TrainerConfig(model_dir=str(tmp_path), steps=steps, checkpoint_every_steps=4, summary_every_steps=2)
+def _loop(tmp_path, steps, steps_per_loop=1, summary_every_steps=2):
+    cfg = config.TrainerConfig(model_dir=str(tmp_path), steps=steps, checkpoint_every_steps=4,
+                               summary_every_steps=summary_every_steps, steps_per_loop=steps_per_loop)
     strategy = distribution.make_strategy("default")
     with strategy.scope():
         weight = tf.Variable(1.0)
@@ -108,3 +109,23 @@ def test_an_error_mid_run_closes_the_progress_bar_and_gives_back_sigterm(tmp_pat
     err = capsys.readouterr().err
     assert err.rstrip().splitlines()[-1] == "the error line"  # no bar redrawn after it (closed, not collected)
     assert "3/8" in err and signal.getsignal(signal.SIGTERM) is before
+
+
+def test_steps_per_loop_gives_the_weights_of_single_steps_with_one_host_call_per_loop(tmp_path):
+    single, step_fn, weight = _loop(tmp_path / "one", steps=7, summary_every_steps=3)
+    single.run(_dataset(), step_fn)
+    want = float(weight.numpy())
+    several, step_fn, weight = _loop(tmp_path / "three", steps=7, steps_per_loop=3, summary_every_steps=3)
+    calls = []
+    logs = several.run(_dataset(), step_fn, hooks=(lambda s, l: calls.append(s),))
+    # Steps 1-3 and 4-6 in one call each, then the last step alone: three host round trips for seven steps.
+    assert several.step == 7 and calls == [3, 6, 7] and np.isfinite(logs["loss"])
+    assert float(weight.numpy()) == pytest.approx(want, rel=1e-6)
+    assert several.tracing_count == 1  # the loop of three calls the one traced step
+
+
+def test_steps_per_loop_needs_intervals_that_are_multiples_of_it():
+    with pytest.raises(config.ConfigError, match=r"pretrain.steps_per_loop=4 runs 4 steps per call, so "
+                                                 r"refresh.export_every_steps=10 must be a multiple of it"):
+        config.load_config("configs/tiny.yaml", ["pretrain.steps_per_loop=4", "pretrain.summary_every_steps=4",
+                                                 "refresh.export_every_steps=10"])
