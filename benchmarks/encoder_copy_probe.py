@@ -84,6 +84,17 @@ def start_sinusoidal(model: tf_keras.Model) -> None:
     table.assign(sinusoids * float(tf.math.reduce_std(words)) * np.sqrt(2.0))
 
 
+def start_identity_ov(model: tf_keras.Model) -> None:
+    """Sets every attention layer's value and output maps so that, with the heads summed, they pass the input
+    through (W_o W_v = I): a head that attends to one position copies that position's vector, token included."""
+    for value in [v for v in model.variables if v.name.endswith("self_attention/value/kernel:0")]:
+        width, heads, size = value.shape  # [width, heads, head_size]
+        value.assign(np.eye(width, dtype=np.float32).reshape(width, heads, size))
+    for output in [v for v in model.variables if v.name.endswith("self_attention/attention_output/kernel:0")]:
+        heads, size, width = output.shape  # [heads, head_size, width]
+        output.assign(np.eye(width, dtype=np.float32).reshape(heads, size, width))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -104,6 +115,8 @@ def main() -> int:
     parser.add_argument("--previous-token-inputs", dest="previous_token_inputs", action="store_true",
                         help="add to each position's input embedding a learned embedding of the token before it: "
                              "the reader is handed what a previous-token head would compute")
+    parser.add_argument("--identity-ov", dest="identity_ov", action="store_true",
+                        help="start every attention layer's value and output maps as the identity (heads summed)")
     parser.add_argument("--stages", default="",
                         help="a curriculum instead of --task/--steps: TASK:STEPS items, e.g. shift:2500,content:4000 "
                              "(one model and optimizer throughout)")
@@ -116,6 +129,8 @@ def main() -> int:
     model = knowledge_augmented_encoder.build_knowledge_augmented_encoder(cfg.model)
     if args.sinusoidal:
         start_sinusoidal(model)
+    if args.identity_ov:
+        start_identity_ov(model)
     rate = tf_keras.optimizers.schedules.PolynomialDecay(args.learning_rate * 1e-3, max(args.warmup, 1),
                                                          args.learning_rate)
     optimizer = tf_keras.optimizers.Adam(rate if args.warmup else args.learning_rate)
