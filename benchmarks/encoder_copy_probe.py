@@ -95,6 +95,13 @@ def start_identity_ov(model: tf_keras.Model) -> None:
         output.assign(np.eye(width, dtype=np.float32).reshape(heads, size, width))
 
 
+def start_identity_head(model: tf_keras.Model) -> None:
+    """Sets the masked-LM head's transform to the identity, so that a word embedding in the last layer's output
+    scores that word (the head's output layer is the tied word embeddings)."""
+    dense = next(v for v in model.variables if v.name.endswith("masked_lm/transform/dense/kernel:0"))
+    dense.assign(np.eye(dense.shape[0], dtype=np.float32))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -117,6 +124,8 @@ def main() -> int:
                              "the reader is handed what a previous-token head would compute")
     parser.add_argument("--identity-ov", dest="identity_ov", action="store_true",
                         help="start every attention layer's value and output maps as the identity (heads summed)")
+    parser.add_argument("--identity-head", dest="identity_head", action="store_true",
+                        help="start the masked-LM head's transform as the identity")
     parser.add_argument("--stages", default="",
                         help="a curriculum instead of --task/--steps: TASK:STEPS items, e.g. shift:2500,content:4000 "
                              "(one model and optimizer throughout)")
@@ -131,6 +140,8 @@ def main() -> int:
         start_sinusoidal(model)
     if args.identity_ov:
         start_identity_ov(model)
+    if args.identity_head:
+        start_identity_head(model)
     rate = tf_keras.optimizers.schedules.PolynomialDecay(args.learning_rate * 1e-3, max(args.warmup, 1),
                                                          args.learning_rate)
     optimizer = tf_keras.optimizers.Adam(rate if args.warmup else args.learning_rate)

@@ -105,11 +105,11 @@ class RefreshSupervisor:
         log.close()
         logger.info("index builder running as process %d (log: %s)", self.process.pid, self.log_path)
 
-    def check(self) -> int:
+    def check(self, report: Callable[[int], None] = lambda failures: None) -> int:
         """The index builder's failures since the newest index version: its failed builds
         (:mod:`realm_tf.index.refresh_failures`) and, in ``process`` mode, the times its child exited (it is
-        started again). Raises :class:`~realm_tf.errors.UserError` with the last error once they reach
-        ``refresh.max_failures``."""
+        started again), handed to ``report`` first. Raises :class:`~realm_tf.errors.UserError` with the last error
+        once they reach ``refresh.max_failures``."""
         if self.process is not None and self.process.poll() is not None:
             self.exits += 1
             logger.warning("the index builder (process %d) exited with %s; starting it again (log: %s)",
@@ -118,6 +118,7 @@ class RefreshSupervisor:
             self._start_process()
         failures, error = refresh_failures.since_last_index(self.cfg.refresh.export_dir, self.cfg.index.index_dir)
         failures += self.exits
+        report(failures)  # before any error: the count that stops the run is in the trainer's scalars
         if failures >= self.cfg.refresh.max_failures:
             raise errors.UserError(
                 f"the index builder failed {failures} times since index version "

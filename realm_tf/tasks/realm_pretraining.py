@@ -254,9 +254,12 @@ class RealmPretrainingTask(base_task.Task):
             if time.time() - last[0] < every:
                 return
             last[0] = time.time()
-            failures = supervisor.check()
-            with loop.writer.as_default(step=step):
-                tf.summary.scalar("index_refresh_failures", failures)
+            def report(failures: int) -> None:
+                with loop.writer.as_default(step=step):
+                    tf.summary.scalar("index_refresh_failures", failures)
+                loop.writer.flush()
+
+            supervisor.check(report)
         return [refresh_hook]
 
     def close(self) -> None:
