@@ -59,7 +59,7 @@ def test_a_reader_handed_its_source_block_copies_the_masked_span(tmp_path):
             f"index.index_dir={tmp_path}/index", f"refresh.export_dir={tmp_path}/export",
             f"pretrain.model_dir={tmp_path}/model", f"model.vocab_file={tmp_path}/vocab.txt",
             f"model.encoder.vocab_size={len(vocab)}", "data.pretraining_heldout_fraction=0.2", "data.batch_size=32",
-            "pretrain.learning_rate=3e-3", "pretrain.steps=300", "pretrain.eval_examples=64",
+            "pretrain.learning_rate=3e-3", "pretrain.steps=450", "pretrain.eval_examples=64",
             "pretrain.checkpoint_every_steps=1000", "pretrain.seed=0", *CONTROL]
     preprocess_corpus.JOB.call(config=TINY, overrides=sets, input=[str(tmp_path / "corpus.jsonl")],
                                output=str(tmp_path / "blocks"))
