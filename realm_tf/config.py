@@ -539,17 +539,18 @@ def load_config(path: str | os.PathLike[str] | None = None,
     _check_index(cfg, source, lines)
     for section in dataclasses.fields(cfg):  # every training section (trainer, ict, reader, finetune, ...)
         trainer = getattr(cfg, section.name)
-        if isinstance(trainer, TrainerConfig) and trainer.strategy == "tpu":
+        if not isinstance(trainer, TrainerConfig):
+            continue
+        if trainer.strategy == "tpu":
             _check_static_shapes(cfg, f"{section.name}.strategy", "tpu", source, lines)
-        if isinstance(trainer, TrainerConfig) and trainer.jit_compile:
+        if trainer.jit_compile:
             _check_static_shapes(cfg, f"{section.name}.jit_compile", "true", source, lines)
-        if isinstance(trainer, TrainerConfig):
-            _check_steps_per_loop(cfg, section.name, trainer, source, lines)
-        if isinstance(trainer, TrainerConfig) and trainer.intra_op_threads < 0:
+        _check_steps_per_loop(cfg, section.name, trainer, source, lines)
+        if trainer.intra_op_threads < 0:
             key = f"{section.name}.intra_op_threads"
             raise ConfigError(f"{_where(source, lines, key)}: {key} must be >= 0 (0: TensorFlow's default, one "
                               f"per core), got {trainer.intra_op_threads}")
-        if isinstance(trainer, TrainerConfig) and trainer.learning_rate_decay == "cooldown" and not (
+        if trainer.learning_rate_decay == "cooldown" and not (
                 1 <= trainer.cooldown_steps <= trainer.steps):
             key = f"{section.name}.cooldown_steps"
             raise ConfigError(f"{_where(source, lines, key)}: {section.name}.learning_rate_decay=cooldown needs "

@@ -25,7 +25,7 @@ import dataclasses
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -171,14 +171,17 @@ class IndexLoader:
         if now - self._last_check < self.min_refresh_interval_seconds or self._refresh_lock.locked():
             return False
         self._last_check = now
-        thread = threading.Thread(target=self._refresh_logged, name="index-load", daemon=True)
+        thread = threading.Thread(target=self._logged, args=(lambda: self._refresh(raise_mismatch=False),),
+                                  name="index-load", daemon=True)
         thread.start()
         return True
 
-    def _refresh_logged(self) -> None:
+    def _logged(self, refresh: Callable[[], Any]) -> None:
+        """``refresh()`` on a thread of this loader's: an error (a listing's) is logged; the next check tries
+        again."""
         try:
-            self._refresh(raise_mismatch=False)
-        except Exception:  # pylint: disable=broad-except  # a listing error: the next check tries again
+            refresh()
+        except Exception:  # pylint: disable=broad-except
             logger.exception("%s: index refresh failed", self.index_dir)
 
     def start_watcher(self, interval_seconds: float = 30.0) -> threading.Thread:
@@ -189,10 +192,7 @@ class IndexLoader:
 
         def watch() -> None:
             while not self._stop.wait(interval_seconds):
-                try:
-                    self.maybe_refresh()
-                except Exception:  # pylint: disable=broad-except  # listing errors: try again next tick
-                    logger.exception("%s: index refresh failed", self.index_dir)
+                self._logged(self.maybe_refresh)
 
         self._watcher = threading.Thread(target=watch, name="index-watcher", daemon=True)
         self._watcher.start()

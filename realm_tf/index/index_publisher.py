@@ -142,6 +142,13 @@ def newest_version(index_dir: str, vocab_hash: str) -> tuple[str, dict[str, Any]
     return path, meta
 
 
+def newest_export_step(index_dir: str) -> int | None:
+    """The newest export any complete version embedded its blocks with (None: no version). Versions are numbered
+    by export step, except corpus updates, which keep their export."""
+    published = published_metadata(index_dir)
+    return max(map(export_step, published)) if published else None
+
+
 def published_metadata(index_dir: str) -> list[dict[str, Any]]:
     """The ``index.json`` of every complete version, oldest first (versions deleted meanwhile are skipped)."""
     found = []

@@ -75,9 +75,8 @@ class IndexRefresher:
                    if s not in self.failed]
         if not exports:
             return None
-        published = index_publisher.published_metadata(self.index_dir)
-        newest = exports[-1]
-        return newest if not published or newest > max(map(index_publisher.export_step, published)) else None
+        indexed = index_publisher.newest_export_step(self.index_dir)
+        return exports[-1] if indexed is None or exports[-1] > indexed else None
 
     def refresh_once(self) -> int | None:
         """Builds and publishes the index of the pending export, if any; returns its version."""

@@ -3,10 +3,10 @@
 The builder of the refresh runs beside the trainer: in a child process, a thread or a job of its own. When it fails
 to build the index of an export, it writes ``<export_dir>/refresh-failures/<export step>.json`` (attempts, the
 last error, when): a directory the builder owns, beside the exports the trainer owns, so that the trainer learns
-of the failure wherever the builder runs. The builder
-retries the export up to ``refresh.max_failures`` attempts. The trainer counts the failures since the newest
-published index version and stops with the error once they reach ``refresh.max_failures``: it never trains on
-against an index that no longer refreshes without saying so.
+of the failure wherever the builder runs. The builder retries the export up to ``refresh.max_failures``
+attempts. The trainer counts the failures since the newest published index version and stops with the error
+once they reach ``refresh.max_failures``: it never trains on against an index that no longer refreshes without
+saying so.
 """
 from __future__ import annotations
 
@@ -52,8 +52,8 @@ def record(export_dir: str, step: int, error: str) -> int:
 
 def since_last_index(export_dir: str, index_dir: str) -> tuple[int, str | None]:
     """``(failed builds, the newest error)`` over the exports newer than the newest published index version's."""
-    published = index_publisher.published_metadata(index_dir)
-    newest = max(map(index_publisher.export_step, published)) if published else -1
+    indexed = index_publisher.newest_export_step(index_dir)
+    newest = -1 if indexed is None else indexed
     failures, error, when = 0, None, -1.0
     directory = os.path.join(export_dir, DIRECTORY)
     names = tf.io.gfile.listdir(directory) if tf.io.gfile.isdir(directory) else []

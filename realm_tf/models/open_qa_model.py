@@ -25,6 +25,7 @@ from typing import Any, Mapping
 
 import tensorflow as tf
 import tf_keras
+from official.modeling import tf_utils
 
 from realm_tf.data import knowledge_corpus
 from realm_tf.layers import bert_tokenizer
@@ -136,7 +137,7 @@ class OpenQaModel(tf_keras.Model):
             out["query_embedding"] = query  # [batch, dim]
         else:
             block_ids = tf.cast(given, tf.int32)  # [batch, k]
-        batch, k = _dimension(block_ids, 0), _dimension(block_ids, 1)  # k: fewer where the corpus is smaller
+        batch, k = tf_utils.get_shape_list(block_ids)  # static where known; k fewer where the corpus is smaller
         titles, bodies = self.corpus.wordpieces(tf.reshape(block_ids, [-1]))  # [b * k, (title)], [b * k, (body)]
         if given is None and self.recompute_doc_embeddings:
             packed = self.tokenizer.join_bert(titles, bodies, self.block_seq_length,
@@ -310,12 +311,6 @@ def body_windows(bodies: tf.RaggedTensor, windows: tf.Tensor) -> tf.RaggedTensor
     counts = tf.minimum(tf.maximum(windows[:, 1], 0), lengths - starts)  # [rows]
     first = bodies.row_starts() + starts  # [rows]: where each window starts in the flat values
     return tf.gather(bodies.values, tf.ragged.range(first, first + counts))  # [rows, (count)]
-
-
-def _dimension(tensor: tf.Tensor, axis: int) -> int | tf.Tensor:
-    """``tensor``'s size along ``axis``: a Python int where the shape is static, else a scalar tensor."""
-    static = tensor.shape[axis]
-    return static if static is not None else tf.shape(tensor)[axis]
 
 
 def _unpack(packed: dict[str, tf.Tensor]) -> tf.RaggedTensor:
