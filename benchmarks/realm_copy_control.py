@@ -79,17 +79,18 @@ def write_corpus(source: str, count: int, path: str, vocab_file: str, vocab_path
 
 def train_in_chunks(out: str, sets: list[str], steps: int, chunk: int, deadline: float,
                     kept: Sequence[str] = KEPT, inputs: Sequence[str] = (),
-                    describe: Callable[[dict], str] | None = None) -> list[dict]:
+                    describe: Callable[[dict], str] | None = None, from_step_zero: bool = False) -> list[dict]:
     """Pre-trains ``<out>/model`` to ``steps`` in chunks of ``chunk`` steps (``realm-tf pretrain`` with ``sets``
     and ``inputs``), scoring the held-out spans after each; the curve of the ``kept`` scores, kept in
-    ``<out>/curve.json`` (a rerun continues it). ``describe(scores)``: the line printed after a chunk."""
+    ``<out>/curve.json`` (a rerun continues it). ``describe(scores)``: the line printed after a chunk;
+    ``from_step_zero``: the curve starts with the untrained start's scores."""
     path = f"{out}/curve.json"
     curve = stages.read_curve(path)
     describe = describe or describe_copying
-    while (curve[-1]["step"] if curve else 0) < steps:
+    while not curve or curve[-1]["step"] < steps:
         if time.time() > deadline:
             raise stages.OutOfTime("pretrain")
-        step = min(steps, (curve[-1]["step"] if curve else 0) + chunk)
+        step = min(steps, curve[-1]["step"] + chunk) if curve else (0 if from_step_zero else min(steps, chunk))
         metrics, started = f"{out}/metrics-{step}.json", time.time()
         stages.cli(["pretrain", *sets, "--set", f"pretrain.steps={step}", *inputs, "--metrics", metrics])
         with open(metrics, encoding="utf-8") as f:

@@ -64,7 +64,8 @@ def main() -> int:
     parser.add_argument("--out", default="runs/bench/world")
     parser.add_argument("--seed", type=int, default=0, help="the world's seed")
     parser.add_argument("--people", type=int, default=200)
-    parser.add_argument("--encoder", default="4x128", help="LxH, trained from scratch")
+    parser.add_argument("--encoder", default="4x128",
+                        help="LxH trained from scratch, or 'import' (the config's weights and vocabulary)")
     parser.add_argument("--steps", type=int, default=5000)
     parser.add_argument("--chunk", type=int, default=500, help="steps between held-out evaluations")
     parser.add_argument("--learning-rate", dest="learning_rate", type=float, default=1e-3)
@@ -79,10 +80,12 @@ def main() -> int:
     deadline = time.time() + args.max_hours * 3600 if args.max_hours > 0 else float("inf")
     stage("world", lambda: stages.cli(["generate-world", "--output", f"{out}/world", "--seed", str(args.seed),
                                        "--people", str(args.people)]))
-    vocab_file = config_lib.load_config(args.config, args.overrides).model.vocab_file
-    vocabulary = stage("vocabulary", lambda: world_vocabulary(f"{out}/world", vocab_file, f"{out}/vocab.txt"))
-    common = [f"model.vocab_file={out}/vocab.txt", f"model.encoder.vocab_size={vocabulary['vocab_size']}",
-              f"index.index_dir={out}/index", f"refresh.export_dir={out}/export", f"pretrain.model_dir={out}/model",
+    common = []
+    if args.encoder != "import":
+        vocab_file = config_lib.load_config(args.config, args.overrides).model.vocab_file
+        vocabulary = stage("vocabulary", lambda: world_vocabulary(f"{out}/world", vocab_file, f"{out}/vocab.txt"))
+        common = [f"model.vocab_file={out}/vocab.txt", f"model.encoder.vocab_size={vocabulary['vocab_size']}"]
+    common += [f"index.index_dir={out}/index", f"refresh.export_dir={out}/export", f"pretrain.model_dir={out}/model",
               f"data.batch_size={args.batch_size}", f"pretrain.learning_rate={args.learning_rate}",
               f"pretrain.eval_examples={args.eval_examples}", "pretrain.eval_split=train",
               "data.pretraining_heldout_fraction=0", "pretrain.learning_rate_decay=constant",
@@ -101,7 +104,8 @@ def main() -> int:
     try:
         curve = realm_copy_control.train_in_chunks(
             out, sets(f"data.blocks_dir={out}/blocks_all"), args.steps, args.chunk, deadline, KEPT,
-            ["--input", f"{out}/data_train/pretraining-*", "--eval-input", f"{out}/data_test/pretraining-*"], describe)
+            ["--input", f"{out}/data_train/pretraining-*", "--eval-input", f"{out}/data_test/pretraining-*"], describe,
+            from_step_zero=True)
     except stages.OutOfTime:
         print("realm_fictional_world: --max-hours reached; the same command continues", flush=True)
         return 0
