@@ -23,6 +23,7 @@ STACK = [
 setuptools.setup(
     name="realm-tf",
     version="0.1.0",
+    license="Apache-2.0",
     description="REALM: Retrieval-Augmented Language Model pre-training in TensorFlow 2 / Keras",
     python_requires=">=3.11,<3.12",
     packages=setuptools.find_packages(include=["realm_tf", "realm_tf.*", "beam_jobs", "beam_jobs.*"]),

@@ -23,7 +23,7 @@ document or a dead letter, and the chunks hold every token of the chunked docume
 Usage (DirectRunner by default; any Beam runner through the standard pipeline options)::
 
     realm-tf build-chunk-database --config configs/minilm.yaml
-    python -m beam_jobs.build_chunk_database --config configs/minilm.yaml --runner=DataflowRunner ...
+    python -m beam_jobs.build_chunk_database --config configs/minilm.yaml -- --runner=DataflowRunner ...
 """
 from __future__ import annotations
 

@@ -291,7 +291,7 @@ class BuildKnnDatastoreJob(job_support.BeamJob):
     def run_with_args(self, args: argparse.Namespace, beam_args: Sequence[str]) -> dict[str, Any]:
         cfg = config_lib.load_config(args.config, args.overrides)
         if args.batch_size < 1:
-            raise errors.UserError(f"--batch_size={args.batch_size}: must be >= 1")
+            raise errors.UserError(f"--batch-size={args.batch_size}: must be >= 1")
         return build_knn_datastore(cfg, args.model_dir, beam_args, args.batch_size, args.progress_interval)
 
 

@@ -17,7 +17,7 @@ Pipeline (any Beam runner: every flag the job does not define is a standard Beam
     SpreadBatches     (--batching length) Reshuffle: a bundle's batches are spread over the workers (a read
                       of one file is one bundle, and without it one worker would embed every batch)
     RunInference      KeyedModelHandler(BlockEmbeddingModelHandler): the SavedModel is loaded once per
-                      worker by Beam (with --intra_op_threads TensorFlow threads per op), its
+                      worker by Beam (with --intra-op-threads TensorFlow threads per op), its
                       ``embed_block(title, text)`` signature is called per batch, the
                       block ids stay attached as keys; a failing batch is retried block by block, and a
                       block that still fails (or gives a non-finite vector) goes to ``failures``
@@ -142,7 +142,7 @@ class BlockEmbeddingModelHandler(vector_job.FallbackModelHandler[BlockInput]):
             try:
                 tf.config.threading.set_intra_op_parallelism_threads(self._intra_op_threads)
             except RuntimeError:  # the runtime has started in this process: its pool is fixed
-                logger.info("embed_blocks: TensorFlow already runs in process %d; --intra_op_threads=%d is not "
+                logger.info("embed_blocks: TensorFlow already runs in process %d; --intra-op-threads=%d is not "
                             "applied", os.getpid(), self._intra_op_threads)
         model = tf.saved_model.load(self._export_path)  # keep the object: it owns the variables
         logger.info("embed_blocks: process %d loaded %s (intra-op threads: %s)", os.getpid(), self._export_path,
@@ -218,7 +218,7 @@ class EmbedBlocks(beam.PTransform):
                  progress_interval: float = 0.0, intra_op_threads: int = 0) -> None:
         super().__init__()
         if not 1 <= min_batch_size <= max_batch_size:
-            raise errors.UserError(f"need 1 <= --min_batch_size ({min_batch_size}) <= --max_batch_size "
+            raise errors.UserError(f"need 1 <= --min-batch-size ({min_batch_size}) <= --max-batch-size "
                                    f"({max_batch_size})")
         if batching not in ("length", "arrival"):
             raise errors.UserError(f"--batching must be 'length' or 'arrival', got {batching!r}")
@@ -280,7 +280,7 @@ def _runner_description(options: pipeline_options.PipelineOptions) -> str:
 
 
 def default_intra_op_threads(options: pipeline_options.PipelineOptions) -> int:
-    """``--intra_op_threads`` when not given: on the DirectRunner's ``multi_threading`` or ``multi_processing``
+    """``--intra-op-threads`` when not given: on the DirectRunner's ``multi_threading`` or ``multi_processing``
     workers, which share this machine, each worker's share of its cores; elsewhere 0 (TensorFlow's default, one
     thread per core)."""
     direct = options.view_as(pipeline_options.DirectOptions)
@@ -376,7 +376,7 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
     return summary
 
 
-def refresh_index(config: str, overrides: Sequence[str] = (), index_dir: str | None = None,
+def refresh_index(config: str | Sequence[str], overrides: Sequence[str] = (), index_dir: str | None = None,
                   beam_args: Sequence[str] | None = None, pause_before_commit: float = 0.0) -> int | None:
     """One round of REALM's index builder (Guu et al., 2020, §3.4): the newest retriever export of
     ``refresh.export_dir`` not yet indexed is embedded over the corpus and published

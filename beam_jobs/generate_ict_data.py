@@ -9,7 +9,7 @@ retriever must match meaning, not just words.
 
 Per block (``example_schemas.block_feature_spec()`` records from ``beam_jobs/preprocess_corpus``): split the
 body TEXT into sentences, tokenize it with offsets, and let ``InverseClozeTask`` turn every sentence (ORQA's
-choice; ``--sentences_per_block K`` takes a deterministic sample of K instead) into one example:
+choice; ``--sentences-per-block K`` takes a deterministic sample of K instead) into one example:
 QUERY_IDS = the sentence (truncated to ``model.query_seq_length - 2``), TITLE_IDS + BODY_IDS = the context
 with the sentence's wordpieces removed when QUERY_REMOVED = 1 (probability ``data.ict_remove_probability``,
 a pseudo-random draw seeded by ``data.seed``, the block uid and the sentence index, so reruns are identical).

@@ -14,7 +14,7 @@ Per block (``example_schemas.block_feature_spec()`` records from ``beam_jobs/pre
    (``QueryPacker``; a longer sentence is truncated at a word boundary, counter ``truncated``);
 3. annotate the salient spans of each query text with ``data.salient_span_annotator``;
 4. mask all wordpieces of ONE usable span, chosen pseudo-randomly from (``data.seed``, block uid, query
-   index) so that reruns are identical (``SalientSpanMasker``); spans longer than ``--max_span_wordpieces``
+   index) so that reruns are identical (``SalientSpanMasker``); spans longer than ``--max-span-wordpieces``
    (default ``model.max_span_width`` = 10) or covering the whole query are not usable;
 5. without a usable span: BERT whole-word random masking (``data.mask_probability``) when
    ``data.random_mask_fallback`` is true, else the query is dropped (counter ``no_span_dropped``).

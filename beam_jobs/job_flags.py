@@ -1,22 +1,25 @@
 """Command-line flags of every Beam job (stdlib only, so ``realm-tf --help`` imports no Beam/TensorFlow).
 
-The jobs (``python -m beam_jobs.<job>``) and their ``realm-tf`` subcommands share these definitions. Every
-flag not defined here is a Beam pipeline option (``--runner``, ``--project``, ``--direct_num_workers``...):
-both ``python -m beam_jobs.<job>`` and ``realm-tf <subcommand>`` pass unknown flags to Beam (an optional
-``--`` before them is ignored).
+The jobs (``python -m beam_jobs.<job>``) and their ``realm-tf`` subcommands share these definitions, under the
+convention of :mod:`realm_tf.command_line`. Beam pipeline options (``--runner``, ``--project``,
+``--direct_num_workers``...) go after ``--``; before it, a flag Beam declares is passed to Beam as well, and any
+other unknown flag is refused with the nearest known one.
 """
 from __future__ import annotations
 
 import argparse
 from typing import Sequence
 
+from realm_tf import command_line
+
 FORMATS = ("auto", "jsonl", "tsv", "tfrecord")
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:
     """``--config FILE.yaml`` and repeatable ``--set key=value``: every job reads the experiment config."""
-    parser.add_argument("--config", default=None, metavar="FILE.yaml",
-                        help="experiment config (default: the paper's settings)")
+    parser.add_argument("--config", default=None, action="append", metavar="FILE.yaml",
+                        help="experiment config (default: the paper's settings); repeatable: a later file "
+                             "overrides the keys it sets")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override one config value, e.g. --set data.seed=1 (repeatable)")
 
@@ -100,7 +103,7 @@ def add_embed_blocks_args(parser: argparse.ArgumentParser) -> None:
                              "where a machine runs several worker processes (Dataflow's Python workers start one "
                              "per vCPU)")
     add_progress_interval_arg(parser)
-    parser.add_argument("--pause_before_commit", type=float, default=0.0, metavar="SECONDS",
+    parser.add_argument("--pause_before_commit", type=float, default=0.0, metavar="SECONDS", hidden=True,
                         help="fault-injection tests: sleep with the new index version staged, before committing it")
 
 
@@ -118,13 +121,13 @@ def add_update_corpus_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index_dir", default=None, help="versioned index root (default: index.index_dir)")
     parser.add_argument("--serve", default=None, metavar="MODEL_BASE_PATH",
                         help="then write a new version of the served model under MODEL_BASE_PATH: the weights of its "
-                             "newest version, the corpus of the new index version (as realm-tf export --corpus_only)")
+                             "newest version, the corpus of the new index version (as realm-tf export --corpus-only)")
     parser.add_argument("--num_shards", type=int, default=0, help="block TFRecord shards (0: let the runner decide)")
     parser.add_argument("--batch_size", type=int, default=64, help="documents per tokenizer call")
     parser.add_argument("--min_batch_size", type=int, default=1, help="smallest embedding batch")
     parser.add_argument("--max_batch_size", type=int, default=32, help="largest embedding batch")
     add_progress_interval_arg(parser)
-    parser.add_argument("--pause_before_commit", type=float, default=0.0, metavar="SECONDS",
+    parser.add_argument("--pause_before_commit", type=float, default=0.0, metavar="SECONDS", hidden=True,
                         help="fault-injection tests: sleep with the new corpus and index versions staged, before "
                              "committing them")
 
@@ -149,27 +152,27 @@ def add_knn_datastore_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_progress_interval_arg(parser: argparse.ArgumentParser) -> None:
-    """``--progress_interval`` of the jobs whose progress lines are on by default only on the DirectRunner."""
+    """``--progress-interval`` of the jobs whose progress lines are on by default only on the DirectRunner."""
     parser.add_argument("--progress_interval", type=float, default=None, metavar="SECONDS",
                         help="progress lines every SECONDS (default: 10 on the DirectRunner, off elsewhere)")
 
 
-def pass_unknown_through(parser: argparse.ArgumentParser) -> None:
-    """Makes a ``realm-tf`` sub-parser keep unknown flags in ``args.beam_args`` instead of failing.
+def pass_unknown_through(parser: command_line.ConventionParser) -> None:
+    """Makes a ``realm-tf`` sub-parser keep Apache Beam's pipeline options in ``args.beam_args``.
 
     argparse reports whatever a sub-parser leaves unparsed as an error of the main parser; Beam options must
-    reach ``PipelineOptions`` instead.
+    reach ``PipelineOptions`` instead. Any other unknown flag is refused (:mod:`realm_tf.command_line`).
     """
+    parser.beam_options = True
     parse_known_args = parser.parse_known_args
 
     def parse_keeping_beam_args(args: Sequence[str] | None = None,
                                 namespace: argparse.Namespace | None = None
                                 ) -> tuple[argparse.Namespace, list[str]]:
         namespace, rest = parse_known_args(args, namespace)
-        namespace.beam_args = [a for a in rest if a != "--"]
+        namespace.beam_args = list(rest)
         return namespace, []
 
     parser.parse_known_args = parse_keeping_beam_args  # type: ignore[method-assign]
-    parser.epilog = ("Other flags are Beam pipeline options, e.g. --runner=DataflowRunner --project=P "
-                     "--region=R --temp_location=gs://... --setup_file=./setup.py, or --direct_num_workers=2.")
-
+    parser.epilog = ("Apache Beam pipeline options go after --, e.g. -- --runner=DataflowRunner --project=P "
+                     "--region=R --temp_location=gs://... --setup_file=./setup.py, or -- --direct_num_workers=2.")

@@ -31,6 +31,7 @@ from apache_beam.metrics import metric
 from apache_beam.options import pipeline_options
 
 from realm_tf import artifacts
+from realm_tf import command_line
 from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf import library_logs
@@ -158,14 +159,14 @@ class BeamJob(abc.ABC):
         """Runs the job on parsed flags and Beam options; returns what it published (manifest / summary)."""
 
     def parser(self) -> argparse.ArgumentParser:
-        parser = argparse.ArgumentParser(prog=f"python -m beam_jobs.{self.name}",
-                                         description=(sys.modules[type(self).__module__].__doc__ or "").split(
-                                             "\n\n")[0])
+        parser = command_line.ConventionParser(prog=f"python -m beam_jobs.{self.name}", beam_options=True,
+                                               description=(sys.modules[type(self).__module__].__doc__ or "").split(
+                                                   "\n\n")[0])
         self.add_args(parser)
         return parser
 
     def run(self, argv: Sequence[str] | None = None) -> Any:
-        """Runs the job on ``argv`` (job flags, then Beam pipeline options)."""
+        """Runs the job on ``argv`` (job flags, then ``--`` and Beam pipeline options)."""
         args, beam_args = self.parser().parse_known_args(argv)
         return self.run_with_args(args, beam_args)
 

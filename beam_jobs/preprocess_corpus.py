@@ -23,7 +23,7 @@ Usage (DirectRunner by default; any Beam runner through the standard pipeline op
 
     realm-tf preprocess --input 'data/open_qa/passages.jsonl.gz' --output /tmp/realm_tf/blocks
     python -m beam_jobs.preprocess_corpus --input 'gs://b/wiki-*.jsonl.gz' --output gs://b/blocks \\
-        --runner=DataflowRunner --project=P --region=R --temp_location=gs://b/tmp --setup_file=./setup.py
+        -- --runner=DataflowRunner --project=P --region=R --temp_location=gs://b/tmp --setup_file=./setup.py
 """
 from __future__ import annotations
 
@@ -466,7 +466,7 @@ def refuse_to_replace(output_dir: str, overwrite: bool) -> None:
 class PreprocessCorpusJob(job_support.BeamJob):
     """``python -m beam_jobs.preprocess_corpus`` / ``realm-tf preprocess``.
 
-    On the DirectRunner with progress lines on (``--progress_interval``), the input lines are counted first,
+    On the DirectRunner with progress lines on (``--progress-interval``), the input lines are counted first,
     so that progress lines show a percentage; on a distributed runner the launcher does not read the corpus.
     """
 

@@ -34,7 +34,7 @@ Usage (DirectRunner by default; any Beam runner through the standard pipeline op
 
     realm-tf update-corpus --config configs/minilm.yaml --add new.jsonl --delete id1,id2 --serve runs/minilm/served
     python -m beam_jobs.update_corpus --config c.yaml --add 'gs://b/changes-*.jsonl' --delete @gone.txt \\
-        --runner=DataflowRunner --project=P --region=R --temp_location=gs://b/tmp --setup_file=./setup.py
+        -- --runner=DataflowRunner --project=P --region=R --temp_location=gs://b/tmp --setup_file=./setup.py
 """
 from __future__ import annotations
 
@@ -564,8 +564,8 @@ def _serve(cfg: config_lib.ExperimentConfig, base_path: str, index_dir: str, blo
         return open_qa_export.publish_corpus_update(cfg, base_path, index_dir, blocks_dir)
     except errors.UserError as e:
         raise errors.UserError(f"{e} (corpus version {corpus_version} and index version {index_version} are "
-                               f"published; the served version is not: realm-tf export --base_path {base_path} "
-                               f"--corpus_only writes it)") from e
+                               f"published; the served version is not: realm-tf export --base-path {base_path} "
+                               f"--corpus-only writes it)") from e
 
 
 class UpdateCorpusJob(job_support.BeamJob):

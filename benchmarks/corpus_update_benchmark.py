@@ -98,7 +98,7 @@ def main() -> int:
     base = {"preprocess": stage("base_preprocess", lambda: timed(
                 ["preprocess", *sets("base"), "--input", f"{out}/base.jsonl", "--output", f"{out}/base/blocks"])),
             "embed-blocks": stage("base_embed", lambda: timed(["embed-blocks", *sets("base")])),
-            "export": stage("base_export", lambda: timed(["export", *sets("base"), "--base_path", f"{out}/served"]))}
+            "export": stage("base_export", lambda: timed(["export", *sets("base"), "--base-path", f"{out}/served"]))}
     update = stage("update", lambda: timed(
         ["update-corpus", *sets("base"), "--add", f"{out}/new.jsonl", "--delete", f"@{out}/deleted.txt",
          "--serve", f"{out}/served"]))
@@ -106,7 +106,7 @@ def main() -> int:
                 ["preprocess", *sets("full"), "--input", f"{out}/edited.jsonl", "--output", f"{out}/full/blocks"])),
             "embed-blocks": stage("full_embed", lambda: timed(["embed-blocks", *sets("full")])),
             "export": stage("full_export", lambda: timed(
-                ["export", *sets("full"), "--base_path", f"{out}/served_full"]))}
+                ["export", *sets("full"), "--base-path", f"{out}/served_full"]))}
 
     from realm_tf import artifacts  # pylint: disable=import-outside-toplevel
     from realm_tf.data import corpus_versions  # pylint: disable=import-outside-toplevel

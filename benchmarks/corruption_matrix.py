@@ -192,9 +192,9 @@ SCANN_SETS = ("--set", "index.kind=scann", "--set", "index.num_leaves=4", "--set
 
 def build_scann_index(base: str) -> None:
     """``<base>/index_scann``: the workspace's blocks embedded by its retriever export into a ScaNN index."""
-    code, _, stderr = run(["embed-blocks", "--config", os.path.join(base, "params.yaml"), "--index_dir",
-                           os.path.join(base, SCANN_INDEX), "--export_dir", os.path.join(base, "export"),
-                           "--progress_interval", "0", *SCANN_SETS])
+    code, _, stderr = run(["embed-blocks", "--config", os.path.join(base, "params.yaml"), "--index-dir",
+                           os.path.join(base, SCANN_INDEX), "--export-dir", os.path.join(base, "export"),
+                           "--progress-interval", "0", *SCANN_SETS])
     if code != 0:
         raise RuntimeError(f"embed-blocks (ScaNN) failed: {stderr[-2000:]}")
 

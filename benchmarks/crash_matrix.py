@@ -258,9 +258,9 @@ def retro_workspace(base: str) -> None:
     sets = [*RETRO_SETTINGS, f"retro.embedder_checkpoint={base}/retro_embedder/bert", f"retro.chunks_dir={work}/chunks",
             f"retro.index_dir={work}/chunk_index", f"retro_trainer.model_dir={work}/retro_lm", "retro_trainer.steps=10"]
     flags = ["--config", params, *sum((["--set", s] for s in sets), [])]
-    stages.cli(["build-chunk-database", *flags, "--progress_interval", "0"])
+    stages.cli(["build-chunk-database", *flags, "--progress-interval", "0"])
     stages.cli(["train-retro", *flags, "--baseline"])
-    stages.cli(["build-knn-datastore", *flags, "--set", f"retro.knn_dir={work}/knn", "--progress_interval", "0"])
+    stages.cli(["build-knn-datastore", *flags, "--set", f"retro.knn_dir={work}/knn", "--progress-interval", "0"])
 
 
 def release_workspace(base: str, blocks: int = 200) -> None:
@@ -455,18 +455,18 @@ def writers(base: str) -> list[Writer]:
     return [
         Writer("preprocess", lambda t: ["preprocess", "--config", params, "--input", os.path.join(base, "corpus.jsonl"),
                                         "--output", os.path.join(t, "blocks"), "--overwrite",
-                                        "--progress_interval", "0"], copy("blocks"), read_blocks),
-        Writer("embed-blocks", lambda t: cli(t, "embed-blocks", "--index_dir", os.path.join(t, "index"),
-                                             "--export_dir", os.path.join(t, "export"),
-                                             "--progress_interval", "0"), index_seed, read_index),
-        Writer("export-served", lambda t: cli(t, "export", "--base_path", os.path.join(t, "served")), served_seed,
+                                        "--progress-interval", "0"], copy("blocks"), read_blocks),
+        Writer("embed-blocks", lambda t: cli(t, "embed-blocks", "--index-dir", os.path.join(t, "index"),
+                                             "--export-dir", os.path.join(t, "export"),
+                                             "--progress-interval", "0"), index_seed, read_index),
+        Writer("export-served", lambda t: cli(t, "export", "--base-path", os.path.join(t, "served")), served_seed,
                read_served),
         Writer("finetune", lambda t: cli(t, "finetune", "--train", os.path.join(base, "questions.jsonl"),
                                          sets=("finetune.model_dir={t}/finetune", "finetune.steps=10",
                                                "finetune.checkpoint_every_steps=2", "data.batch_size=2",
                                                "model.reader_length_buckets=1", "model.candidate_length_buckets=1")),
                copy("finetune"), read_checkpoint("finetune")),
-        Writer("export-retriever", lambda t: cli(t, "export-retriever", "--model_dir", os.path.join(base, "finetune"),
+        Writer("export-retriever", lambda t: cli(t, "export-retriever", "--model-dir", os.path.join(base, "finetune"),
                                                  sets=("refresh.export_dir={t}/export",)),
                copy("export"), read_newest("export", "export.json", load_saved_model)),
         Writer("pretrain", lambda t: cli(t, "pretrain", "--no-eval",
@@ -476,16 +476,16 @@ def writers(base: str) -> list[Writer]:
                                                "model.reader_length_buckets=1", "model.candidate_length_buckets=1")),
                copy("pretrain", "export", "index"), read_checkpoint("pretrain")),
         Writer("update-corpus", lambda t: cli(t, "update-corpus", "--add", os.path.join(t, "added.jsonl"),
-                                              "--blocks_dir", os.path.join(t, "blocks"),
-                                              "--index_dir", os.path.join(t, "index"), "--progress_interval", "0"),
+                                              "--blocks-dir", os.path.join(t, "blocks"),
+                                              "--index-dir", os.path.join(t, "index"), "--progress-interval", "0"),
                update_seed, read_update),
-        Writer("build-chunk-database", lambda t: cli(t, "build-chunk-database", "--progress_interval", "0",
+        Writer("build-chunk-database", lambda t: cli(t, "build-chunk-database", "--progress-interval", "0",
                                                      sets=retro),
                lambda t: copy_retro(t, "chunks", "chunk_index"), read_chunks),
         Writer("train-retro", lambda t: cli(t, "train-retro", sets=retro + ("retro_trainer.steps=30",
                                                                              "retro_trainer.checkpoint_every_steps=5")),
                lambda t: copy_retro(t, "chunks", "chunk_index"), read_checkpoint("retro_lm", seeded=False)),
-        Writer("build-knn-datastore", lambda t: cli(t, "build-knn-datastore", "--progress_interval", "0",
+        Writer("build-knn-datastore", lambda t: cli(t, "build-knn-datastore", "--progress-interval", "0",
                                                     sets=retro),
                lambda t: copy_retro(t, "chunks", "chunk_index", "retro_lm", "knn"), read_knn),
         Writer("import-realm", lambda t: [*import_realm, "--out", os.path.join(t, "imported")], lambda t: None,

@@ -7,7 +7,7 @@ the model. With the MiniLM config (``configs/minilm.yaml``: 6 layers, 384 wide, 
 on ``--num_blocks`` blocks of the bundled corpus:
 
 1. ``python -m beam_jobs.embed_blocks`` in its own process on the DirectRunner (``--batching length``, batch =
-   ``--batch_size``; the job's own default workers and threads, or the job flags after ``--``): wall time of
+   ``--batch-size``; the job's own default workers and threads, or the job flags after ``--``): wall time of
    the pipeline incl. start-up, SavedModel load and shard writing (``embed_seconds``), and of the whole
    process (Python start-up, imports, assemble + index build + publish added);
 2. the same SavedModel's ``embed_block`` signature called in this process with the same batch size (one
@@ -28,7 +28,7 @@ after REALM's truncation to 288) costs, for ``L`` layers of width ``H``, FFN wid
 if that job fails, from passages packed here with ``realm_tf.data.block_packer`` (whole passage as one
 sentence, cut at word boundaries).
 
-Usage: python benchmarks/embed_throughput.py [--num_blocks 800] [--batch_size 16] [--workdir /tmp/embed_bench]
+Usage: python benchmarks/embed_throughput.py [--num_blocks 800] [--batch-size 16] [--workdir /tmp/embed_bench]
 [--set model.compiled_inference=true] [--profile] [-- JOB FLAGS, e.g. --direct_running_mode=multi_processing
 --direct_num_workers=2]
 """
@@ -110,7 +110,7 @@ def blocks_from_preprocess(cfg_path: str, workdir: str, num_blocks: int) -> list
 
     out = os.path.join(workdir, "preprocessed")
     if not os.path.exists(os.path.join(out, "manifest.json")):
-        preprocess_corpus.run(["--input", CORPUS, "--output", out, "--config", cfg_path, "--progress_interval", "0",
+        preprocess_corpus.run(["--input", CORPUS, "--output", out, "--config", cfg_path, "--progress-interval", "0",
                                "--runner=DirectRunner"])
     rows = []
     for path in sorted(glob.glob(os.path.join(out, "blocks-*.tfrecord"))):
@@ -217,8 +217,8 @@ def main() -> None:
     subprocess.run([sys.executable, "-m", "beam_jobs.embed_blocks", "--config", args.config, "--set",
                     f"index.index_dir={cfg.index.index_dir}", *[f"--set={o}" for o in args.overrides],
                     "--blocks", os.path.join(blocks_dir, "*.tfrecord"), "--export", export,
-                    "--min_batch_size", str(args.batch_size), "--max_batch_size", str(args.batch_size),
-                    "--progress_interval", "30", "--runner=DirectRunner", *args.job_args], check=True)
+                    "--min-batch-size", str(args.batch_size), "--max-batch-size", str(args.batch_size),
+                    "--progress-interval", "30", "--runner=DirectRunner", *args.job_args], check=True)
     job_total = time.time() - start
     path, summary = index_publisher.newest_version(cfg.index.index_dir, tok.vocab_hash)
     job_embed = summary["embed_seconds"]

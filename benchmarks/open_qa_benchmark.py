@@ -168,7 +168,7 @@ def main() -> int:
         if not os.path.exists(f"{out}/retriever_init/projection.json"):
             stages.cli(["init-retriever", *sets, "--out", f"{out}/retriever_init"])
         if not index_publisher.complete_versions(cfg.index.index_dir):
-            stages.cli(["export-retriever", *sets, "--model_dir", f"{out}/retriever_init", "--step", "0"])
+            stages.cli(["export-retriever", *sets, "--model-dir", f"{out}/retriever_init", "--step", "0"])
             stages.cli(["embed-blocks", *sets])
 
     if not os.path.exists(os.path.join(args.blocks, "manifest.json")):  # a new machine: the corpus first

@@ -41,7 +41,7 @@ _MODES = [
 def _run(corpus: str, max_block_length: int, beam_args: list[str]) -> tuple[float, dict]:
     with tempfile.TemporaryDirectory() as output:
         argv = ["--input", corpus, "--output", output, "--set", f"data.max_block_length={max_block_length}",
-                "--progress_interval", "0", *beam_args]
+                "--progress-interval", "0", *beam_args]
         start = time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()):
             preprocess_corpus.run(argv)

@@ -70,7 +70,7 @@ def main() -> int:
 
     def index() -> None:
         if not index_publisher.complete_versions(f"{out}/index"):
-            stages.cli(["export-retriever", *sets, "--model_dir", f"{out}/retriever_init", "--step", "0"])
+            stages.cli(["export-retriever", *sets, "--model-dir", f"{out}/retriever_init", "--step", "0"])
             stages.cli(["embed-blocks", *sets])
 
     stage("index", index)

@@ -261,7 +261,7 @@ def run_row(row: str, out: str, sets: list[str], args: argparse.Namespace, timed
 
     def index() -> None:
         if not index_publisher.complete_versions(f"{index_base}/index"):
-            stages.cli(["export-retriever", *row_sets, "--model_dir", retriever_run])
+            stages.cli(["export-retriever", *row_sets, "--model-dir", retriever_run])
             stages.cli(["embed-blocks", *row_sets])
 
     timed(f"index_{retriever}", index)

@@ -164,7 +164,7 @@ def main() -> int:
             "retro_fit": stage("retro_fit", lambda: train("retro_fit", [
                 "--set", f"retro.retro_fit_from={out}/baseline", "--set", f"retro_trainer.steps={args.fit_steps}",
                 "--set", f"retro_trainer.warmup_steps={max(args.fit_steps // 10, 1)}"]))}
-    stage("knn_datastore", lambda: stages.cli(["build-knn-datastore", *sets, "--model_dir", f"{out}/baseline"]))
+    stage("knn_datastore", lambda: stages.cli(["build-knn-datastore", *sets, "--model-dir", f"{out}/baseline"]))
 
     def evaluate(name: str, model: str, database_name: str, extra: list[str]) -> dict[str, Any]:
         output = stages.cli(["evaluate-lm", *sets, "--model", f"{out}/{model}", "--split", "test", "--database",

@@ -121,7 +121,7 @@ def main() -> int:
     if any(pending.values()) or not stage.is_kept("database_facts"):
         stage("blocks", lambda: stages.cli(["preprocess", "--config", args.config,
                                             *sum((["--input", c] for c in CORPUS), []), "--output", f"{out}/blocks",
-                                            "--overwrite", "--progress_interval", "0"]))
+                                            "--overwrite", "--progress-interval", "0"]))
         stage("chunks", lambda: stages.cli(["build-chunk-database", *flags(common)]))
     stage("database_facts", lambda: database_facts(config_lib.load_config(args.config, common)), kept=True)
     stage("neighbour_reach", lambda: neighbour_reach(config_lib.load_config(args.config, common)), kept=True)
@@ -135,7 +135,7 @@ def main() -> int:
         for name, sets, retrieval, options in evaluations(seed):
             if options.get("knn") and not stage.is_kept(f"eval_{name}"):
                 stage(f"knn_datastore_s{seed}", lambda seed=seed: stages.cli(
-                    ["build-knn-datastore", *flags(run_sets("baseline", seed)), "--progress_interval", "0"]))
+                    ["build-knn-datastore", *flags(run_sets("baseline", seed)), "--progress-interval", "0"]))
             table[name] = stage(f"eval_{name}", lambda sets=sets, retrieval=retrieval, options=options: evaluation(
                 config_lib.load_config(args.config, sets), retrieval, options), kept=True)
         report(args, seeds[:seeds.index(seed) + 1], table, stage, table.get(f"knn_s{knn_seed}"), knn_seed)

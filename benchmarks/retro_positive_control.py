@@ -81,7 +81,7 @@ def main() -> int:
 
     stage("corpus", corpus)
     stage("blocks", lambda: stages.cli(["preprocess", "--config", args.config, "--input", f"{out}/corpus.jsonl",
-                                        "--output", f"{out}/blocks", "--overwrite", "--progress_interval", "0"]))
+                                        "--output", f"{out}/blocks", "--overwrite", "--progress-interval", "0"]))
     embedder = stage("embedder", lambda: tiny_embedder(f"{out}/embedder/bert", cfg))
     common = [f"data.blocks_dir={out}/blocks", f"retro.chunks_dir={out}/chunks", f"retro.index_dir={out}/index",
               f"retro.embedder_checkpoint={embedder}", *RETRO_SETTINGS, f"retro_trainer.steps={args.steps}",

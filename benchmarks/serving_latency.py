@@ -1,6 +1,6 @@
 """Batch-1 latency of the served Open-QA model: p50 / p99 per export and process setting, with the op breakdown.
 
-Issue #20. Each ``--export NAME=DIR`` (an ``export`` SavedModel directory, or a ``--base_path`` with numbered
+Issue #20. Each ``--export NAME=DIR`` (an ``export`` SavedModel directory, or a ``--base-path`` with numbered
 versions: the newest is served) is loaded by :class:`realm_tf.serving.answerer.Answerer` in a process of its
 own for each ``--env NAME=VAR=VALUE[,VAR=VALUE]`` setting (TensorFlow reads its allocator and thread settings
 when it starts), warmed up with 3 questions, then asked ``--count`` held-out questions one at a time (tokenize,

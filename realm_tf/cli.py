@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from typing import Sequence
 
 import realm_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is imported)
+from realm_tf import command_line
 from realm_tf import errors
 from realm_tf import process_settings
 from realm_tf.commands import command
@@ -33,22 +35,40 @@ COMMANDS: tuple[command.Command, ...] = (*tools.COMMANDS, *pipelines.COMMANDS, *
                                          *question_answering.COMMANDS, *language_models.COMMANDS)
 
 
+def command_table(commands: Sequence[command.Command], columns: int = 98) -> str:
+    """The command list of ``realm-tf --help``: one heading per group, each help wrapped to ``columns`` (argparse
+    indents it by 2 more)."""
+    width = max(len(c.name) for c in commands) + 4
+    parts = []
+    for group, heading in command.GROUPS.items():
+        members = [c for c in commands if c.group == group]
+        if members:
+            parts.append(heading + ":\n" + "\n".join(
+                textwrap.fill(c.help, columns, initial_indent=f"  {c.name:<{width - 2}}", subsequent_indent=" " * width)
+                for c in members))
+    return "\n\n".join(parts)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with one sub-parser per command."""
-    parser = argparse.ArgumentParser(prog="realm-tf", description=_DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = command_line.ConventionParser(prog="realm-tf", description=_DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"realm-tf {realm_tf.__version__}")
     names = [c.name for c in COMMANDS]
     if len(set(names)) != len(names):
         raise ValueError(f"realm-tf: a command is declared twice: {sorted(n for n in names if names.count(n) > 1)}")
-    width = max(map(len, names)) + 2
-    table = "\n".join(f"{c.name:<{width}}{c.help}" for c in COMMANDS)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands", description=table)
+    unknown = sorted({c.group for c in COMMANDS} - set(command.GROUPS))
+    if unknown:
+        raise ValueError(f"realm-tf: commands in groups that realm-tf --help does not list: {unknown}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands",
+                                help="run realm-tf COMMAND --help for its options and examples",
+                                description=command_table(COMMANDS))
     for c in COMMANDS:
         p = sub.add_parser(c.name, description=c.help)
         c.add_args(p)
         p.add_argument("--verbose", action="store_true",
                        help="also show the start-up messages of TensorFlow and Beam that are known to be harmless "
                             "(no GPU found, Beam's Google Cloud extras not installed)")
+        p.epilog = "\n\n".join(e for e in (command.epilog(c.examples), p.epilog) if e)
         p.set_defaults(handler=c.run, entry_point=main, starts_tensorflow=c.starts_tensorflow)
     return parser
 

@@ -510,28 +510,27 @@ class ExperimentConfig:
                                                  warmup_steps=100)
 
 
-def load_config(path: str | os.PathLike[str] | None = None,
+def load_config(path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
                 overrides: Sequence[str] = ()) -> ExperimentConfig:
     """Loads an :class:`ExperimentConfig` from YAML, then applies ``key.sub=value`` overrides.
 
     Args:
-      path: a YAML file (a ``params.yaml`` written by :func:`save_params` works too); None for defaults.
-      overrides: dotted assignments such as ``pretrain.steps=100``; values are parsed as YAML scalars.
+      path: a YAML file (a ``params.yaml`` written by :func:`save_params` works too), or several, each later one
+        overriding the keys it sets (``[configs/minilm.yaml, my_paths.yaml]``); None for defaults.
+      overrides: dotted assignments such as ``pretrain.steps=100``; values are parsed as YAML scalars. They apply
+        after every file.
 
     Raises:
       ConfigError: naming the file, line and key of an unknown key or a value of the wrong type.
     """
+    paths = [] if path is None else [path] if isinstance(path, (str, os.PathLike)) else list(path)
     raw: dict[str, Any] = {}
-    lines: dict[str, int] = {}
-    source = "<defaults>"
-    if path is not None:
-        source = os.fspath(path)
-        try:
-            with open(source, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            raise ConfigError(f"{source}: cannot read config: {e.strerror}") from e
-        raw, lines = _renamed_sections(*_parse_yaml(text, source), source)
+    lines: dict[str, int | str] = {}
+    for item in paths:
+        file_raw, file_lines = _read_yaml(os.fspath(item))
+        raw = _layered(raw, file_raw)
+        lines.update(file_lines if len(paths) == 1 else {k: f"{os.fspath(item)}:{n}" for k, n in file_lines.items()})
+    source = ", ".join(os.fspath(p) for p in paths) or "<defaults>"
     cfg = _build(ExperimentConfig, raw, "", source, lines)
     for item in overrides:
         cfg = apply_override(cfg, item)
@@ -647,7 +646,7 @@ def _parse_yaml(text: str, source: str) -> tuple[dict[str, Any], dict[str, int]]
     return data, lines
 
 
-def _check_lengths(cfg: ExperimentConfig, source: str, lines: Mapping[str, int]) -> None:
+def _check_lengths(cfg: ExperimentConfig, source: str, lines: Mapping[str, int | str]) -> None:
     """Sequence lengths that must agree across sections: a block is cut by ``data.max_block_length`` when the
     corpus is preprocessed and read at ``model.block_seq_length``; every sequence a BERT reads must fit its
     position embeddings."""
@@ -684,7 +683,7 @@ def _check_lengths(cfg: ExperimentConfig, source: str, lines: Mapping[str, int])
                           f"{limit}, the longest sequence the chunk-key BERT reads")
 
 
-def _check_index(cfg: ExperimentConfig, source: str, lines: Mapping[str, int]) -> None:
+def _check_index(cfg: ExperimentConfig, source: str, lines: Mapping[str, int | str]) -> None:
     """The ranges of the index's tuning settings, and of the candidates it is asked for: REALM's k includes the
     null document (Guu et al., 2020, §3.4), so at least one block is retrieved besides it."""
     if not 0.0 <= cfg.index.target_recall <= 1.0 or cfg.index.tuning_queries < 1:
@@ -697,7 +696,7 @@ def _check_index(cfg: ExperimentConfig, source: str, lines: Mapping[str, int]) -
 
 
 def _check_steps_per_loop(cfg: ExperimentConfig, section: str, trainer: TrainerConfig, source: str,
-                          lines: Mapping[str, int]) -> None:
+                          lines: Mapping[str, int | str]) -> None:
     """``steps_per_loop`` >= 1, and every interval the loop acts on between steps a multiple of it."""
     key, n = f"{section}.steps_per_loop", trainer.steps_per_loop
     if n < 1:
@@ -713,7 +712,7 @@ def _check_steps_per_loop(cfg: ExperimentConfig, section: str, trainer: TrainerC
 
 
 def _check_static_shapes(cfg: ExperimentConfig, key: str, value: str, source: str,
-                         lines: Mapping[str, int]) -> None:
+                         lines: Mapping[str, int | str]) -> None:
     """XLA (a TPU, ``jit_compile``) compiles one program per input shape: ``key=value`` needs every batch padded
     to the configured lengths (``data.static_padding``) and one length group per BERT (the length buckets)."""
     unfit = [] if cfg.data.static_padding else ["data.static_padding=false"]
@@ -744,12 +743,34 @@ def _renamed_sections(raw: dict[str, Any], lines: dict[str, int],
     return raw, lines
 
 
-def _where(source: str, lines: Mapping[str, int], key: str) -> str:
+def _where(source: str, lines: Mapping[str, int | str], key: str) -> str:
+    """``file:line`` of ``key``: ``lines`` holds a line of ``source``, or (several files) a ``file:line`` itself."""
     line = lines.get(key)
+    if isinstance(line, str):
+        return line
     return f"{source}:{line}" if line is not None else source
 
 
-def _build(cls: type, raw: Any, prefix: str, source: str, lines: Mapping[str, int]) -> Any:
+def _read_yaml(source: str) -> tuple[dict[str, Any], dict[str, int]]:
+    """One config file's mapping and the line of each dotted key, its old section names renamed."""
+    try:
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError(f"{source}: cannot read config: {e.strerror}") from e
+    return _renamed_sections(*_parse_yaml(text, source), source)
+
+
+def _layered(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base``: mappings merged key by key, any other value of ``top`` replacing ``base``'s."""
+    merged = dict(base)
+    for key, value in top.items():
+        both = isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = _layered(merged[key], value) if both else value
+    return merged
+
+
+def _build(cls: type, raw: Any, prefix: str, source: str, lines: Mapping[str, int | str]) -> Any:
     if not isinstance(raw, dict):
         raise ConfigError(f"{_where(source, lines, prefix.rstrip('.'))}: '{prefix.rstrip('.')}' must be a "
                           f"mapping, got {type(raw).__name__}")
@@ -766,7 +787,7 @@ def _build(cls: type, raw: Any, prefix: str, source: str, lines: Mapping[str, in
     return cls(**kwargs)
 
 
-def _coerce(tp: Any, value: Any, dotted: str, where: str, source: str, lines: Mapping[str, int]) -> Any:
+def _coerce(tp: Any, value: Any, dotted: str, where: str, source: str, lines: Mapping[str, int | str]) -> Any:
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, dotted + ".", source, lines)
     origin = typing.get_origin(tp)

@@ -17,7 +17,7 @@ def test_help_lists_every_subcommand_with_one_line():
     assert result.returncode == 0
     lines = result.stdout.splitlines()
     for name in [c.name for c in cli.COMMANDS]:
-        matching = [line for line in lines if line.strip().startswith(name + " ")]
+        matching = [line for line in lines if line.startswith(f"    {name} ")]
         assert len(matching) == 1, f"{name} not listed on one line:\n{result.stdout}"
         assert len(matching[0].split(name, 1)[1].strip()) > 10  # with an explanation
 
@@ -42,7 +42,7 @@ def test_config_prints_overrides_and_bad_key_is_a_clean_error():
 def test_export_retriever_from_a_run_without_checkpoints_is_a_clean_error(tmp_path, capsys):
     empty = tmp_path / "run"
     empty.mkdir()
-    assert cli.main(["export-retriever", "--config", "configs/tiny.yaml", "--model_dir", str(empty),
+    assert cli.main(["export-retriever", "--config", "configs/tiny.yaml", "--model-dir", str(empty),
                      "--set", f"refresh.export_dir={tmp_path}/export"]) == 2
     assert f"{empty}/checkpoints" in capsys.readouterr().err
     assert not (tmp_path / "export").exists()
@@ -129,3 +129,17 @@ def test_generate_world_writes_a_seeded_world_and_refuses_one_too_large(tmp_path
     assert (tmp_path / "again" / "passages.jsonl").read_text() == first  # the seed decides the world
     assert cli.main(["generate-world", "--output", str(tmp_path / "big"), "--places", "100000"]) == 2
     assert "too large" in capsys.readouterr().err
+
+
+def test_the_project_papers_agree_on_the_version():
+    import pathlib
+    import re
+
+    import yaml
+
+    import realm_tf
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    assert re.search(r'version="([^"]+)"', (root / "setup.py").read_text()).group(1) == realm_tf.__version__
+    assert yaml.safe_load((root / "CITATION.cff").read_text())["version"] == realm_tf.__version__
+    assert "Apache License" in (root / "LICENSE").read_text() and (root / "CHANGELOG.md").exists()

@@ -192,3 +192,19 @@ def test_the_older_section_name_trainer_is_read_as_pretrain_with_a_deprecation_m
         config.load_config(_write(tmp_path, "name: x\ntrainer:\n  stepz: 3\n"))
     with pytest.raises(config.ConfigError, match=r"exp.yaml:1: sections 'trainer' and 'pretrain' \(line 3\)"):
         config.load_config(_write(tmp_path, "trainer:\n  steps: 3\npretrain:\n  steps: 4\n"))
+
+
+def test_config_files_layer_in_order_and_errors_name_the_file_that_set_the_key(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text("model:\n  encoder:\n    num_layers: 3\n    hidden_size: 64\npretrain:\n  steps: 10\n"
+                    "  learning_rate: 0.5\n")
+    paths = tmp_path / "paths.yaml"
+    paths.write_text("pretrain:\n  steps: 20\n  model_dir: /runs/mine\nmodel:\n  encoder:\n    num_layers: 2\n")
+    cfg = config.load_config([base, paths], ["pretrain.steps=30"])
+    assert (cfg.model.encoder.num_layers, cfg.model.encoder.hidden_size) == (2, 64)  # merged key by key
+    assert (cfg.pretrain.steps, cfg.pretrain.learning_rate, cfg.pretrain.model_dir) == (30, 0.5, "/runs/mine")
+    assert config.load_config([paths, base]).pretrain.steps == 10  # the later file wins
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pretrain:\n  steps: 5\n  nope: 1\n")
+    with pytest.raises(config.ConfigError, match=f"{bad}:3"):
+        config.load_config([base, bad])

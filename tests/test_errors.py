@@ -35,7 +35,7 @@ def test_preprocess_on_a_full_disk_fails_cleanly_and_keeps_the_previous_corpus(p
     corpus = os.path.join(pretraining_workspace, "corpus.jsonl")
     output = tmp_path / "blocks"
     argv = [sys.executable, "-m", "realm_tf.cli", "preprocess", "--config", "configs/tiny.yaml", "--input", corpus,
-            "--output", str(output), "--overwrite", "--progress_interval", "0"]
+            "--output", str(output), "--overwrite", "--progress-interval", "0"]
     shutil.copytree(os.path.join(pretraining_workspace, "blocks"), output)  # a corpus preprocess wrote before
     before = {p.name: p.read_bytes() for p in output.iterdir()}
 

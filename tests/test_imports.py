@@ -21,9 +21,9 @@ def test_no_import_cycles():
 # The parts of the code, lowest first: a module may import only from its own part or from parts below it
 # (docs/architecture.md). The Beam jobs (``beam_jobs/``, one part) sit beside the package and use it; the package
 # reaches them only from above: its entry points hand the index builder (``embed_blocks``) to what runs it.
-PARTS = ("errors", "resources", "library_logs", "process_settings", "host_machine", "stages", "config", "artifacts",
-         "layers", "data", "networks", "models", "index", "export", "core", "release", "tasks", "retro", "serving",
-         "beam_jobs", "demo", "commands", "cli")
+PARTS = ("errors", "command_line", "resources", "library_logs", "process_settings", "host_machine", "stages", "config",
+         "artifacts", "layers", "data", "networks", "models", "index", "export", "core", "release", "tasks", "retro",
+         "serving", "beam_jobs", "demo", "commands", "cli")
 
 
 def part(module: str) -> str | None:

@@ -20,25 +20,43 @@ class Command:
     """``realm-tf NAME``: ``run(args)`` returns the exit code; ``add_args(parser)`` declares its arguments.
     ``starts_tensorflow``: the command runs TensorFlow in its own process, which then starts it quietly before its
     first tensor (False: it never imports TensorFlow, or its children do, and it starts in a fraction of a
-    second instead of TensorFlow's seconds)."""
+    second instead of TensorFlow's seconds). ``group``: its heading in ``realm-tf --help`` (one of
+    :data:`GROUPS`); ``examples``: the command lines of its ``Examples:`` epilog."""
 
     name: str
     help: str
     run: Callable[[argparse.Namespace], int]
     add_args: Callable[[argparse.ArgumentParser], None]
     starts_tensorflow: bool = True
+    group: str = "tools"
+    examples: tuple[str, ...] = ()
+
+
+#: The headings of ``realm-tf --help``, in order.
+GROUPS = {"data": "data (corpora and training examples)", "index": "index (block embeddings and MIPS indexes)",
+          "train": "training (the retriever, REALM and the reader)", "qa": "QA (evaluate, export and ask)",
+          "lm": "LM (RETRO and kNN-LM)", "tools": "tools"}
+
+
+def epilog(examples: Sequence[str]) -> str:
+    """The ``Examples:`` epilog of a command's help."""
+    return "Examples:\n" + "\n".join(f"  {e}" for e in examples) if examples else ""
 
 
 def add_config_args(parser: argparse.ArgumentParser, required: bool = True) -> None:
-    """``--config FILE.yaml`` and any number of ``--set key=value``."""
-    parser.add_argument("--config", required=required, metavar="FILE.yaml",
-                        help="experiment config (configs/tiny.yaml, configs/minilm.yaml, configs/base.yaml)")
+    """``--config FILE.yaml`` (repeatable: each later file overrides the keys it sets) and any number of
+    ``--set key=value`` (applied last)."""
+    parser.add_argument("--config", required=required, action="append", metavar="FILE.yaml",
+                        help="experiment config (configs/tiny.yaml, configs/minilm.yaml, configs/base.yaml); "
+                             "repeatable: a later file overrides the keys it sets, e.g. --config "
+                             "configs/minilm.yaml --config my_paths.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config value, e.g. --set pretrain.steps=100 (repeatable)")
+                        help="override one config value after every --config file, e.g. --set pretrain.steps=100 "
+                             "(repeatable)")
 
 
 def load(args: argparse.Namespace) -> config_lib.ExperimentConfig:
-    """The config of ``--config`` with the ``--set`` overrides."""
+    """The config of the ``--config`` files, layered in order, with the ``--set`` overrides."""
     return config_lib.load_config(args.config, args.overrides)
 
 
@@ -51,6 +69,7 @@ def training_exit_code(result: Mapping[str, Any]) -> int:
 def keep_unknown_args(parser: argparse.ArgumentParser, dest: str) -> None:
     """Makes a sub-parser keep the flags it does not know in ``args.<dest>`` instead of failing (argparse reports
     what a sub-parser leaves unparsed as an error of the main parser)."""
+    parser.passthrough = True  # realm_tf.command_line.ConventionParser: no unknown flag is refused here
     parse_known_args = parser.parse_known_args
 
     def parse_keeping(args: Sequence[str] | None = None,

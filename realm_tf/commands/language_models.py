@@ -126,13 +126,20 @@ COMMANDS = [
                     "bits-per-byte of a trained RETRO / baseline decoder on held-out documents, at each leakage "
                     "threshold alpha and per leakage bucket (RETRO 2.6), optionally with kNN-LM; --set "
                     "retro.num_neighbours=10 reads 10 neighbours (chunked cross-attention takes any k)",
-                    _cmd_evaluate_lm, _args_evaluate_lm),
+                    _cmd_evaluate_lm, _args_evaluate_lm,
+                    group="lm",
+                    examples=("realm-tf evaluate-lm --config configs/minilm.yaml --split test",
+                              "realm-tf evaluate-lm --config configs/minilm.yaml --split test --knn",)),
     command.Command("generate",
                     "continue prompts with a trained RETRO decoder, retrieving after each completed chunk and "
                     "printing the neighbours that conditioned each chunk",
-                    _cmd_generate, _args_generate),
+                    _cmd_generate, _args_generate,
+                    group="lm",
+                    examples=("realm-tf generate --config configs/minilm.yaml --prompt \"The Eiffel Tower is\"",)),
     command.Command("export-retro",
                     "export a trained RETRO / baseline decoder as a SavedModel: score, score_text (bits-per-byte), "
                     "retrieve and generate signatures, the chunk database and its search inside",
-                    _cmd_export_retro, _args_export_retro),
+                    _cmd_export_retro, _args_export_retro,
+                    group="lm",
+                    examples=("realm-tf export-retro --config configs/minilm.yaml --out runs/minilm/retro/served",)),
 ]

@@ -76,34 +76,49 @@ def _refresh_index_args(parser: argparse.ArgumentParser) -> None:
                         help="keep watching EXPORT_DIR (default: refresh.export_dir) and index every new export; "
                              "without --watch, index the newest export once and exit")
     parser.add_argument("--index_dir", default=None, help="versioned index root (default: index.index_dir)")
-    parser.add_argument("--pause_before_commit", type=float, default=0.0, metavar="SECONDS",
+    parser.add_argument("--pause_before_commit", type=float, default=0.0, metavar="SECONDS", hidden=True,
                         help="fault-injection tests: sleep with each new version staged, before committing it")
     job_flags.pass_unknown_through(parser)
 
 
 #: ``realm-tf`` name -> (one line of help, the job_flags function that declares the job's flags)
-_BEAM_JOBS = {
+_BEAM_JOBS = {  # name: (help, flags, group, examples)
     "preprocess": ("Beam job: corpus (JSONL/TSV/TFRecord) -> REALM blocks of <= 288 wordpieces + manifest",
-                   "add_preprocess_args"),
+                   "add_preprocess_args", "data",
+                   ("realm-tf preprocess --config configs/minilm.yaml --input my_documents.jsonl --output "
+                    "runs/minilm/blocks",
+                    "realm-tf preprocess --config configs/minilm.yaml --input 'gs://B/docs/*.jsonl' --output "
+                    "gs://B/blocks -- --runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp")),
     "generate-pretraining-data": ("Beam job: blocks -> salient-span-masked pre-training examples (REALM 3.4)",
-                                  "add_pretraining_args"),
+                                  "add_pretraining_args", "data",
+                                  ("realm-tf generate-pretraining-data --config configs/minilm.yaml",)),
     "generate-ict-data": ("Beam job: blocks -> Inverse Cloze Task examples for the retriever warm start",
-                          "add_ict_args"),
+                          "add_ict_args", "data", ("realm-tf generate-ict-data --config configs/minilm.yaml",)),
     "embed-blocks": ("Beam job: embed every block with a retriever export, publish a new MIPS index (REALM 3.4)",
-                     "add_embed_blocks_args"),
+                     "add_embed_blocks_args", "index",
+                     ("realm-tf embed-blocks --config configs/minilm.yaml",
+                      "realm-tf embed-blocks --config configs/minilm.yaml --export runs/minilm/export/400")),
     "update-corpus": ("Beam job: add, replace, delete documents (--add FILE, --delete IDS): a new corpus version and "
                       "index version, only the new blocks embedded (--serve: and a new served version)",
-                      "add_update_corpus_args"),
+                      "add_update_corpus_args", "data",
+                      ("realm-tf update-corpus --config configs/minilm.yaml --add new_documents.jsonl --delete 17,42",
+                       "realm-tf update-corpus --config configs/minilm.yaml --add new_documents.jsonl --serve "
+                       "runs/minilm/served")),
     "build-chunk-database": ("Beam job: RETRO's chunk database from the blocks (frozen-BERT keys) and its MIPS index",
-                             "add_chunk_database_args"),
+                             "add_chunk_database_args", "lm",
+                             ("realm-tf build-chunk-database --config configs/minilm.yaml",)),
     "build-knn-datastore": ("Beam job: kNN-LM's datastore (a trained decoder's final-FFW inputs over the training "
-                            "tokens -> next token) and its MIPS index", "add_knn_datastore_args"),
+                            "tokens -> next token) and its MIPS index", "add_knn_datastore_args", "lm",
+                            ("realm-tf build-knn-datastore --config configs/minilm.yaml --model-dir "
+                             "runs/minilm/retro/baseline",)),
 }
 
 COMMANDS = [
-    *(command.Command(name, help_text, _run_beam_job, _beam_job_args(adder))
-      for name, (help_text, adder) in _BEAM_JOBS.items()),
+    *(command.Command(name, help_text, _run_beam_job, _beam_job_args(adder), group=group, examples=examples)
+      for name, (help_text, adder, group, examples) in _BEAM_JOBS.items()),
     command.Command("refresh-index",
                     "index builder: re-embed the corpus for each new retriever export (--watch: keep going)",
-                    _refresh_index, _refresh_index_args),
+                    _refresh_index, _refresh_index_args,
+                    group="index",
+                    examples=("realm-tf refresh-index --config configs/minilm.yaml --watch",)),
 ]

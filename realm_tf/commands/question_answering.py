@@ -102,7 +102,7 @@ def _args_export_retriever(p: argparse.ArgumentParser) -> None:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     """Exports the fine-tuned Open-QA model (search, reading, decoding in the graph) for TF Serving: one SavedModel
-    (``--out``), or the next numbered version under a model base path (``--base_path``), or (``--corpus_only``)
+    (``--out``), or the next numbered version under a model base path (``--base-path``), or (``--corpus-only``)
     a version with the weights of the newest one over the newest index version's corpus."""
     from realm_tf.export import open_qa_export
     from realm_tf.tasks import open_qa
@@ -110,7 +110,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     cfg = command.load(args)
     if args.corpus_only:
         if not args.base_path:
-            raise errors.UserError("--corpus_only needs --base_path (the served model to take the weights from)")
+            raise errors.UserError("--corpus-only needs --base-path (the served model to take the weights from)")
         path = open_qa_export.publish_corpus_update(cfg, args.base_path, index_dir=args.index)
         print(f"exported {path}: the weights of the previous version, the corpus of the newest index version")
         return 0
@@ -126,7 +126,7 @@ def _add_export_destination_args(parser: argparse.ArgumentParser) -> None:
                        help="TF Serving's model base path: write DIR/<n>, the version after the newest")
     where.add_argument("--out", default=None, metavar="DIR", help="one SavedModel directory")
     parser.add_argument("--corpus_only", action="store_true",
-                        help="with --base_path: a new version with the weights of the newest one and the corpus of the "
+                        help="with --base-path: a new version with the weights of the newest one and the corpus of the "
                              "newest index version (after realm-tf update-corpus; no model is built, nothing embedded)")
 
 
@@ -172,14 +172,24 @@ def _args_ask(p: argparse.ArgumentParser) -> None:
 COMMANDS = [
     command.Command("evaluate",
                     "Open-QA evaluation: EM, regex match, retrieval accuracy@k, reader oracle, predictions JSONL",
-                    _cmd_evaluate, _args_evaluate),
+                    _cmd_evaluate, _args_evaluate,
+                    group="qa",
+                    examples=("realm-tf evaluate --config configs/minilm.yaml --questions "
+                              "data/open_qa/qa_qed_train.jsonl.gz --split dev",
+                              "realm-tf evaluate --experiment pretrain --config configs/minilm.yaml",)),
     command.Command("export-retriever",
                     "export embed_query/embed_block SavedModel to refresh.export_dir/<step>/",
-                    _cmd_export_retriever, _args_export_retriever),
+                    _cmd_export_retriever, _args_export_retriever,
+                    group="index",
+                    examples=("realm-tf export-retriever --config configs/minilm.yaml --model-dir runs/minilm/model",)),
     command.Command("export",
                     "export the fine-tuned Open-QA model as one SavedModel for TF Serving (MIPS in the graph)",
-                    _cmd_export, _args_export),
+                    _cmd_export, _args_export,
+                    group="qa",
+                    examples=("realm-tf export --config configs/minilm.yaml --base-path runs/minilm/served",)),
     command.Command("ask",
                     "answer questions with an exported Open-QA model: answer, score and the evidence blocks",
-                    _cmd_ask, _args_ask),
+                    _cmd_ask, _args_ask,
+                    group="qa",
+                    examples=("realm-tf ask \"who wrote the origin of species?\" --model runs/minilm/served",)),
 ]

@@ -181,24 +181,40 @@ def _args_generate_world(p: argparse.ArgumentParser) -> None:
 COMMANDS = [
     command.Command("config",
                     "print the resolved experiment config (YAML + --set overrides)",
-                    _cmd_config, _args_config, starts_tensorflow=False),
+                    _cmd_config, _args_config, starts_tensorflow=False,
+                    group="tools",
+                    examples=("realm-tf config --config configs/minilm.yaml --set pretrain.steps=100",)),
     command.Command("import-bert",
                     "convert a Hugging Face BERT directory (safetensors) to a TF checkpoint",
-                    _cmd_import_bert, _args_import_bert),
+                    _cmd_import_bert, _args_import_bert,
+                    group="tools",
+                    examples=("realm-tf import-bert --src ~/models/bert-base-uncased --out runs/bert",)),
     command.Command("import-realm",
                     "import Google's released REALM / ORQA model (TF1 checkpoint or TF-Hub module, any gs:// path) as"
                     " a run with its params.yaml; --blocks: ORQA's blocks.tfr + block_emb as blocks and an index",
-                    _cmd_import_realm, _args_import_realm),
+                    _cmd_import_realm, _args_import_realm,
+                    group="tools",
+                    examples=("realm-tf import-realm --kind embedder --src ~/realm/cc_news_pretrained/embedder --out "
+                              "runs/realm_embedder",
+                              "realm-tf import-realm --kind openqa --src ~/orqa/orqa_nq_model_from_realm --out "
+                              "runs/orqa_nq --blocks ~/orqa/enwiki-20181220/blocks.tfr",)),
     command.Command("demo",
                     "run the whole loop on the bundled data: blocks, index, pre-train, fine-tune, evaluate, export, "
                     "ask",
-                    _cmd_demo, _args_demo, starts_tensorflow=False),
+                    _cmd_demo, _args_demo, starts_tensorflow=False,
+                    group="tools",
+                    examples=("realm-tf demo --config configs/minilm.yaml",
+                              "realm-tf demo --config configs/tiny.yaml --workdir runs/demo_tiny",)),
     command.Command("generate-world",
                     "write a seeded world of fictional facts (people, places, organisations, years) as passages and "
                     "questions: knowledge no pretrained weights hold, for REALM's retrieval controls",
-                    _cmd_generate_world, _args_generate_world, starts_tensorflow=False),
+                    _cmd_generate_world, _args_generate_world, starts_tensorflow=False,
+                    group="data",
+                    examples=("realm-tf generate-world --output runs/world --seed 0 --people 200",)),
     command.Command("verify",
                     "check published artifacts (index versions, exports, served models, job outputs) file by file "
                     "against the SHA-256 digests in their markers; exit code 1 when one is damaged",
-                    _cmd_verify, _args_verify),
+                    _cmd_verify, _args_verify,
+                    group="tools",
+                    examples=("realm-tf verify runs/minilm/index runs/minilm/export runs/minilm/served",)),
 ]

@@ -21,7 +21,7 @@ def _args_init_retriever(p: argparse.ArgumentParser) -> None:
     command.add_config_args(p)
     p.add_argument("--out", required=True,
                    help="run directory to write (then model.retriever_checkpoint / "
-                        "qa.retriever_checkpoint / export-retriever --model_dir)")
+                        "qa.retriever_checkpoint / export-retriever --model-dir)")
     p.add_argument("--blocks", type=int, default=4096,
                    help="corpus blocks sampled to fit the projection")
 
@@ -145,26 +145,45 @@ def _args_train(p: argparse.ArgumentParser) -> None:
 
 COMMANDS = [
     command.Command("train", "train a named experiment (--experiment ict, pretrain, reader, finetune, retro): its "
-                    "command, generated from the experiment registry", _train, _args_train, starts_tensorflow=False),
+                    "command, generated from the experiment registry", _train, _args_train, starts_tensorflow=False,
+                    group="train",
+                    examples=("realm-tf train --experiment pretrain --config configs/minilm.yaml --set "
+                              "pretrain.steps=1000",)),
     command.Command("init-retriever",
                     "the retriever from model.init_checkpoint with its projection fitted to the corpus "
                     "(model.projection_init: pca keeps an imported embedder's ranking), saved as a run",
-                    _cmd_init_retriever, _args_init_retriever),
+                    _cmd_init_retriever, _args_init_retriever,
+                    group="train",
+                    examples=("realm-tf init-retriever --config configs/minilm.yaml --out "
+                              "runs/minilm/retriever_init",)),
     command.Command("train-ict",
                     "train the retriever with the Inverse Cloze Task (resumable), then export it",
-                    _cmd_train_ict, _args_train_ict),
+                    _cmd_train_ict, _args_train_ict,
+                    group="train",
+                    examples=("realm-tf train-ict --config configs/minilm.yaml --set ict.steps=400",)),
     command.Command("pretrain",
                     "REALM pre-training (salient spans, null doc, async index refresh); resumable",
-                    _cmd_pretrain, _args_pretrain),
+                    _cmd_pretrain, _args_pretrain,
+                    group="train",
+                    examples=("realm-tf pretrain --config configs/minilm.yaml --set pretrain.steps=1000",
+                              "realm-tf pretrain --config configs/minilm.yaml --eval-only",)),
     command.Command("train-reader",
                     "reader warm start: span reading on gold blocks next to BM25 negatives, before finetune; "
                     "resumable",
-                    _cmd_train_reader, _args_train_reader),
+                    _cmd_train_reader, _args_train_reader,
+                    group="train",
+                    examples=("realm-tf train-reader --config configs/minilm.yaml --set reader.steps=500",)),
     command.Command("finetune",
                     "Open-QA fine-tuning (retriever + span reader) on a {question, answers} JSONL; resumable",
-                    _cmd_finetune, _args_finetune),
+                    _cmd_finetune, _args_finetune,
+                    group="train",
+                    examples=("realm-tf finetune --config configs/minilm.yaml --train "
+                              "data/open_qa/qa_qed_train.jsonl.gz",)),
     command.Command("train-retro",
                     "train RETRO's decoder on the chunk database's training documents, neighbours retrieved in the "
                     "input pipeline (resumable; retro.retro_fit_from RETRO-fits a baseline)",
-                    _cmd_train_retro, _args_train_retro),
+                    _cmd_train_retro, _args_train_retro,
+                    group="lm",
+                    examples=("realm-tf train-retro --config configs/minilm.yaml",
+                              "realm-tf train-retro --config configs/minilm.yaml --baseline",)),
 ]

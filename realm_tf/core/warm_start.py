@@ -98,7 +98,7 @@ def export_retriever_of_run(cfg: config_lib.ExperimentConfig, run_dir: str | Non
     run_dir = run_dir or cfg.ict.model_dir
     found = checkpoint_reading.newest_complete(f"{run_dir}/checkpoints")
     if given and not found and not from_init:
-        raise errors.UserError(f"--model_dir {given}: no checkpoint in {given}/checkpoints (--from-init exports "
+        raise errors.UserError(f"--model-dir {given}: no checkpoint in {given}/checkpoints (--from-init exports "
                                f"model.init_checkpoint instead)")
     model = knowledge_retriever.build_knowledge_retriever(cfg.model)
     checkpoint = ""

@@ -154,7 +154,7 @@ def newest_version(path: str) -> str:
     """``path`` when it is an export, else the newest complete version under it (a model base path)."""
     found = artifacts.newest_complete(path, artifacts.OPEN_QA_EXPORT)
     if found is None:
-        raise errors.UserError(f"{path}: no complete Open-QA export (run `realm-tf export --base_path {path}`)")
+        raise errors.UserError(f"{path}: no complete Open-QA export (run `realm-tf export --base-path {path}`)")
     return found
 
 
@@ -298,7 +298,7 @@ def _write_variables(previous: str, fresh: Any, staging: str) -> None:
     old_keys, new_keys = _variable_keys(old, "corpus"), _variable_keys(fresh, "corpus")
     if set(old_keys) != set(new_keys):
         raise errors.UserError(f"{previous}: its corpus variables {sorted(old_keys)} differ from the new corpus's "
-                               f"{sorted(new_keys)}: export the model anew (realm-tf export --base_path)")
+                               f"{sorted(new_keys)}: export the model anew (realm-tf export --base-path)")
     replaced = {old_keys[path]: new_keys[path] for path in old_keys}
     names = sorted(old.get_variable_to_shape_map())
     tensors = [fresh.get_tensor(replaced[name]) if name in replaced else old.get_tensor(name) for name in names]

@@ -42,7 +42,7 @@ class IndexRefresher:
     """Runs the index builder on each new retriever export.
 
     Args:
-      config_path: the experiment config file (the trainer passes its ``params.yaml``).
+      config_path: the experiment config file, or several layered (the trainer passes its ``params.yaml``).
       build_index: the index builder (``beam_jobs.embed_blocks.embed_and_publish``).
       overrides: dotted overrides applied on top of it.
       export_dir: exports to watch (default ``refresh.export_dir``).
@@ -51,7 +51,7 @@ class IndexRefresher:
       pause_before_commit: passed to embed_blocks (fault-injection tests only).
     """
 
-    def __init__(self, config_path: str, build_index: IndexBuilder, overrides: Sequence[str] = (),
+    def __init__(self, config_path: str | Sequence[str], build_index: IndexBuilder, overrides: Sequence[str] = (),
                  export_dir: str | None = None, index_dir: str | None = None, beam_args: Sequence[str] | None = None,
                  pause_before_commit: float = 0.0) -> None:
         self.config_path = config_path

@@ -7,7 +7,7 @@ the matching stage here writes, so every later stage reads it as it reads its ow
 
 * ``embedder`` (REALM's ``embedder``, ORQA's ICT module ``gs://orqa-data/ict``): a retriever run
   (``model = KnowledgeRetriever``, one tower for questions and blocks: REALM's ``share_embedders``), read by
-  ``model.retriever_checkpoint`` / ``qa.retriever_checkpoint`` and ``export-retriever --model_dir``;
+  ``model.retriever_checkpoint`` / ``qa.retriever_checkpoint`` and ``export-retriever --model-dir``;
 * ``bert`` (REALM's ``bert``: BERT and its MLM head): a REALM pre-training run's knowledge-augmented encoder
   (``model.encoder``), read by ``qa.reader_checkpoint``; REALM's fine-tuning recipe is exactly these two
   (``orqa_experiment --retriever_module_path=.../embedder --reader_module_path=.../bert``);

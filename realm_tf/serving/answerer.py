@@ -8,7 +8,7 @@ The same SavedModel TF Serving serves (:mod:`realm_tf.export.open_qa_export`); t
     result = qa.ask("who wrote the lyrics of he ain't heavy he's my brother")
     print(result.answer, result.score, result.blocks[0].title)
 
-The path is a model base path (``realm-tf export --base_path``: numbered versions, TF Serving's layout), whose
+The path is a model base path (``realm-tf export --base-path``: numbered versions, TF Serving's layout), whose
 newest complete version is loaded, or one export directory. A version that cannot be loaded (a file missing,
 truncated, or failing TensorFlow's checksum) is named in the error; under a base path the previous complete version
 is served instead, with a warning, as TF Serving keeps serving the version it has.
@@ -79,7 +79,7 @@ class Answerer:
             candidates = list(reversed(artifacts.complete_versions(export_path, artifacts.OPEN_QA_EXPORT).values()))
         if not candidates:
             raise errors.UserError(f"{export_path}: not a complete Open-QA export nor a model base path with one "
-                                   f"(no {artifacts.OPEN_QA_EXPORT}; run `realm-tf export --base_path {export_path}`)")
+                                   f"(no {artifacts.OPEN_QA_EXPORT}; run `realm-tf export --base-path {export_path}`)")
         for number, path in enumerate(candidates):
             try:
                 self._version = _load(path)

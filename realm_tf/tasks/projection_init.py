@@ -13,7 +13,7 @@ a sample of corpus blocks:
 
 Both towers get the same matrix, so f(x, z) starts as (√d times) a cosine in the principal subspace.
 ``realm-tf init-retriever`` writes the result as a retriever run (like ``train-ict``), which
-``model.retriever_checkpoint`` / ``qa.retriever_checkpoint`` and ``export-retriever --model_dir`` read.
+``model.retriever_checkpoint`` / ``qa.retriever_checkpoint`` and ``export-retriever --model-dir`` read.
 """
 from __future__ import annotations
 

@@ -117,7 +117,7 @@ def test_job_publishes_chunks_keys_and_an_index_over_the_workspace_blocks(tmp_pa
     assert neighbours[:, 0].tolist() == sample  # a chunk's own key is its nearest neighbour
     # A second run, on Beam's portable runner, publishes the next version, with the same keys; the chunks are
     # rewritten, not appended to. Its progress lines (one per chunk embedded here) count every chunk.
-    assert cli.main(["build-chunk-database", "--config", TINY, "--progress_interval", "1e-9",
+    assert cli.main(["build-chunk-database", "--config", TINY, "--progress-interval", "1e-9",
                      *sum((["--set", s] for s in sets), []), *portable_runner]) == 0
     assert index_publisher.complete_versions(str(tmp_path / "index")) == [0, 1]
     np.testing.assert_allclose(np.load(os.path.join(index_publisher.version_dir(str(tmp_path / "index"), 1),

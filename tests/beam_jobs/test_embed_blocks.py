@@ -90,7 +90,7 @@ def setup(tmp_path_factory):
 def published(setup):
     index_dir = str(setup["tmp"] / "index")
     summary = embed_blocks.run(["--config", "configs/tiny.yaml", "--blocks", setup["blocks"],
-                                "--export", setup["export"], "--index_dir", index_dir, "--max_batch_size", "8",
+                                "--export", setup["export"], "--index-dir", index_dir, "--max-batch-size", "8",
                                 "--runner=DirectRunner"])
     return summary, index_dir
 
@@ -127,7 +127,7 @@ def test_a_rerun_of_a_finished_job_has_nothing_to_do_and_another_export_step_is_
     """A rerun after the commit (a finished job, or one killed just after it) succeeds without embedding; the same
     version number from another export is still refused."""
     summary, index_dir = published
-    flags = ["--config", "configs/tiny.yaml", "--blocks", setup["blocks"], "--index_dir", index_dir]
+    flags = ["--config", "configs/tiny.yaml", "--blocks", setup["blocks"], "--index-dir", index_dir]
     again = embed_blocks.run([*flags, "--export", setup["export"], "--runner=DirectRunner"])
     assert again["index_path"] == summary["index_path"] and again["exported_at"] == summary["exported_at"]
     assert any("nothing to do" in r.getMessage() for r in caplog.records)
@@ -164,7 +164,7 @@ def test_the_job_runs_on_beams_portable_runner(setup, published, portable_runner
     workers in this process: the same vectors as the DirectRunner's."""
     index_dir = str(setup["tmp"] / "index_portable")
     summary = embed_blocks.run(["--config", "configs/tiny.yaml", "--blocks", setup["blocks"], "--export",
-                                setup["export"], "--index_dir", index_dir, "--max_batch_size", "8", *portable_runner])
+                                setup["export"], "--index-dir", index_dir, "--max-batch-size", "8", *portable_runner])
     assert summary["counts"][embed_blocks.BLOCKS_EMBEDDED] == NUM_BLOCKS
     np.testing.assert_allclose(index_publisher.read_embeddings(summary["index_path"]),
                                index_publisher.read_embeddings(published[0]["index_path"]), atol=1e-5)
@@ -177,7 +177,7 @@ def test_the_job_run_as_a_module_runs_on_workers_in_other_processes(setup, publi
     index_dir = str(setup["tmp"] / "index_processes")
     result = subprocess.run(
         [sys.executable, "-m", "beam_jobs.embed_blocks", "--config", "configs/tiny.yaml", "--blocks",
-         setup["blocks"], "--export", setup["export"], "--index_dir", index_dir, "--max_batch_size", "8",
+         setup["blocks"], "--export", setup["export"], "--index-dir", index_dir, "--max-batch-size", "8",
          "--runner=DirectRunner", "--direct_running_mode=multi_processing", "--direct_num_workers=2"],
         capture_output=True, text=True, timeout=600,
         env=dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3"))
@@ -250,7 +250,7 @@ def test_the_model_handler_sets_tensorflows_threads_where_tensorflow_has_not_run
     with caplog.at_level("INFO", logger=embed_blocks.__name__):
         model = handler.load_model()
     assert tf.config.threading.get_intra_op_parallelism_threads() == before
-    assert "--intra_op_threads=%d is not applied" % (before + 3) in caplog.text
+    assert "--intra-op-threads=%d is not applied" % (before + 3) in caplog.text
     (title, text), = setup["passages"][:1]
     vector, = handler.run_inference([embed_blocks.BlockInput(title.encode(), text.encode(), 10)], model)
     assert np.abs(vector.value - setup["reference"][0]).max() <= 1e-5
@@ -304,7 +304,7 @@ def test_missing_and_duplicate_block_ids_refuse_the_publish(setup):
     index_dir = str(tmp / "index")
     with pytest.raises(embedding_matrix.IncompleteEmbeddingsError) as raised:
         embed_blocks.run(["--config", "configs/tiny.yaml", "--blocks", str(tmp / "blocks" / "*.tfrecord"),
-                          "--export", setup["export"], "--index_dir", index_dir, "--runner=DirectRunner"])
+                          "--export", setup["export"], "--index-dir", index_dir, "--runner=DirectRunner"])
     message = str(raised.value)
     assert "4 of 14 block ids missing: 3, 7, 12-13" in message
     assert "1 block ids embedded more than once: 5" in message

@@ -61,7 +61,7 @@ def test_run_end_to_end_is_deterministic(tmp_path, make_blocks, write_blocks, re
     pattern = write_blocks(str(tmp_path / "blocks"), make_blocks(DOCUMENTS))
     manifest = job.run(["--input", pattern, "--output", str(tmp_path / "a")])
     code = cli.main(["generate-ict-data", "--input", pattern, "--output", str(tmp_path / "b"),
-                     "--num_shards", "3", "--", *portable_runner])  # the same examples on the portable runner
+                     "--num-shards", "3", "--", *portable_runner])  # the same examples on the portable runner
     assert code == 0
     rows = read_records(str(tmp_path / "a" / "ict-*.tfrecord"), es.ict_feature_spec())
     again = read_records(str(tmp_path / "b" / "ict-*.tfrecord"), es.ict_feature_spec())

@@ -78,7 +78,7 @@ def test_run_end_to_end_deterministic_and_fallback_counted(tmp_path, make_blocks
                                                           tokenizer, portable_runner):
     pattern = write_blocks(str(tmp_path / "blocks"), make_blocks(DOCUMENTS))
     common = ["--input", pattern, "--set", f"model.query_seq_length={QUERY_SEQ_LENGTH}", "--set", "data.seed=5"]
-    manifest = job.run([*common, "--output", str(tmp_path / "a"), "--num_shards", "2"])
+    manifest = job.run([*common, "--output", str(tmp_path / "a"), "--num-shards", "2"])
     again_manifest = job.run([*common, "--output", str(tmp_path / "b"), *portable_runner])  # the portable runner
 
     rows = read_records(str(tmp_path / "a" / "pretraining-*.tfrecord"), es.pretraining_feature_spec())

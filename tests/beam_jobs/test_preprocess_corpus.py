@@ -279,8 +279,8 @@ def test_job_end_to_end_run_and_cli_deterministic(tmp_path, tok, capsys, parse_r
     out = tmp_path / "out"
     returned = preprocess_corpus.run(["--input", str(inputs / "*.jsonl*"), "--input", str(inputs / "*.tsv"),
                                       "--input", str(inputs / "r.tfrecord"), "--output", str(out),
-                                      "--set", f"data.max_block_length={L}", "--num_shards=2",
-                                      "--progress_interval", "0.001"])
+                                      "--set", f"data.max_block_length={L}", "--num-shards=2",
+                                      "--progress-interval", "0.001"])
     summary = capsys.readouterr().err  # logged, as library code does
     assert f"{input_lines} input lines" in summary and "2 duplicates merged" in summary
     assert "preprocess [pack" in summary and f"/{input_lines} lines" in summary  # progress, of the counted total
@@ -329,7 +329,7 @@ def test_job_end_to_end_run_and_cli_deterministic(tmp_path, tok, capsys, parse_r
     out2 = tmp_path / "out2"
     code = cli.main(["preprocess", "--input", str(inputs / "r.tfrecord"), "--input", str(inputs / "*.tsv"),
                      "--input", str(inputs / "*.jsonl*"), "--output", str(out2), "--set",
-                     f"data.max_block_length={L}", "--progress_interval", "0.001", *portable_runner])
+                     f"data.max_block_length={L}", "--progress-interval", "0.001", *portable_runner])
     assert code == 0
     captured = capsys.readouterr()
     assert "preprocess [read" in captured.err  # progress lines (no total: lines are counted on the DirectRunner)
@@ -360,7 +360,7 @@ def test_a_corpus_already_in_the_output_is_replaced_only_with_overwrite(tmp_path
     (tmp_path / "c.jsonl").write_text('{"title": "t", "text": "one small passage"}\n')
     out = tmp_path / "blocks"
     args = ["--input", str(tmp_path / "c.jsonl"), "--output", str(out), "--set", "data.max_block_length=32",
-            "--progress_interval", "0"]
+            "--progress-interval", "0"]
     preprocess_corpus.run(args)
     first = json.loads((out / "manifest.json").read_text())
     (out / "versions" / "1").mkdir(parents=True)  # an update made on this corpus (update-corpus)

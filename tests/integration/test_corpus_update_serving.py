@@ -144,7 +144,7 @@ def test_an_update_killed_while_staging_leaves_the_previous_versions_serving(ser
     with open(root / "killed.log", "w") as log:
         process = subprocess.Popen(  # pylint: disable=consider-using-with
             [sys.executable, "-m", "realm_tf.cli", "update-corpus", *_args(root), "--add", str(root / "fact2.jsonl"),
-             "--serve", base, "--pause_before_commit", "120"], stdout=log, stderr=subprocess.STDOUT, env=ENV)
+             "--serve", base, "--pause-before-commit", "120"], stdout=log, stderr=subprocess.STDOUT, env=ENV)
         try:
             deadline = time.time() + 300
             while not _staged_corpus(blocks_dir):

@@ -64,7 +64,7 @@ def test_preprocess_killed_mid_run_keeps_the_previous_corpus(pretraining_workspa
 
     writer = crash_matrix.Writer(
         "preprocess", lambda t: ["preprocess", "--config", "configs/tiny.yaml", "--input", corpus, "--output",
-                                 os.path.join(t, "blocks"), "--overwrite", "--progress_interval", "0"], seed, read)
+                                 os.path.join(t, "blocks"), "--overwrite", "--progress-interval", "0"], seed, read)
     result = crash_matrix.run_writer(writer, str(tmp_path), points=2, seed=0)
     assert len(result["rows"]) == 2 and result["events"] > 0
     for row in result["rows"]:

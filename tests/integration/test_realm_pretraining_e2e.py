@@ -84,7 +84,7 @@ def test_async_refresh_builder_killed_mid_publish_trainer_killed_and_rerun(tmp_p
         builder.wait(60)
         previous = max(index_publisher.complete_versions(index_dir))
         # A second builder is SIGKILLed with its new version fully staged but not committed.
-        killed = _cli(["refresh-index", "--watch", "--pause_before_commit", "120"], sets, logs["killed"])
+        killed = _cli(["refresh-index", "--watch", "--pause-before-commit", "120"], sets, logs["killed"])
         _wait(lambda: _staged(index_dir), 240, "a staged index version", [trainer, killed])
         killed.send_signal(signal.SIGKILL)
         killed.wait(30)
