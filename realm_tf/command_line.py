@@ -132,8 +132,9 @@ class ConventionParser(argparse.ArgumentParser):
         flag = item.split("=", 1)[0]
         known = [o for a in self._actions if a.help != argparse.SUPPRESS for o in a.option_strings
                  if o.startswith("--") and o not in self.deprecated]
-        near = difflib.get_close_matches(kebab(flag), known, n=1, cutoff=0.6)
-        hint = f"; did you mean {near[0]}?" if near else ""
+        names = {o.lstrip("-"): o for o in known}
+        near = difflib.get_close_matches(kebab(flag).lstrip("-"), list(names), n=1, cutoff=0.75)
+        hint = f"; did you mean {names[near[0]]}?" if near else ""
         beam = " (Apache Beam pipeline options go after --.)" if self.beam_options else ""
         return f"unrecognized argument {flag}{hint}{beam}"
 
