@@ -8,7 +8,8 @@ A record states one claim and its evidence::
      "commit": "d670a93", "machine": "2 vCPU AMD EPYC 7B13, AVX2", "date": "2026-11-26",
      "verdict": "holds",                                  # holds | negative | open
      "notebook": "2026-11-26-open-qa-part-4-....md",     # optional: the dated entry with the details
-     "order": 10}                                         # optional: place within its area
+     "order": 10,                                         # optional: place within its area
+     "headline": "Open-QA EM, dense retriever"}           # optional: a row of the headline section too
 
 A benchmark calls :func:`write` with the claim and the figure; the command, commit, machine and date are filled
 in from the run, the record is written atomically, and ``RESULTS.md`` is rendered again, so the two cannot
@@ -38,7 +39,9 @@ AREAS = ("Open-QA", "REALM pre-training", "Retrieval and the MIPS index", "Data 
          "Tests and the demo")
 VERDICTS = ("holds", "negative", "open")
 REQUIRED = ("area", "claim", "figure", "command", "commit", "machine", "date", "verdict")
-OPTIONAL = ("interval", "notebook", "order")
+OPTIONAL = ("interval", "notebook", "order", "headline")
+#: How the work went is not a result: no issue, session or stop numbers in what a record says.
+WORK_HISTORY = re.compile(r"\b(?:issue|stop)\s*#?\d+\b|\bsessions?\b|#\d{2,}\b", re.IGNORECASE)
 #: Absolute paths of a machine (a record must not name them: they mean nothing on another one).
 MACHINE_PATH = re.compile(r"(?<![\w.$])/(?:work|tmp|home|root|opt|Users|mnt)/")
 
@@ -62,6 +65,10 @@ def validate(record: dict[str, Any], name: str) -> None:
     for key, value in record.items():
         if isinstance(value, str) and MACHINE_PATH.search(value):
             raise ValueError(f"{name}: {key} names a machine's absolute path ({value!r}); use repo-relative paths")
+    for key in ("claim", "figure", "interval", "headline"):
+        found = WORK_HISTORY.search(str(record.get(key, "")))
+        if found:
+            raise ValueError(f"{name}: {key} tells how the work went ({found.group(0)!r}); state the result only")
     if record.get("notebook") and not os.path.exists(os.path.join(HERE, "notebook", record["notebook"])):
         raise ValueError(f"{name}: notebook entry {record['notebook']!r} is not in benchmarks/notebook/")
 
@@ -106,6 +113,7 @@ def render(records: list[tuple[str, dict[str, Any]]]) -> str:
              "This file is rendered from `benchmarks/records/*.json` by `python benchmarks/result_records.py` "
              "(benchmarks write their records themselves); do not edit it by hand. The dated working log, with "
              "the details and every negative result, is in [notebook/](notebook/README.md).", ""]
+    lines += headline(records)
     lines += [f"- [{area}](#{_anchor(area)}) ({len(rows)})" for area, rows in by_area.items() if rows]
     for area, rows in by_area.items():
         if not rows:
@@ -117,6 +125,20 @@ def render(records: list[tuple[str, dict[str, Any]]]) -> str:
                         + (f" · [notes](notebook/{r['notebook']})" if r.get("notebook") else ""))
             lines.append(f"| {table_cell(r['claim'])} | {table_cell(figure)} | {r['verdict']} | {evidence} |")
     return "\n".join(lines) + "\n"
+
+
+def headline(records: list[tuple[str, dict[str, Any]]]) -> list[str]:
+    """The headline section's lines: the records marked ``headline``, one row each, by area then order."""
+    rows = sorted((r for _, r in records if r.get("headline")),
+                  key=lambda r: (AREAS.index(r["area"]), r.get("order", 100), r["headline"]))
+    if not rows:
+        return []
+    lines = ["## Headline", "", "The current best figure of each part, one row each; the area's table has its "
+             "evidence and the ablations beside it.", "", "| result | figure | verdict | area |",
+             "| --- | --- | --- | --- |"]
+    lines += [f"| {table_cell(r['headline'])} | {table_cell(r['figure'])} | {r['verdict']} | "
+              f"[{r['area']}](#{_anchor(r['area'])}) |" for r in rows]
+    return lines + [""]
 
 
 def _anchor(title: str) -> str:

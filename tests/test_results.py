@@ -24,6 +24,17 @@ def _record(**changes):
     return {k: v for k, v in record.items() if v is not None}
 
 
+def test_results_md_leads_with_its_headline_section():
+    records = result_records.load_records()
+    rendered = result_records.render(records)
+    sections = [line for line in rendered.splitlines() if line.startswith("## ")]
+    assert sections[0] == "## Headline"
+    heads = [r["headline"] for _, r in records if r.get("headline")]
+    assert 5 <= len(heads) == len(set(heads))
+    top = rendered.split("## Headline", 1)[1].split("\n## ", 1)[0]
+    assert all(f"| {h} |" in top for h in heads)
+
+
 def test_results_md_is_the_rendering_of_the_records():
     records = result_records.load_records()
     assert records, "no records in benchmarks/records/"
@@ -51,6 +62,9 @@ def test_results_md_is_the_rendering_of_the_records():
     ({"figure": "see /tmp/run/log"}, "absolute path"),
     ({"seed": 1}, "unknown field"),
     ({"notebook": "no-such-entry.md"}, "not in benchmarks/notebook"),
+    ({"figure": "EM 0.5, rerun in the next session"}, "tells how the work went"),
+    ({"claim": "The reader reads, as #66 asked."}, "tells how the work went"),
+    ({"interval": "one seed (issue 12)"}, "tells how the work went"),
 ])
 def test_a_malformed_record_is_refused_with_its_name_and_field(change, message):
     with pytest.raises(ValueError, match=re.escape(message)) as raised:
