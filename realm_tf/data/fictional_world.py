@@ -110,7 +110,10 @@ def _names(rng: random.Random, count: int, parts: int, syllables: Sequence[int],
            taken: set[str]) -> list[str]:
     """``count`` new names ``template.format(*words, ending)``, each word invented from ``syllables[i]`` syllables:
     no invented word equals, holds or is held by a word of ``taken`` (which it joins), so that no name is found
-    inside another."""
+    inside another. Words get one syllable more each time the count outgrows what the syllables can name (a
+    quarter of the combinations of the shortest word, since no word may hold another), up to 5."""
+    while count > len(_SYLLABLES) ** min(syllables[:parts]) // 4 and max(syllables) < 5:
+        syllables = [n + 1 for n in syllables]
     if count > len(_SYLLABLES) ** min(syllables[:parts]) // 4:
         raise ValueError(f"could not invent {count} distinct names: the world is too large for the syllables")
     out: list[str] = []

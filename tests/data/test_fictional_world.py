@@ -104,3 +104,13 @@ def test_write_world_writes_the_bundled_formats(tmp_path, world):
     assert {"question", "answers", "gold_passage_ids"} <= set(questions[0])
     with pytest.raises(ValueError, match="split_fractions"):
         fictional_world.generate_world(split_fractions=(0.5, 0.5))
+
+
+def test_a_large_world_gets_longer_names_and_keeps_every_name_apart():
+    large = fictional_world.generate_world(seed=3, num_people=800)
+    people = sorted({f.person for f in large.facts})
+    assert len(people) == 800
+    words = {w.lower() for p in people for w in p.split()}
+    assert not [(a, b) for a in words for b in words if a != b and a in b]  # no word holds another
+    with pytest.raises(ValueError, match="too large for the syllables"):
+        fictional_world.generate_world(seed=0, num_people=10 ** 7)
