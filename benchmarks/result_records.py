@@ -9,7 +9,8 @@ A record states one claim and its evidence::
      "verdict": "holds",                                  # holds | negative | open
      "notebook": "2026-11-26-open-qa-part-4-....md",     # optional: the dated entry with the details
      "order": 10,                                         # optional: place within its area
-     "headline": "Open-QA EM, dense retriever"}           # optional: a row of the headline section too
+     "headline": "Open-QA EM, dense retriever",           # optional: a row of the headline section too
+     "superseded_by": "open-qa-dense-dev-em-2"}           # optional: the record that replaces this one
 
 A benchmark calls :func:`write` with the claim and the figure; the command, commit, machine and date are filled
 in from the run, the record is written atomically, and ``RESULTS.md`` is rendered again, so the two cannot
@@ -39,7 +40,7 @@ AREAS = ("Open-QA", "REALM pre-training", "Retrieval and the MIPS index", "Data 
          "Tests and the demo")
 VERDICTS = ("holds", "negative", "open")
 REQUIRED = ("area", "claim", "figure", "command", "commit", "machine", "date", "verdict")
-OPTIONAL = ("interval", "notebook", "order", "headline")
+OPTIONAL = ("interval", "notebook", "order", "headline", "superseded_by")
 #: How the work went is not a result: no issue, session or stop numbers in what a record says.
 WORK_HISTORY = re.compile(r"\b(?:issue|stop)\s*#?\d+\b|\bsessions?\b|#\d{2,}\b", re.IGNORECASE)
 #: Absolute paths of a machine (a record must not name them: they mean nothing on another one).
@@ -87,6 +88,12 @@ def load_records(records_dir: str = RECORDS_DIR) -> list[tuple[str, dict[str, An
             raise ValueError(f"{path}:{e.lineno}: not JSON ({e.msg})") from e
         validate(record, path)
         out.append((name[:-len(".json")], record))
+    names = {name for name, _ in out}
+    for name, record in out:
+        if record.get("superseded_by") and record["superseded_by"] not in names:
+            raise ValueError(f"{name}: superseded_by names no record ({record['superseded_by']!r})")
+        if record.get("superseded_by") and record.get("headline"):
+            raise ValueError(f"{name}: a superseded record is not a headline")
     return out
 
 
@@ -123,7 +130,8 @@ def render(records: list[tuple[str, dict[str, Any]]]) -> str:
             figure = r["figure"] + (f" ({r['interval']})" if r.get("interval") else "")
             evidence = (f"`{table_cell(r['command'])}` · {r['commit']} · {table_cell(r['machine'])} · {r['date']}"
                         + (f" · [notes](notebook/{r['notebook']})" if r.get("notebook") else ""))
-            lines.append(f"| {table_cell(r['claim'])} | {table_cell(figure)} | {r['verdict']} | {evidence} |")
+            verdict = f"superseded by `{r['superseded_by']}`" if r.get("superseded_by") else r["verdict"]
+            lines.append(f"| {table_cell(r['claim'])} | {table_cell(figure)} | {verdict} | {evidence} |")
     return "\n".join(lines) + "\n"
 
 

@@ -35,6 +35,18 @@ def test_results_md_leads_with_its_headline_section():
     assert all(f"| {h} |" in top for h in heads)
 
 
+def test_a_superseded_record_names_an_existing_one_and_says_so(tmp_path):
+    records = tmp_path / "records"
+    records.mkdir()
+    (records / "old.json").write_text(json.dumps(_record(claim="Old.", superseded_by="new")))
+    (records / "new.json").write_text(json.dumps(_record(claim="New.")))
+    rendered = result_records.render(result_records.load_records(str(records)))
+    assert "| Old. | EM 0.5 on 10 questions | superseded by `new` |" in rendered
+    (records / "old.json").write_text(json.dumps(_record(claim="Old.", superseded_by="gone")))
+    with pytest.raises(ValueError, match="superseded_by names no record"):
+        result_records.load_records(str(records))
+
+
 def test_results_md_is_the_rendering_of_the_records():
     records = result_records.load_records()
     assert records, "no records in benchmarks/records/"
