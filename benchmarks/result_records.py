@@ -10,7 +10,8 @@ A record states one claim and its evidence::
      "notebook": "2026-11-26-open-qa-part-4-....md",     # optional: the dated entry with the details
      "order": 10,                                         # optional: place within its area
      "headline": "Open-QA EM, dense retriever",           # optional: a row of the headline section too
-     "superseded_by": "open-qa-dense-dev-em-2"}           # optional: the record that replaces this one
+     "superseded_by": "open-qa-dense-dev-em-2",           # optional: the record that replaces this one
+     "plot": "2026-11-28-reader-curve.png"}               # optional: its picture, in benchmarks/notebook/
 
 A benchmark calls :func:`write` with the claim and the figure; the command, commit, machine and date are filled
 in from the run, the record is written atomically, and ``RESULTS.md`` is rendered again, so the two cannot
@@ -40,7 +41,7 @@ AREAS = ("Open-QA", "REALM pre-training", "Retrieval and the MIPS index", "Data 
          "Tests and the demo")
 VERDICTS = ("holds", "negative", "open")
 REQUIRED = ("area", "claim", "figure", "command", "commit", "machine", "date", "verdict")
-OPTIONAL = ("interval", "notebook", "order", "headline", "superseded_by")
+OPTIONAL = ("interval", "notebook", "order", "headline", "superseded_by", "plot")
 #: How the work went is not a result: no issue, session or stop numbers in what a record says.
 WORK_HISTORY = re.compile(r"\b(?:issue|stop)\s*#?\d+\b|\bsessions?\b|#\d{2,}\b", re.IGNORECASE)
 #: Absolute paths of a machine (a record must not name them: they mean nothing on another one).
@@ -70,6 +71,8 @@ def validate(record: dict[str, Any], name: str) -> None:
         found = WORK_HISTORY.search(str(record.get(key, "")))
         if found:
             raise ValueError(f"{name}: {key} tells how the work went ({found.group(0)!r}); state the result only")
+    if record.get("plot") and not os.path.exists(os.path.join(HERE, "notebook", record["plot"])):
+        raise ValueError(f"{name}: plot {record['plot']!r} is not in benchmarks/notebook/")
     if record.get("notebook") and not os.path.exists(os.path.join(HERE, "notebook", record["notebook"])):
         raise ValueError(f"{name}: notebook entry {record['notebook']!r} is not in benchmarks/notebook/")
 
@@ -132,6 +135,9 @@ def render(records: list[tuple[str, dict[str, Any]]]) -> str:
                         + (f" · [notes](notebook/{r['notebook']})" if r.get("notebook") else ""))
             verdict = f"superseded by `{r['superseded_by']}`" if r.get("superseded_by") else r["verdict"]
             lines.append(f"| {table_cell(r['claim'])} | {table_cell(figure)} | {verdict} | {evidence} |")
+        plots = [r for _, r in sorted(rows, key=lambda nr: (nr[1].get("order", 100), nr[0])) if r.get("plot")]
+        for r in plots:
+            lines += ["", f"![{table_cell(r.get('headline') or r['claim'])}](notebook/{r['plot']})"]
     return "\n".join(lines) + "\n"
 
 

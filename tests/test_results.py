@@ -140,3 +140,13 @@ def test_commit_is_dirty_for_changed_code_not_for_the_records_a_benchmark_writes
     assert result_records.commit(str(tmp_path / "benchmarks")) == clean
     (tmp_path / "benchmarks/x.py").write_text("1\n")
     assert result_records.commit(str(tmp_path / "benchmarks")) == clean + "+dirty"
+
+
+def test_the_results_plots_read_their_points_from_the_records_figures():
+    import results_plots  # noqa: E402  (benchmarks/)
+
+    figure = "import: 1 B/block; 0.5M 1.4 GiB (model 1.4), 2 s; 4M 3.4 GiB (model 3.5) | ask: 0.25M 1.0 GiB, 7 s"
+    assert results_plots.memory_points(figure, "import") == ([0.5, 4.0], [1.4, 3.4])
+    assert results_plots.memory_points(figure, "ask") == ([0.25], [1.0])
+    assert results_plots.dose_points("on/off: p 0.03: 2.090/2.101; p 1: 1.335/2.208; one seed") == (
+        [0.03, 1.0], [2.09, 1.335], [2.101, 2.208])
