@@ -488,9 +488,9 @@ def writers(base: str) -> list[Writer]:
         Writer("build-knn-datastore", lambda t: cli(t, "build-knn-datastore", "--progress-interval", "0",
                                                     sets=retro),
                lambda t: copy_retro(t, "chunks", "chunk_index", "retro_lm", "knn"), read_knn),
-        Writer("import-realm", lambda t: [*import_realm, "--out", os.path.join(t, "imported")], lambda t: None,
+        Writer("import-realm", lambda t: [*import_realm, "--output", os.path.join(t, "imported")], lambda t: None,
                read_import, done="already holds an import"),
-        Writer("export", lambda t: cli(t, "export", "--out", os.path.join(t, "served")), lambda t: None,
+        Writer("export", lambda t: cli(t, "export", "--output", os.path.join(t, "served")), lambda t: None,
                read_served, done="already holds an export"),
     ]
 

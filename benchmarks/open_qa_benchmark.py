@@ -166,7 +166,7 @@ def main() -> int:
 
     def index() -> None:  # each step skipped when its output is there (e.g. built by hand with these commands)
         if not os.path.exists(f"{out}/retriever_init/projection.json"):
-            stages.cli(["init-retriever", *sets, "--out", f"{out}/retriever_init"])
+            stages.cli(["init-retriever", *sets, "--output", f"{out}/retriever_init"])
         if not index_publisher.complete_versions(cfg.index.index_dir):
             stages.cli(["export-retriever", *sets, "--model-dir", f"{out}/retriever_init", "--step", "0"])
             stages.cli(["embed-blocks", *sets])
@@ -226,7 +226,7 @@ def main() -> int:
 
     def serve() -> dict[str, Any]:
         export = os.path.join(out, "serving", str(int(time.time())))
-        stages.cli(["export", *sets, *weight, "--out", export])
+        stages.cli(["export", *sets, *weight, "--output", export])
         dev_questions = open_qa.select_split(questions.read_questions(args.questions), "dev", cfg.data)
         latencies = measure_latency(export, [e.question for e in dev_questions], args.latency_questions)
         return {"export": export, "latency": format_latency(latencies)}

@@ -66,7 +66,7 @@ def main() -> int:
     stage = stages.Stages(out)
     stage("blocks", lambda: stages.cli(["preprocess", "--config", args.config, "--input", args.corpus,
                                         "--output", f"{out}/blocks"]))
-    stage("retriever_init", lambda: stages.cli(["init-retriever", *sets, "--out", f"{out}/retriever_init"]))
+    stage("retriever_init", lambda: stages.cli(["init-retriever", *sets, "--output", f"{out}/retriever_init"]))
 
     def index() -> None:
         if not index_publisher.complete_versions(f"{out}/index"):

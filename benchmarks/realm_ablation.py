@@ -199,7 +199,7 @@ def main() -> int:
     try:
         timed("blocks", lambda: stages.cli(["preprocess", "--config", args.config, "--input", args.corpus,
                                             "--output", f"{out}/blocks"]))
-        timed("retriever_init", lambda: stages.cli(["init-retriever", *sets, "--out", f"{out}/retriever_init"]))
+        timed("retriever_init", lambda: stages.cli(["init-retriever", *sets, "--output", f"{out}/retriever_init"]))
         runs = {source for row in rows for source in ROWS[row]} - {"import"}
         if runs - {"ict"}:  # REALM pre-training starts its retriever from ICT, as REALM does (§3.4)
             runs.add("ict")

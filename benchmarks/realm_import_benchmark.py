@@ -158,10 +158,10 @@ def measure(workdir: str, num_blocks: int, words: int, target_recall: float) -> 
           f"write); {os.cpu_count()} CPUs", flush=True)
     out, served = os.path.join(workdir, "realm_nq"), os.path.join(workdir, "served")
     stages = [
-        ("import", ["import-realm", "--kind", "openqa", "--src", paths["orqa"], "--out", out, "--blocks",
+        ("import", ["import-realm", "--kind", "openqa", "--src", paths["orqa"], "--output", out, "--blocks",
                     paths["blocks"], "--config", "configs/base.yaml", "--num-attention-heads", "2",
                     "--set", f"index.target_recall={target_recall}"]),
-        ("export", ["export", "--config", os.path.join(out, "params.yaml"), "--out", served]),
+        ("export", ["export", "--config", os.path.join(out, "params.yaml"), "--output", served]),
         ("ask", ["ask", "--model", served, "who designed the eiffel tower"]),
     ]
     rows = []

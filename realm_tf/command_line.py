@@ -6,7 +6,8 @@
 - A parser made with ``beam_options=True`` (a Beam job) passes Apache Beam's pipeline options through to
   ``PipelineOptions``: everything after ``--``, and, before it, any flag Beam itself declares (``--runner``,
   ``--direct_num_workers``, ...). Other unknown flags are refused as above.
-- ``add_argument(..., hidden=True)`` declares a flag that works but is not shown (test hooks).
+- ``add_argument(..., hidden=True)`` declares a flag that works but is not shown (test hooks);
+  ``add_argument("--output", old=("--out",))`` keeps a renamed flag's old name, hidden and deprecated.
 - No abbreviations: a prefix of a flag is an unknown flag.
 """
 from __future__ import annotations
@@ -66,10 +67,12 @@ def _declare(parser: "ConventionParser", add: Any, names: Sequence[str], hidden:
     """``add(*names, **kwargs)`` with the flags spelled by the convention (:meth:`ConventionParser.add_argument`)."""
     if hidden:
         kwargs["help"] = argparse.SUPPRESS
-    old = [n for n in names if kebab(n) != n]
+    renamed = kwargs.pop("old", ())
+    old = [n for n in names if kebab(n) != n] + list(renamed)
     action = add(*dict.fromkeys([kebab(n) for n in names] + old), **kwargs)
     action.deprecated_spellings = tuple(old)
-    parser.deprecated.update({n: kebab(n) for n in old})
+    primary = next((kebab(n) for n in names if n.startswith("--")), names[0])
+    parser.deprecated.update({n: primary for n in old})
     return action
 
 

@@ -117,3 +117,12 @@ def test_beam_options_pass_through_after_the_separator_and_as_beam_declares_them
     sub = cli.build_parser().parse_args(["preprocess", "--input", "a", "--output", "b", "--",
                                          "--runner=DirectRunner"])
     assert sub.beam_args == ["--runner=DirectRunner"]
+
+
+def test_a_renamed_flag_keeps_its_old_name_hidden_and_deprecated(capsys):
+    parser = _subparsers()["init-retriever"]
+    args, _ = parser.parse_known_args(["--config", "c.yaml", "--out", "runs/r", "--blocks", "9"])
+    assert (args.out, args.blocks) == ("runs/r", 9)
+    err = capsys.readouterr().err
+    assert "--out is deprecated and will be removed; use --output" in err and "use --num-blocks" in err
+    assert "--output" in parser.format_help() and "--out " not in parser.format_help()

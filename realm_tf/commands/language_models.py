@@ -117,7 +117,7 @@ def _args_export_retro(p: argparse.ArgumentParser) -> None:
                    help="the train-retro run (default: retro_trainer.model_dir)")
     p.add_argument("--baseline", action="store_true",
                    help="the run is a baseline decoder")
-    p.add_argument("--out", required=True,
+    p.add_argument("--output", old=("--out",), dest="out", required=True,
                    help="the export directory (written atomically)")
 
 
@@ -141,5 +141,5 @@ COMMANDS = [
                     "retrieve and generate signatures, the chunk database and its search inside",
                     _cmd_export_retro, _args_export_retro,
                     group="lm",
-                    examples=("realm-tf export-retro --config configs/minilm.yaml --out runs/minilm/retro/served",)),
+                    examples=("realm-tf export-retro --config configs/minilm.yaml --output runs/minilm/retro/served",)),
 ]

@@ -124,7 +124,8 @@ def _add_export_destination_args(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--base_path", default=None, metavar="DIR",
                        help="TF Serving's model base path: write DIR/<n>, the version after the newest")
-    where.add_argument("--out", default=None, metavar="DIR", help="one SavedModel directory")
+    where.add_argument("--output", old=("--out",), dest="out", default=None, metavar="DIR",
+                       help="one SavedModel directory")
     parser.add_argument("--corpus_only", action="store_true",
                         help="with --base-path: a new version with the weights of the newest one and the corpus of the "
                              "newest index version (after realm-tf update-corpus; no model is built, nothing embedded)")

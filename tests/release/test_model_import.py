@@ -91,7 +91,7 @@ def released(tmp_path_factory):
 
 def test_openqa_model_and_corpus_become_a_served_model_that_answers(released, tmp_path, capsys):
     out = str(tmp_path / "realm_nq")
-    assert cli.main(["import-realm", "--kind", "openqa", "--src", released["orqa"], "--out", out,
+    assert cli.main(["import-realm", "--kind", "openqa", "--src", released["orqa"], "--output", out,
                      "--blocks", released["blocks"], "--config", TINY, *HEADS, "--set", "index.kind=scann",
                      "--set", "index.num_leaves=3", "--set", "index.num_leaves_to_search=3"]) == 0
     printed = capsys.readouterr().out
@@ -157,29 +157,29 @@ def test_embedder_and_bert_start_our_stages_with_the_original_outputs(released, 
 
 def test_bad_invocations_are_clear(released, tmp_path, capsys):
     out = str(tmp_path / "run")
-    assert cli.main(["import-realm", "--kind", "bert", "--src", released["bert"], "--out", out,
+    assert cli.main(["import-realm", "--kind", "bert", "--src", released["bert"], "--output", out,
                      "--blocks", released["blocks"]]) == 2
     assert "--blocks needs a retriever" in capsys.readouterr().err
     short_vocab = tmp_path / "vocab.txt"
     short_vocab.write_text("\n".join(bert_tokenizer.read_vocab(VOCAB)[:1000]) + "\n")
-    assert cli.main(["import-realm", "--kind", "embedder", "--src", released["embedder"], "--out", out,
+    assert cli.main(["import-realm", "--kind", "embedder", "--src", released["embedder"], "--output", out,
                      "--vocab", str(short_vocab), "--config", TINY, *HEADS]) == 2
     assert "1000 tokens, but the checkpoint's word embeddings have 30522 rows" in capsys.readouterr().err
-    assert cli.main(["import-realm", "--kind", "openqa", "--src", released["embedder"], "--out", out,
+    assert cli.main(["import-realm", "--kind", "openqa", "--src", released["embedder"], "--output", out,
                      "--embedder", released["embedder"], "--config", TINY, *HEADS]) == 2
     assert "expected one BERT (<scope>bert/embeddings/word_embeddings with <scope> matching 'reader/" in (
         capsys.readouterr().err)  # a retriever module is not a fine-tuned ORQA model: it has no reader
     assert os.listdir(tmp_path) == ["vocab.txt"]  # the failed imports left nothing (no run, no staging directory)
-    assert cli.main(["import-realm", "--kind", "embedder", "--src", released["embedder"], "--out", out,
+    assert cli.main(["import-realm", "--kind", "embedder", "--src", released["embedder"], "--output", out,
                      "--config", TINY, *HEADS]) == 0
     marker = json.load(open(os.path.join(out, model_import.IMPORT_JSON)))
     assert "params.yaml" in marker["files"] and artifacts.verify(out) == [(out, [])]  # published whole, checksummed
-    assert cli.main(["import-realm", "--kind", "embedder", "--src", released["embedder"], "--out", out,
+    assert cli.main(["import-realm", "--kind", "embedder", "--src", released["embedder"], "--output", out,
                      "--config", TINY, *HEADS]) == 2
     assert "already holds an import" in capsys.readouterr().err
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("a user's file")
     assert cli.main(["import-realm", "--kind", "embedder", "--src", released["embedder"],
-                     "--out", str(tmp_path / "other"), "--config", TINY, *HEADS]) == 2
+                     "--output", str(tmp_path / "other"), "--config", TINY, *HEADS]) == 2
     assert "already holds files" in capsys.readouterr().err
     assert (tmp_path / "other" / "notes.txt").read_text() == "a user's file"  # never replaced

@@ -19,7 +19,7 @@ TINY = "configs/tiny.yaml"
 def _export(root, sets, run, baseline=False):
     out = str(root / f"export-{run}")
     args = ["export-retro", "--config", TINY, *sum((["--set", s] for s in sets), []), "--model", str(root / run),
-            "--out", out] + (["--baseline"] if baseline else [])
+            "--output", out] + (["--baseline"] if baseline else [])
     assert cli.main(args) == 0
     task = retro_lm.RetroLmTask(config.load_config(TINY, sets), retrieval=not baseline)
     return task, lm_evaluation.restore_decoder(task, str(root / run)), tf.saved_model.load(out), out
