@@ -318,12 +318,16 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
                       blocks: str | None = None, beam_args: Sequence[str] = (), embeddings_dir: str | None = None,
                       keep_embeddings: bool = False, min_batch_size: int = 1, max_batch_size: int = 32,
                       batching: str = "length", num_shards: int = 0, progress_interval: float | None = None,
-                      pause_before_commit: float = 0.0, intra_op_threads: int | None = None) -> dict[str, Any]:
+                      pause_before_commit: float = 0.0, intra_op_threads: int | None = None,
+                      worker_per_core: bool = False) -> dict[str, Any]:
     """The job's Python API: embeds every block of ``blocks`` (default: the current corpus version of
     ``data.blocks_dir``) with the retriever export ``export_path`` and publishes ``<index_dir>/<export step>/``
     (``index_publisher.version_for_export``); returns the summary (``index.json`` plus timings). The flags of
     ``python -m beam_jobs.embed_blocks`` name the same arguments (``job_flags.add_embed_blocks_args``);
-    ``beam_args`` are Beam pipeline options.
+    ``beam_args`` are Beam pipeline options. ``worker_per_core``: on the DirectRunner, a worker thread per core
+    (:func:`use_the_cores`), as the command runs; an index refresh inside or beside a trainer leaves it off and
+    runs Beam's default single worker, since the trainer holds the cores and its process already runs TensorFlow
+    (worker threads would each load the export into that process at once).
 
     Raises:
       IndexVersionExistsError: that version is already published.
@@ -335,7 +339,8 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
     embeddings_dir = _scratch_directory(target, embeddings_dir)
 
     options = job_support.pipeline_options_for(beam_args)
-    use_the_cores(options, beam_args)
+    if worker_per_core:
+        use_the_cores(options, beam_args)
     intra_op_threads = default_intra_op_threads(options) if intra_op_threads is None else intra_op_threads
     logger.info("embed_blocks: export %s (step %d, dim %d) over %s%s -> %s", export_path, int(export["step"]),
                 export["embedding_dim"], target.blocks,
@@ -456,7 +461,7 @@ class EmbedBlocksJob(job_support.BeamJob):
             return embed_and_publish(
                 cfg, export_path, args.index_dir, args.blocks, beam_args, args.embeddings_dir, args.keep_embeddings,
                 args.min_batch_size, args.max_batch_size, args.batching, args.num_shards, args.progress_interval,
-                args.pause_before_commit, args.intra_op_threads)
+                args.pause_before_commit, args.intra_op_threads, worker_per_core=True)
         except index_publisher.IndexVersionExistsError:
             published = _already_published(cfg, export_path, args.index_dir, args.blocks)
             if published is None:

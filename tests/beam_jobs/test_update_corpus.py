@@ -129,6 +129,8 @@ def test_one_update_adds_replaces_keeps_deletes_and_reports_the_rest(workspace):
     assert (meta["corpus_version"], meta["export_step"], meta["num_blocks"]) == (1, 0, len(new))
     full = embed_blocks.embed_and_publish(cfg, f"{root}/export/0", index_dir=f"{root}/full", blocks=_pattern(root, 1))
     np.testing.assert_allclose(_matrix(root, 1), index_publisher.read_embeddings(full["index_path"]), atol=1e-5)
+    # The Python API, as a trainer's refresh calls it, keeps Beam's single worker (the command takes one per core).
+    assert index_publisher.read_index_json(full["index_path"])["runner"] == "DirectRunner (in_memory x 1)"
 
 
 def test_two_updates_compose_and_the_loader_and_the_next_refresh_pick_them_up(workspace, portable_runner):
