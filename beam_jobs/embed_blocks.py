@@ -326,8 +326,7 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
     ``python -m beam_jobs.embed_blocks`` name the same arguments (``job_flags.add_embed_blocks_args``);
     ``beam_args`` are Beam pipeline options. ``worker_per_core``: on the DirectRunner, a worker thread per core
     (:func:`use_the_cores`), as the command runs; an index refresh inside or beside a trainer leaves it off and
-    runs Beam's default single worker, since the trainer holds the cores and its process already runs TensorFlow
-    (worker threads would each load the export into that process at once).
+    runs Beam's default single worker: the trainer holds the cores.
 
     Raises:
       IndexVersionExistsError: that version is already published.
