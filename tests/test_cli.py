@@ -127,7 +127,7 @@ def test_generate_world_writes_a_seeded_world_and_refuses_one_too_large(tmp_path
     first = (tmp_path / "w" / "passages.jsonl").read_text()
     assert cli.main(["generate-world", "--output", str(tmp_path / "again"), "--seed", "5", "--people", "30"]) == 0
     assert (tmp_path / "again" / "passages.jsonl").read_text() == first  # the seed decides the world
-    assert cli.main(["generate-world", "--output", str(tmp_path / "big"), "--places", "100000"]) == 2
+    assert cli.main(["generate-world", "--output", str(tmp_path / "big"), "--places", "20000000"]) == 2
     assert "too large" in capsys.readouterr().err
 
 

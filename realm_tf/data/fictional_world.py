@@ -106,27 +106,54 @@ class World:
                 for i, f in enumerate(self.facts) if f.split == split]
 
 
+class _Lexicon:
+    """The invented words so far, and every piece of them: whether a new word equals, holds or is held by one
+    of them is a few set lookups, not a scan of the world."""
+
+    def __init__(self) -> None:
+        self.words: set[str] = set()
+        self._pieces: set[str] = set()  # every substring of every word
+
+    def clashes(self, word: str) -> bool:
+        word = word.lower()
+        return word in self._pieces or any(word[i:j] in self.words
+                                           for i in range(len(word)) for j in range(i + 1, len(word) + 1))
+
+    def add(self, word: str) -> None:
+        word = word.lower()
+        self.words.add(word)
+        self._pieces.update(word[i:j] for i in range(len(word)) for j in range(i + 1, len(word) + 1))
+
+
 def _names(rng: random.Random, count: int, parts: int, syllables: Sequence[int], template: str, endings: Sequence[str],
-           taken: set[str]) -> list[str]:
+           taken: _Lexicon) -> list[str]:
     """``count`` new names ``template.format(*words, ending)``, each word invented from ``syllables[i]`` syllables:
     no invented word equals, holds or is held by a word of ``taken`` (which it joins), so that no name is found
     inside another. Words get one syllable more each time the count outgrows what the syllables can name (a
-    quarter of the combinations of the shortest word, since no word may hold another), up to 5."""
+    quarter of the combinations of the shortest word, since no word may hold another), or when ``100 × count``
+    tries at a length leave names missing (the shorter words are pieces of longer ones already taken), up to 5.
+    """
     while count > len(_SYLLABLES) ** min(syllables[:parts]) // 4 and max(syllables) < 5:
         syllables = [n + 1 for n in syllables]
     if count > len(_SYLLABLES) ** min(syllables[:parts]) // 4:
         raise ValueError(f"could not invent {count} distinct names: the world is too large for the syllables")
     out: list[str] = []
-    for _ in range(100 * count):
+    while True:
+        for _ in range(100 * count):
+            if len(out) == count:
+                return out
+            ending = rng.choice(endings) if endings else ""
+            words = [_word(rng, syllables[i]) for i in range(parts)]
+            if any(taken.clashes(w) for w in words) or len(set(words)) < parts:
+                continue
+            for w in words:
+                taken.add(w)
+            out.append(template.format(*words, ending=ending))
         if len(out) == count:
             return out
-        ending = rng.choice(endings) if endings else ""
-        words = [_word(rng, syllables[i]) for i in range(parts)]
-        if any(w.lower() in t or t in w.lower() for w in words for t in taken) or len(set(words)) < parts:
-            continue
-        taken.update(w.lower() for w in words)
-        out.append(template.format(*words, ending=ending))
-    raise ValueError(f"could not invent {count} distinct names: the world is too large for the syllables")
+        if max(syllables) >= 5:
+            raise ValueError(f"could not invent {count} distinct names: the world is too large for the syllables")
+        syllables = [n + 1 for n in syllables]
 
 
 def _word(rng: random.Random, syllables: int) -> str:
@@ -144,7 +171,7 @@ def generate_world(seed: int = 0, num_people: int = 200, num_places: int = 40, n
     if len(split_fractions) != len(SPLITS) or abs(sum(split_fractions) - 1.0) > 1e-6:
         raise ValueError(f"split_fractions {tuple(split_fractions)}: one per split of {SPLITS}, summing to 1")
     rng = random.Random(seed)
-    taken: set[str] = set()
+    taken = _Lexicon()
     places = _names(rng, num_places, 1, (2,), "{0}{ending}", _PLACE_ENDINGS, taken)
     organisations = _names(rng, num_organisations, 1, (2,), "{0} {ending}", _ORGANISATION_KINDS, taken)
     people = _names(rng, num_people, 2, (2, 3), "{0} {1}", (), taken)

@@ -114,3 +114,23 @@ def test_a_large_world_gets_longer_names_and_keeps_every_name_apart():
     assert not [(a, b) for a in words for b in words if a != b and a in b]  # no word holds another
     with pytest.raises(ValueError, match="too large for the syllables"):
         fictional_world.generate_world(seed=0, num_people=10 ** 7)
+    # 20,000 places take every short word as a piece: the organisations' words then grow too.
+    crowded = fictional_world.generate_world(seed=1, num_people=50, num_places=20_000)
+    assert len({f.value for f in crowded.facts if f.relation == "works_for"}) > 10
+
+
+def test_the_lexicon_finds_the_clashes_a_scan_of_every_word_finds():
+    """Whether a word equals, holds or is held by an invented one: the lexicon's lookups against a brute-force
+    scan, on words of shared syllables (so that clashes are common)."""
+    import random
+
+    rng = random.Random(0)
+    lexicon, seen = fictional_world._Lexicon(), []
+    for _ in range(400):
+        word = fictional_world._word(rng, rng.randint(1, 3))
+        brute = any(word.lower() in t or t in word.lower() for t in seen)
+        assert lexicon.clashes(word) == brute, word
+        if not brute:
+            lexicon.add(word)
+            seen.append(word.lower())
+    assert 20 < len(seen) < 400  # both outcomes were tried
