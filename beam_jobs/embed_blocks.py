@@ -260,9 +260,8 @@ class EmbedBlocks(beam.PTransform):
 def use_the_cores(options: pipeline_options.PipelineOptions, beam_args: Sequence[str]) -> None:
     """On the DirectRunner, unless ``--direct_running_mode`` or ``--direct_num_workers`` is given: one worker
     thread per core (``multi_threading``), each embedding its share of the batches with one TensorFlow thread per
-    op (:func:`default_intra_op_threads`). On 2 cores the MiniLM export embedded the bundled corpus in 106 s
-    against 112-115 s with Beam's default, one worker running each op on both cores
-    (``benchmarks/embed_throughput.py``)."""
+    op (:func:`default_intra_op_threads`): a thread runs a whole matmul instead of half of one
+    (``docs/performance.md``)."""
     cores = os.cpu_count() or 1
     if (not job_support.is_direct_runner(options) or cores == 1
             or any(a.startswith(("--direct_running_mode", "--direct_num_workers")) for a in beam_args)):

@@ -2,13 +2,13 @@
 
 TensorFlow's default CPU allocator hands every tensor to glibc's ``malloc``. Tensors above glibc's mmap threshold
 (at most 32 MB) are mapped on allocation and unmapped on release, so each step of REALM pre-training (attention
-probabilities of 4 questions × 8 blocks × 12 heads × 320² floats are 157 MB) touches fresh pages: the demo took
-about 150 million minor page faults and spent a quarter of its CPU time in the kernel. TensorFlow's BFC allocator
+probabilities of 4 questions × 8 blocks × 12 heads × 320² floats are 157 MB) touches fresh pages, each a page
+fault in the kernel. TensorFlow's BFC allocator
 (best-fit with coalescing, the one it uses on GPUs) keeps the regions it has mapped and reuses them, so pages are
 faulted in once per process. The allocator does not change any value a kernel computes.
 
-With ``model.compiled_inference`` BERT's inference pass is compiled by XLA, once per input shape and process
-(about a second each for MiniLM). ``TF_XLA_FLAGS=--tf_xla_persistent_cache_directory`` keeps the compiled programs
+With ``model.compiled_inference`` BERT's inference pass is compiled by XLA, once per input shape and process.
+``TF_XLA_FLAGS=--tf_xla_persistent_cache_directory`` keeps the compiled programs
 on disk (keyed by the program, not by the weights), so the next process (the next ``embed-blocks`` of a refresh,
 a restarted server, ``evaluate``) loads them instead of compiling again.
 

@@ -7,9 +7,9 @@ once, for the spec the dataset declares (``None`` where lengths vary), halves th
 as it was: the relaxed graph is the one ``reduce_retracing`` ends up with.
 
 The functions are traced without AutoGraph (``autograph=False``): the steps use ``tf.cond`` / ``tf.while_loop``
-where they branch on tensors, and converting every Python function a BERT step calls (tf-models' layers
-included) to AutoGraph's form doubles the time of a trace (1.45 s against 2.7-3.2 s for a tiny BERT train step on
-this project's machine). A Python ``if``/``for`` on a tensor then fails loudly at trace time, not silently.
+where they branch on tensors, and converting every Python function a BERT step calls (tf-models' layers included)
+to AutoGraph's form would about double the time of a trace (``docs/performance.md``). A Python ``if``/``for`` on a
+tensor then fails loudly at trace time, not silently.
 The exports' signatures are traced the same way.
 """
 from __future__ import annotations

@@ -6,9 +6,8 @@ to compute one. Its "fused" way reshapes the input to ``[1, batch * seq_len, wid
 ``FusedBatchNormV3`` in training mode, which grappler's remapper rewrites into oneDNN's ``_MklLayerNorm`` in an
 inference graph. Keras takes that way only for ε ≥ 1.001e-5, because cuDNN raises smaller ε to its minimum.
 BERT's ε is 1e-12, so Keras takes its other way: ``tf.nn.moments`` and ``tf.nn.batch_normalization``, eight
-elementwise passes, three of them broadcasting a ``[batch, seq_len, 1]`` factor to the full width. At MiniLM's
-shapes (32 × 160 × 384) that takes 2.1 ms against 0.45 ms for ``_MklLayerNorm``
-(``benchmarks/bert_kernels.py``).
+elementwise passes, three of them broadcasting a ``[batch, seq_len, 1]`` factor to the full width, where
+``_MklLayerNorm`` is one pass (``docs/performance.md``).
 
 TensorFlow's CPU kernels (``FusedBatchNormV3`` and ``_MklLayerNorm``) use the ε they are given, so on a machine
 without a GPU :class:`FusedLayerNormalization` takes the fused way at any ε. Where a GPU is visible it keeps

@@ -4,10 +4,7 @@ Every BERT of REALM (Guu et al., 2020, §3.2: Embed_input, Embed_doc and the kno
 its attention FLOPs in two products per head, softmax(Q Kᵀ / √d) V. Keras' ``MultiHeadAttention`` writes them
 as ``tf.einsum`` over the projections' ``[batch, seq_len, heads, head_size]`` layout. On CPU, TensorFlow's
 oneDNN einsum moves that layout into and out of a head-major one inside the op, and the op costs several times
-its matmul: at MiniLM's shapes (32 blocks of 160 wordpieces, 12 heads of 32) the scores product took 17 ms for
-2 ms of oneDNN matmul, and the attention products were 27% of block embedding's op time for 6% of its FLOPs
-(``benchmarks/bert_kernels.py``). Head-major, both products with the softmax between take half the time
-(11.1 against 21.4 ms, ``benchmarks/bert_kernels.py``).
+its matmul (``docs/performance.md``).
 
 :class:`HeadMajorAttention` transposes Q, K and V to ``[batch, heads, seq_len, head_size]`` once and multiplies
 with ``tf.matmul`` (oneDNN's batched matmul). Its four projections are

@@ -7,9 +7,7 @@ first) the GELU, each its own op and its own pass over a ``[batch, seq_len, widt
 projections contracts the input's trailing axes with the kernel's leading ones, so it is also a plain
 ``[rows, in] × [in, out]`` matmul of the flattened tensors. Written as ``MatMul → BiasAdd → activation``,
 TensorFlow's graph optimizer (grappler's remapper) fuses the three into one oneDNN matmul whose bias and GELU are
-applied as the result is written. At MiniLM's feed-forward shapes (5,120 rows, 384 → 1,536 → 384) that took the
-network from 35.3 to 27.6 ms, against 25.4 ms for its two matmuls alone
-(``benchmarks/bert_kernels.py``).
+applied as the result is written (``docs/performance.md``).
 
 The weights keep ``EinsumDense``'s shapes and names: only ``call`` differs, and only in the order of the float
 operations.

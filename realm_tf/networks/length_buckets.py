@@ -13,14 +13,12 @@ With ``compiled`` (``model.compiled_inference``), inference (``training`` false)
 being one kernel and one memory pass each, which on CPU is a quarter of BERT's forward time
 (``benchmarks/bert_kernels.py``). XLA compiles one program per input shape, so a compiled group's length is rounded up
 to a multiple of :data:`LENGTH_MULTIPLE` and every group has the same number of rows (the last one padded with empty
-rows): a few programs serve every batch. Training never compiles (dropout's random numbers are not cheaper
-under XLA, and a step's shapes vary more).
+rows): a few programs serve every batch. A training step compiles only with the training section's
+``jit_compile``, which requires static padding.
 
 Training rounds every length BERT reads up to a multiple of :data:`LENGTH_MULTIPLE` too. TensorFlow's CPU
-kernels (oneDNN) are created for each input shape and kept in a cache per thread, up to 1,024 per kind: a
-reader warm start that met every length from 1 to 320 held 0.5 GB more of them after 400 steps than with
-lengths in multiples of 32, which cost it 0-4% of its steps per second in padding
-(``benchmarks/training_memory.py``).
+kernels (oneDNN) are created for each input shape and kept in a cache per thread, up to 1,024 per kind, so
+a few lengths hold fewer of them than every length would (measured in ``docs/performance.md``).
 Inference keeps exact lengths (a few more shapes there cost less than the padding).
 """
 from __future__ import annotations
