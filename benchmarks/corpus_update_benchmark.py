@@ -5,7 +5,7 @@ config, from ``realm-tf update-corpus`` to a new served version, next to the ful
 The corpus: the bundled passages without 100 held-out ones (every passage whose SHA1(id) is among the 100
 smallest), preprocessed, embedded (a MiniLM retriever export) and exported as ``served/1``; the update adds the
 100 held-out passages (new text, never embedded) and deletes 100 others. Every command runs as a user runs it, in
-its own process (``benchmarks/stages.cli``), and is timed from start to exit. Stages are recorded in
+its own process (``benchmarks/benchmark_stages.cli``), and is timed from start to exit. Stages are recorded in
 ``<out>/stages.json`` and skipped on a rerun, so a stopped run continues where it stopped::
 
     nohup .venv/bin/python benchmarks/corpus_update_benchmark.py --out runs/corpus_update \\
@@ -27,8 +27,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 from realm_tf import config as config_lib  # noqa: E402
 
+import benchmark_stages as stages  # noqa: E402  (benchmarks/)
 import result_records  # noqa: E402  (benchmarks/)
-import stages  # noqa: E402  (benchmarks/)
 
 
 def split_corpus(passages: str, out: str, changes: int) -> dict[str, Any]:

@@ -33,8 +33,8 @@ from typing import Any, Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import benchmark_stages as stages  # noqa: E402  (benchmarks/)
 import result_records  # noqa: E402  (benchmarks/)
-import stages  # noqa: E402  (benchmarks/)
 
 DAMAGES = ("truncated", "flipped", "deleted")
 OUTCOMES = ("named", "fallback", "warned", "undetected", "crash")

@@ -40,8 +40,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 
+import benchmark_stages as stages  # noqa: E402  (benchmarks/)
 import result_records  # noqa: E402  (benchmarks/)
-import stages  # noqa: E402  (benchmarks/)
 
 #: Names a writer leaves only while it runs: staging directories, directories moved aside, temp files.
 TRANSIENT_PREFIXES = (".staging-", ".replaced-", ".tmp-")

@@ -45,8 +45,8 @@ from realm_tf.serving import answerer  # noqa: E402
 from realm_tf.tasks import answer_errors  # noqa: E402
 from realm_tf.tasks import open_qa  # noqa: E402
 
+import benchmark_stages as stages  # noqa: E402  (benchmarks/)
 import result_records  # noqa: E402  (benchmarks/)
-import stages  # noqa: E402  (benchmarks/)
 
 ROWS = ("exact_match", "f1", "regex_match", "reader_oracle", "accuracy@1", "accuracy@5", "accuracy@20",
         "accuracy@100")

@@ -48,10 +48,10 @@ from realm_tf import config as config_lib  # noqa: E402
 from realm_tf.tasks import answer_errors  # noqa: E402
 from realm_tf.tasks import held_out_progress  # noqa: E402
 
+import benchmark_stages as stages  # noqa: E402  (benchmarks/)
 import open_qa_benchmark  # noqa: E402  (benchmarks/)
 import reader_levers  # noqa: E402  (benchmarks/)
 import result_records  # noqa: E402  (benchmarks/)
-import stages  # noqa: E402  (benchmarks/)
 
 #: The held-out scores that decide whether the reader still improves.
 WATCHED = ("exact_match", "f1")

@@ -31,10 +31,10 @@ import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 from realm_tf.index import index_publisher  # noqa: E402
 from realm_tf.tasks import answer_errors  # noqa: E402
 
+import benchmark_stages as stages  # noqa: E402  (benchmarks/)
 import open_qa_benchmark  # noqa: E402  (benchmarks/)
 import reader_levers  # noqa: E402  (benchmarks/)
 import result_records  # noqa: E402  (benchmarks/)
-import stages  # noqa: E402  (benchmarks/)
 
 #: The retrieval weights tried on tune: open_qa_benchmark's, and larger ones (a reader trained on gold blocks alone
 #: ranks blocks badly by itself, so the retriever's share may need to be larger).

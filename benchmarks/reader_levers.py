@@ -62,9 +62,9 @@ from realm_tf import process_settings  # noqa: E402
 from realm_tf.tasks import answer_errors  # noqa: E402
 from realm_tf.tasks import qa_metrics  # noqa: E402
 
+import benchmark_stages as stages  # noqa: E402  (benchmarks/)
 import open_qa_benchmark  # noqa: E402  (benchmarks/)
 import result_records  # noqa: E402  (benchmarks/)
-import stages  # noqa: E402  (benchmarks/)
 
 LEVERS: dict[str, list[str]] = {
     "base": [],

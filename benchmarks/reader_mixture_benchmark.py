@@ -29,10 +29,10 @@ import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 from realm_tf import config as config_lib  # noqa: E402
 from realm_tf.data import question_split  # noqa: E402
 
+import benchmark_stages as stages  # noqa: E402  (benchmarks/)
 import open_qa_benchmark  # noqa: E402  (benchmarks/)
 import result_records  # noqa: E402  (benchmarks/)
 import scalar_windows  # noqa: E402  (benchmarks/)
-import stages  # noqa: E402  (benchmarks/)
 
 
 def held_out_ids(questions_path: str, fraction: float) -> set[str]:

@@ -32,11 +32,11 @@ import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 # isort: split
 import numpy as np  # noqa: E402
 
+import benchmark_stages as stages  # noqa: E402  (benchmarks/)
 import open_qa_benchmark  # noqa: E402  (benchmarks/)
 import reader_levers  # noqa: E402  (benchmarks/)
 import result_records  # noqa: E402  (benchmarks/)
 import scalar_windows  # noqa: E402  (benchmarks/)
-import stages  # noqa: E402  (benchmarks/)
 
 
 def windows(logdir: str, tag: str, window: int) -> list[tuple[int, int, float, int]]:

@@ -25,9 +25,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 from realm_tf import config as config_lib  # noqa: E402
 
+import benchmark_stages as stages  # noqa: E402  (benchmarks/)
 import result_records  # noqa: E402  (benchmarks/)
 import scalar_windows  # noqa: E402  (benchmarks/)
-import stages  # noqa: E402  (benchmarks/)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -53,10 +53,10 @@ from realm_tf.tasks import answer_errors  # noqa: E402
 from realm_tf.tasks import held_out_progress  # noqa: E402
 from realm_tf.tasks import qa_metrics  # noqa: E402
 
+import benchmark_stages as stages  # noqa: E402  (benchmarks/)
 import open_qa_benchmark  # noqa: E402  (benchmarks/)
 import reader_levers  # noqa: E402  (benchmarks/)
 import result_records  # noqa: E402  (benchmarks/)
-import stages  # noqa: E402  (benchmarks/)
 
 #: row -> (retriever source, reader source); a source is "import", "ict" or a pre-training run's name.
 ROWS: dict[str, tuple[str, str]] = {

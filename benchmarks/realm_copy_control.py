@@ -35,8 +35,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 from realm_tf import config as config_lib  # noqa: E402
 
+import benchmark_stages as stages  # noqa: E402  (benchmarks/)
 import result_records  # noqa: E402  (benchmarks/)
-import stages  # noqa: E402  (benchmarks/)
 
 #: The control: the retriever frozen for the whole run, every query's source block forced among its candidates in
 #: training and in the held-out scoring, beside the null document only (with a frozen retriever p(z | x) is about

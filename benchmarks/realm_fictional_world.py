@@ -31,8 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 from realm_tf import config as config_lib  # noqa: E402
 
+import benchmark_stages as stages  # noqa: E402  (benchmarks/)
 import realm_copy_control  # noqa: E402  (benchmarks/)
-import stages  # noqa: E402  (benchmarks/)
 
 #: The held-out scores kept per chunk.
 KEPT = ("span_recall_top1", "span_recall", "retrieval_utility", "mlm_accuracy", "mlm_accuracy_null_only",

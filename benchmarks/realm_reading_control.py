@@ -35,9 +35,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 
+import benchmark_stages as stages  # noqa: E402  (benchmarks/)
 import realm_ablation  # noqa: E402  (benchmarks/)
 import result_records  # noqa: E402  (benchmarks/)
-import stages  # noqa: E402  (benchmarks/)
 
 #: The control's settings on top of the ablation's pre-training: a frozen retriever, the source block always read.
 CONTROL = ["pretrain.freeze_retriever_steps=1000000000", "pretrain.trivial_retrieval_rate_while_frozen=1.0"]

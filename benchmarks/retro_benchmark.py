@@ -40,9 +40,9 @@ import numpy as np  # noqa: E402
 from realm_tf import config as config_lib  # noqa: E402
 from realm_tf.index import index_publisher  # noqa: E402
 
+import benchmark_stages as stages  # noqa: E402  (benchmarks/)
 import result_records  # noqa: E402  (benchmarks/)
 import scalar_windows  # noqa: E402  (benchmarks/)
-import stages  # noqa: E402  (benchmarks/)
 
 ALPHAS = ("0.0", "0.125", "0.25", "0.5", "1.0")  # the keys of evaluate-lm's JSON (α <= these)
 PROMPTS = ("The Eiffel Tower is a wrought-iron lattice tower in Paris. It was designed by",

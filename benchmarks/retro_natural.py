@@ -42,8 +42,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 from realm_tf import config as config_lib  # noqa: E402
 
+import benchmark_stages as stages  # noqa: E402  (benchmarks/)
 import result_records  # noqa: E402  (benchmarks/)
-import stages  # noqa: E402  (benchmarks/)
 
 #: Every bundled Wikipedia paragraph (CC BY-SA; data/README.md).
 CORPUS = ("data/open_qa/passages.jsonl.gz", "data/reading/squad_train_passages-*.jsonl.gz")
@@ -87,7 +87,7 @@ def main() -> int:
                         help="the seed whose baseline kNN-LM interpolates (default: the first of --seeds)")
     parser.add_argument("--kept-root", dest="kept_root", default=KEPT_ROOT,
                         help="where the repository keeps finished evaluations, so that a later run on another "
-                             "machine goes on from them (benchmarks/stages.py)")
+                             "machine goes on from them (benchmarks/benchmark_stages.py)")
     args = parser.parse_args()
 
     out = args.out.rstrip("/")

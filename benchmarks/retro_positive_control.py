@@ -33,8 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 from realm_tf import config as config_lib  # noqa: E402
 
+import benchmark_stages as stages  # noqa: E402  (benchmarks/)
 import result_records  # noqa: E402  (benchmarks/)
-import stages  # noqa: E402  (benchmarks/)
 
 #: The decoder and chunking of the control (``--config`` configs/tiny.yaml): m = 8, r = 16, k = 2, 2 × 64 decoder.
 RETRO_SETTINGS = ["retro.chunk_length=8", "retro.continuation_length=8", "retro.sequence_length=32",

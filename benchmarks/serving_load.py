@@ -32,9 +32,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 
+import benchmark_stages as stages  # noqa: E402  (benchmarks/)
 import machine_reference  # noqa: E402  (benchmarks/)
 import result_records  # noqa: E402  (benchmarks/)
-import stages  # noqa: E402  (benchmarks/)
 
 #: (clients, processes): threads share one Answerer in one process; processes each run clients // processes.
 SETTINGS = ((1, 1), (4, 1), (16, 1), (8, 2))

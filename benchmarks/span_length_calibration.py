@@ -24,11 +24,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 from realm_tf.tasks import answer_errors  # noqa: E402
 
+import benchmark_stages as stages  # noqa: E402  (benchmarks/)
 import open_qa_benchmark  # noqa: E402  (benchmarks/)
 import reader_curve  # noqa: E402  (benchmarks/)
 import reader_levers  # noqa: E402  (benchmarks/)
 import result_records  # noqa: E402  (benchmarks/)
-import stages  # noqa: E402  (benchmarks/)
 
 #: The biases tried on tune, per wordpiece (0 is the span score alone).
 BIASES = (-0.4, -0.2, -0.1, -0.05, 0.0, 0.05, 0.1, 0.2, 0.4)

@@ -1,5 +1,5 @@
-"""Benchmark stages (``benchmarks/stages.py``): a kept stage's result outlives its run directory, so a run on a new
-machine goes on from the repository's copy instead of running the stage again."""
+"""Benchmark stages (``benchmarks/benchmark_stages.py``): a kept stage's result outlives its run directory, so a run
+on a new machine goes on from the repository's copy instead of running the stage again."""
 import gzip
 import json
 import pathlib
@@ -8,7 +8,7 @@ import sys
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
-import stages  # noqa: E402  (benchmarks/)
+import benchmark_stages as stages  # noqa: E402  (benchmarks/)
 
 
 def _never():
