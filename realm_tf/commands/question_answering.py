@@ -29,12 +29,23 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     print(f"NQ-open's questions (an answer of at most {short['max_tokens']} tokens, scored against those): "
           f"{short['num_questions']} of {metrics['num_questions']}, EM {short['exact_match']:.3f}, "
           f"F1 {short['f1']:.3f}")
+    print(_selective_line(metrics["selective"]))
     if args.errors:
         from realm_tf.tasks import answer_errors
 
         print(answer_errors.format_table(metrics["outcomes"]))
     print(json.dumps({k: v for k, v in metrics.items() if k != "predictions"}, sort_keys=True))
     return 0
+
+
+def _selective_line(selective: dict) -> str:
+    """The selective-QA figures of the answers' score, with their 95% bootstrap intervals, on one line."""
+    def figure(name: str) -> str:
+        f = selective[name]
+        return f"{f['value']:.3f} [{f['low']:.3f}, {f['high']:.3f}]"
+    return (f"abstaining below a {selective['confidence']} threshold: AURC {figure('aurc')} (lower is better), "
+            f"coverage at precision 0.8 {figure('coverage_at_precision_0.8')}, at 0.9 "
+            f"{figure('coverage_at_precision_0.9')}; calibration: ECE {figure('ece')}, Brier {figure('brier')}")
 
 
 def _args_evaluate(p: argparse.ArgumentParser) -> None:

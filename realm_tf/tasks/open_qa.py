@@ -43,6 +43,7 @@ from realm_tf.tasks import answer_errors
 from realm_tf.tasks import open_qa_loss
 from realm_tf.tasks import qa_metrics
 from realm_tf.tasks import reading_sets
+from realm_tf.tasks import selective_qa
 
 logger = logging.getLogger(__name__)
 
@@ -436,7 +437,9 @@ class OpenQaTask(base_task.Task):
     def reduce_aggregated_logs(self, state: dict[str, Any]) -> dict[str, Any]:
         """EM, F1, regex match and the reader oracle (means over the questions), retrieval accuracy@k, EM and F1
         on NQ-open's questions (``short_answers``: :func:`qa_metrics.short_answer_scores`), the count of each
-        outcome of :mod:`realm_tf.tasks.answer_errors`, and the prediction records (``predictions``)."""
+        outcome of :mod:`realm_tf.tasks.answer_errors`, how well the answers' ``score`` ranks and calibrates them
+        (``selective``: :func:`selective_qa.selective_metrics` against exact match), and the prediction records
+        (``predictions``)."""
         predictions, retrieved = state["predictions"], state["retrieved"]
         n, width = len(predictions), max(len(r) for r in retrieved)
         padded = np.full([n, width], -1, np.int64)  # [num_questions, width]
@@ -449,6 +452,8 @@ class OpenQaTask(base_task.Task):
         metrics["num_questions"] = n
         metrics["short_answers"] = qa_metrics.short_answer_scores(predictions)
         metrics["outcomes"] = answer_errors.count_outcomes(predictions)
+        metrics["selective"] = {"confidence": "score", **selective_qa.selective_metrics(
+            [p["score"] for p in predictions], [p["exact_match"] for p in predictions])}
         metrics["predictions"] = predictions
         return metrics
 

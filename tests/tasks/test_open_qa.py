@@ -31,6 +31,7 @@ from realm_tf.models import open_qa_model
 from realm_tf.tasks import answer_errors
 from realm_tf.tasks import open_qa
 from realm_tf.tasks import qa_metrics
+from realm_tf.tasks import selective_qa
 
 TINY = "configs/tiny.yaml"
 QUESTIONS = ["who wrote the lyrics", "when did the crisis begin", "what is the capital city", "where was he born",
@@ -342,6 +343,12 @@ def test_finetune_export_its_retriever_then_evaluate_through_the_cli(qa, capsys)
     outcomes = metrics["outcomes"]
     assert sum(outcomes.values()) == len(dev) and outcomes["correct"] == round(em * len(dev))
     assert outcomes == answer_errors.count_outcomes(predictions)
+    # Selective QA over the written predictions: the answers' score against their exact match.
+    selective = metrics["selective"]
+    assert selective["confidence"] == "score" and selective["accuracy"]["value"] == pytest.approx(em)
+    assert selective["aurc"]["value"] == pytest.approx(selective_qa.aurc(
+        [p["score"] for p in predictions], [p["exact_match"] for p in predictions]))
+    assert any(line.startswith("abstaining below a score threshold: AURC ") for line in printed)
     for p in predictions:  # the fields the outcomes are judged by are the evaluation's own
         assert p["predicted_block"] in range(cfg.model.reader_beam_size)
         assert p["retrieved_block_ids"][p["predicted_block"]] == p["block_id"]
