@@ -54,12 +54,17 @@ def run_evaluation(task: Evaluator | base_task.Task, model: tf_keras.Model, data
 
 
 def write_scalars(metrics: Mapping[str, Any], logdir: str, step: int) -> None:
-    """The float metrics as TensorBoard scalars of ``logdir`` at ``step``."""
+    """The float metrics as TensorBoard scalars of ``logdir`` at ``step``; a figure with an interval
+    (``{"value", "low", "high"}``) inside a group of metrics as ``<group>/<name>``, its value."""
     writer = tf.summary.create_file_writer(logdir)
     with writer.as_default(step=step):
         for key, value in metrics.items():
             if isinstance(value, float):
                 tf.summary.scalar(key, value)
+            elif isinstance(value, Mapping):
+                for name, figure in value.items():
+                    if isinstance(figure, Mapping) and isinstance(figure.get("value"), float):
+                        tf.summary.scalar(f"{key}/{name}", figure["value"])
     writer.flush()
 
 

@@ -282,7 +282,7 @@ def test_reader_without_the_title_reads_and_cuts_the_body(qa):
         assert answer and answer in text, (answer, text)
 
 
-def test_finetune_export_its_retriever_then_evaluate_through_the_cli(qa, capsys):
+def test_finetune_export_its_retriever_then_evaluate_through_the_cli(qa, capsys, read_scalars):
     cfg, root, _, _, blocks, examples = qa
     path = root / "questions.jsonl"
     path.write_text("".join(json.dumps({"id": f"id{n}-{e.id}", "question": e.question, "answers": list(e.answers)})
@@ -349,6 +349,8 @@ def test_finetune_export_its_retriever_then_evaluate_through_the_cli(qa, capsys)
     assert selective["aurc"]["value"] == pytest.approx(selective_qa.aurc(
         [p["score"] for p in predictions], [p["exact_match"] for p in predictions]))
     assert any(line.startswith("abstaining below a score threshold: AURC ") for line in printed)
+    scalars = read_scalars(root / "model" / "eval_dev")
+    assert scalars["selective/aurc"][-1][1] == pytest.approx(selective["aurc"]["value"], rel=1e-6)
     for p in predictions:  # the fields the outcomes are judged by are the evaluation's own
         assert p["predicted_block"] in range(cfg.model.reader_beam_size)
         assert p["retrieved_block_ids"][p["predicted_block"]] == p["block_id"]
