@@ -313,6 +313,16 @@ def _scratch_directory(target: _Target, embeddings_dir: str | None) -> str:
     return embeddings_dir
 
 
+def _runner_options(beam_args: Sequence[str], worker_per_core: bool,
+                    intra_op_threads: int | None) -> tuple[pipeline_options.PipelineOptions, int]:
+    """The pipeline options of ``beam_args`` (a worker per core with ``worker_per_core``) and the TensorFlow
+    threads per op of each worker (``intra_op_threads``, else :func:`default_intra_op_threads`)."""
+    options = job_support.pipeline_options_for(beam_args)
+    if worker_per_core:
+        use_the_cores(options, beam_args)
+    return options, default_intra_op_threads(options) if intra_op_threads is None else intra_op_threads
+
+
 def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_dir: str | None = None,
                       blocks: str | None = None, beam_args: Sequence[str] = (), embeddings_dir: str | None = None,
                       keep_embeddings: bool = False, min_batch_size: int = 1, max_batch_size: int = 32,
@@ -323,9 +333,8 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
     ``data.blocks_dir``) with the retriever export ``export_path`` and publishes ``<index_dir>/<export step>/``
     (``index_publisher.version_for_export``); returns the summary (``index.json`` plus timings). The flags of
     ``python -m beam_jobs.embed_blocks`` name the same arguments (``job_flags.add_embed_blocks_args``);
-    ``beam_args`` are Beam pipeline options. ``worker_per_core``: on the DirectRunner, a worker thread per core
-    (:func:`use_the_cores`), as the command runs; an index refresh inside or beside a trainer leaves it off and
-    runs Beam's default single worker: the trainer holds the cores.
+    ``beam_args`` are Beam pipeline options. ``worker_per_core``: a DirectRunner worker per core, as the command
+    runs; a refresh inside or beside a trainer, which holds the cores, leaves it off (Beam's single worker).
 
     Raises:
       IndexVersionExistsError: that version is already published.
@@ -336,10 +345,7 @@ def embed_and_publish(cfg: config_lib.ExperimentConfig, export_path: str, index_
     export = target.export
     embeddings_dir = _scratch_directory(target, embeddings_dir)
 
-    options = job_support.pipeline_options_for(beam_args)
-    if worker_per_core:
-        use_the_cores(options, beam_args)
-    intra_op_threads = default_intra_op_threads(options) if intra_op_threads is None else intra_op_threads
+    options, intra_op_threads = _runner_options(beam_args, worker_per_core, intra_op_threads)
     logger.info("embed_blocks: export %s (step %d, dim %d) over %s%s -> %s", export_path, int(export["step"]),
                 export["embedding_dim"], target.blocks,
                 f" ({target.num_blocks:,} blocks)" if target.num_blocks is not None else "", target.index_dir)
