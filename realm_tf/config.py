@@ -388,6 +388,9 @@ class QaConfig:
       train_max_answer_tokens: > 0: ``train-reader`` and ``finetune`` train on the answers of at most this many
         whitespace tokens, and leave out the questions without one: NQ-open's data (ORQA, Lee et al., 2019: 5).
         0: every answer. Evaluation always scores every question (and NQ-open's, ``short_answers``).
+      confidence_calibrator: a calibrator file of ``realm-tf calibrate`` (``tasks/answer_calibration``) that maps
+        each answer's features to ``confidence``, a probability of being right, in ``evaluate``, ``export``
+        (into the served graph) and so ``ask``. "": none; ``confidence`` is then the span probability ``score``.
     """
 
     question_seq_length: int = 64
@@ -406,6 +409,7 @@ class QaConfig:
     reader_source_temperature: float = 1.0
     serving_warmup_requests: int = 8
     train_max_answer_tokens: int = 0
+    confidence_calibrator: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

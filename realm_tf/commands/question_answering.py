@@ -23,13 +23,18 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
                                index_dir=args.index, predictions_path=args.predictions,
                                retriever=args.retriever or ("gold" if reader else "dense"),
                                score_weights=args.score_weights, aggregations=args.aggregations,
-                               length_biases=args.length_biases, metrics_path=args.metrics)
-    print(f"predictions: {metrics['predictions']}")
+                               length_biases=args.length_biases, metrics_path=args.metrics,
+                               target_precision=args.target_precision)
+    print(f"predictions: {metrics['predictions']} (reliability diagram: {metrics['reliability_diagram']})")
     short = metrics["short_answers"]
     print(f"NQ-open's questions (an answer of at most {short['max_tokens']} tokens, scored against those): "
           f"{short['num_questions']} of {metrics['num_questions']}, EM {short['exact_match']:.3f}, "
           f"F1 {short['f1']:.3f}")
     print(_selective_line(metrics["selective"]))
+    if "selective_score" in metrics:
+        print(_selective_line(metrics["selective_score"]))
+    if "abstention" in metrics:
+        print(_abstention_line(metrics["abstention"]))
     if args.errors:
         from realm_tf.tasks import answer_errors
 
@@ -46,6 +51,15 @@ def _selective_line(selective: dict) -> str:
     return (f"abstaining below a {selective['confidence']} threshold: AURC {figure('aurc')} (lower is better), "
             f"coverage at precision 0.8 {figure('coverage_at_precision_0.8')}, at 0.9 "
             f"{figure('coverage_at_precision_0.9')}; calibration: ECE {figure('ece')}, Brier {figure('brier')}")
+
+
+def _abstention_line(abstention: dict) -> str:
+    """What the threshold chosen on tune for a target precision does on tune and on the evaluated split."""
+    tune, here = abstention["tune"], abstention["evaluated"]
+    return (f"abstaining below confidence {tune['threshold']:.4f} (chosen on tune for precision "
+            f"{abstention['target_precision']:g}): tune coverage {tune['coverage']:.3f} at precision "
+            f"{tune['precision']:.3f}; here coverage {here['coverage']:.3f} ({here['answered']} answered) at precision "
+            f"{here['precision']:.3f}")
 
 
 def _args_evaluate(p: argparse.ArgumentParser) -> None:
@@ -83,6 +97,9 @@ def _args_evaluate(p: argparse.ArgumentParser) -> None:
                    help="print where the answers went wrong: each question in one outcome "
                         "(too long, too short, partial overlap, answer not read, right "
                         "block wrong span, wrong block), with its share")
+    p.add_argument("--target-precision", dest="target_precision", type=float, default=None, metavar="P",
+                   help="also evaluate the tune split, choose there the confidence threshold whose answers are "
+                        "right at least P of the time, and report the coverage and precision it gives here")
     p.add_argument("--retriever", choices=("dense", "bm25", "gold"), default=None,
                    help="dense (default): the model's retriever; bm25: BM25's top blocks read by the "
                         "same reader (the baseline; needs bm25s); gold (default of --experiment reader): the gold "
@@ -154,8 +171,39 @@ def _cmd_ask(args: argparse.Namespace) -> int:
     """Answers questions with an exported Open-QA model."""
     from realm_tf.serving import answerer
 
-    answerer.ask(args.model or default_model(), args.questions, snippet=args.snippet)
+    answerer.ask(args.model or default_model(), args.questions, snippet=args.snippet,
+                 min_confidence=args.min_confidence)
     return 0
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    """Fits the answer confidence on an evaluation's predictions (of a split no training read: tune)."""
+    from realm_tf.tasks import answer_calibration
+    from realm_tf.tasks import selective_qa
+
+    calibrator = answer_calibration.fit_predictions(args.predictions, kind=args.kind, l2=args.l2)
+    answer_calibration.write_calibrator(calibrator, args.output)
+    predictions = answer_calibration.read_predictions(args.predictions)
+    correct = [p["exact_match"] for p in predictions]
+    fitted = calibrator.confidence(answer_calibration.prediction_features(predictions, args.predictions))
+    raw = [p["score"] for p in predictions]
+    print(f"calibrator ({calibrator.kind}) fitted on {len(predictions)} answers of {args.predictions} "
+          f"(exact match {calibrator.fitted_on['accuracy']:.3f}): {args.output}")
+    print(f"on those answers (in-sample): ECE {selective_qa.expected_calibration_error(fitted, correct):.3f} "
+          f"(span probability {selective_qa.expected_calibration_error(raw, correct):.3f}), AURC "
+          f"{selective_qa.aurc(fitted, correct):.3f} ({selective_qa.aurc(raw, correct):.3f}); measure it on "
+          f"another split: realm-tf evaluate --set qa.confidence_calibrator={args.output}")
+    return 0
+
+
+def _args_calibrate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--predictions", required=True, metavar="FILE.jsonl",
+                   help="the predictions of `realm-tf evaluate` on a split no training stage read (--split tune)")
+    p.add_argument("--output", required=True, metavar="FILE.json", help="the calibrator file written")
+    p.add_argument("--kind", choices=("features", "platt"), default="features",
+                   help="features (default): a logistic regression over the answer's features; platt: over the "
+                        "span probability's logit alone (monotone: calibrates, cannot re-rank)")
+    p.add_argument("--l2", type=float, default=0.01, help="L2 penalty on the standardised weights, per answer")
 
 
 #: Where ``ask`` looks for a served model when ``--model`` is not given, in this order: the model of the
@@ -179,6 +227,9 @@ def _args_ask(p: argparse.ArgumentParser) -> None:
                    help="a model base path (its newest complete version is served) or one export (default: the "
                         "first of " + ", ".join(DEFAULT_MODELS) + " that exists)")
     p.add_argument("--snippet", type=int, default=160, help="characters of each block shown")
+    p.add_argument("--min-confidence", dest="min_confidence", type=float, default=0.0, metavar="P",
+                   help="answer only where the answer's confidence is at least P, else say \"no answer\" and show "
+                        "the best candidate (default 0: always answer)")
 
 
 COMMANDS = [
@@ -203,5 +254,14 @@ COMMANDS = [
                     "answer questions with an exported Open-QA model: answer, score and the evidence blocks",
                     _cmd_ask, _args_ask,
                     group="qa",
-                    examples=("realm-tf ask \"who wrote the origin of species?\" --model runs/minilm/served",)),
+                    examples=("realm-tf ask \"who wrote the origin of species?\" --model runs/minilm/served",
+                              "realm-tf ask \"who wrote the origin of species?\" --min-confidence 0.6",)),
+    command.Command("calibrate",
+                    "fit the answers' confidence (a probability of being right) on an evaluation's predictions",
+                    _cmd_calibrate, _args_calibrate,
+                    group="qa",
+                    examples=("realm-tf calibrate --predictions runs/minilm/finetune/predictions-tune.jsonl "
+                              "--output runs/minilm/calibrator.json",
+                              "realm-tf export --config configs/minilm.yaml --base-path runs/minilm/served "
+                              "--set qa.confidence_calibrator=runs/minilm/calibrator.json",)),
 ]

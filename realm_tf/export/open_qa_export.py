@@ -5,8 +5,13 @@ MIPS over the corpus (ScaNN's TF op when the index is ScaNN, else an exact matmu
 retrieved blocks, the span reader and span decoding. Signatures:
 
 * ``serving_default(question: string[B])`` → ``answer`` string[B], ``score`` float[B] (probability of the
-  answer among all spans of the k blocks), ``block_title`` / ``block_text`` string[B, k], ``block_score``
-  float[B, k] (f(x, z)), ``block_id`` int[B, k];
+  answer among all spans of the k blocks), ``confidence`` float[B] (the probability that the answer is right,
+  :mod:`realm_tf.models.answer_confidence`, with the calibrator of ``qa.confidence_calibrator``; without one,
+  ``score``), ``candidate`` string[B] and ``abstained`` bool[B] (below), ``block_title`` / ``block_text``
+  string[B, k], ``block_score`` float[B, k] (f(x, z)), ``block_id`` int[B, k];
+* ``answer_selectively(question: string[B], min_confidence: float[B])``: the same outputs, with ``answer`` ""
+  and ``abstained`` true where ``confidence`` < ``min_confidence`` (``candidate`` still holds the best answer).
+  ``serving_default`` is this with ``min_confidence`` 0, so requests without a threshold keep their format;
 * ``embed_query(text: string[B])`` and ``embed_block(title, text: string[B])`` → ``embedding`` [B, dim].
 
 ``assets.extra/tf_serving_warmup_requests`` holds ``qa.serving_warmup_requests`` questions about titles spread over
@@ -36,6 +41,7 @@ import tempfile
 import time
 from typing import Any, Iterator, Mapping
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import saved_model_pb2
 from tensorflow.core.protobuf import trackable_object_graph_pb2
@@ -51,6 +57,7 @@ from realm_tf.export import serving_warmup
 from realm_tf.index import in_graph_scann
 from realm_tf.index import index_publisher
 from realm_tf.layers import bert_tokenizer
+from realm_tf.models import answer_confidence
 from realm_tf.models import open_qa_model
 
 logger = logging.getLogger(__name__)
@@ -59,12 +66,14 @@ SAVED_MODEL_PB = "saved_model.pb"
 VARIABLES = "variables"
 FINGERPRINT_PB = "fingerprint.pb"  # hashes of the original files: not valid for a copy, and optional
 _OBJECT_GRAPH_KEY = "_CHECKPOINTABLE_OBJECT_GRAPH"
+SELECTIVE_SIGNATURE = serving_warmup.SELECTIVE_SIGNATURE
 
 
 class OpenQaExportModule(tf.Module):
     """Holds the Open-QA model (with its corpus) and the tokenizer; defines the serving signatures."""
 
-    def __init__(self, model: open_qa_model.OpenQaModel, cfg: config_lib.ExperimentConfig):
+    def __init__(self, model: open_qa_model.OpenQaModel, cfg: config_lib.ExperimentConfig,
+                 calibration: Mapping[str, Any] | None = None):
         super().__init__(name="realm_open_qa")
         # Tracked: the variables, the corpus (titles, texts, embeddings, searcher) and the tokenizer; not the
         # Keras model, whose layer call functions would be traced and saved too (twice the export time).
@@ -77,6 +86,9 @@ class OpenQaExportModule(tf.Module):
         self._retrieval_weight = cfg.qa.retrieval_score_weight
         self._aggregate_spans = cfg.qa.answer_aggregation_spans
         self._length_bias = cfg.qa.span_length_bias
+        self.calibrator = answer_confidence.AnswerCalibrator(name="confidence_calibrator")
+        if calibration:  # unfitted: confidence is the span probability
+            self.calibrator.set_parameters(calibration)
 
     def _tokenize(self, text: tf.Tensor) -> tf.RaggedTensor:
         clean = tf.strings.unicode_transcode(text, "UTF-8", "UTF-8", errors="replace", replacement_char=0xFFFD)
@@ -85,6 +97,15 @@ class OpenQaExportModule(tf.Module):
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="question")], autograph=False)
     def answer(self, question: tf.Tensor) -> dict[str, tf.Tensor]:
         """Answers ``question`` string[B] (see the module docstring for the outputs)."""
+        return self._answer(question, tf.zeros(tf.shape(question), tf.float32))
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="question"),
+                                  tf.TensorSpec([None], tf.float32, name="min_confidence")], autograph=False)
+    def answer_selectively(self, question: tf.Tensor, min_confidence: tf.Tensor) -> dict[str, tf.Tensor]:
+        """Answers ``question`` string[B], abstaining where ``confidence`` < ``min_confidence`` float[B]."""
+        return self._answer(question, min_confidence)
+
+    def _answer(self, question: tf.Tensor, min_confidence: tf.Tensor) -> dict[str, tf.Tensor]:
         ids = self._tokenize(question)  # [B, (len)]
         packed = self.tokenizer.pack_single(ids, self._question_length, pad_to_seq_length=False)
         outputs = self.model({"question_" + k: v for k, v in packed.items()}, training=False)
@@ -92,8 +113,14 @@ class OpenQaExportModule(tf.Module):
         empty = tf.equal(ids.row_lengths(), 0)  # [B]
         block_ids = outputs["block_ids"]  # [B, k]
         titles, texts = self.model.corpus.title_and_text(block_ids)  # [B, k], [B, k]
+        candidate = tf.where(empty, tf.constant(""), decoded["answer"])  # [B]
+        confidence = tf.where(empty, 0.0, self.calibrator(decoded["features"]))  # [B]
+        abstained = confidence < min_confidence  # [B]
         return {
-            "answer": tf.where(empty, tf.constant(""), decoded["answer"]),  # [B]
+            "answer": tf.where(abstained, tf.constant(""), candidate),  # [B]: "" where it abstains
+            "candidate": candidate,  # [B]: the best answer, given or not
+            "confidence": confidence,  # [B]
+            "abstained": abstained,  # [B]
             "score": tf.where(empty, 0.0, decoded["score"]),  # [B]
             "block_id": block_ids,  # [B, k]
             "block_title": titles,  # [B, k]
@@ -126,15 +153,20 @@ def check_destination(out: str) -> str:
 
 
 def export_open_qa(cfg: config_lib.ExperimentConfig, model: open_qa_model.OpenQaModel, out: str,
-                   info: Mapping[str, Any] | None = None) -> str:
+                   info: Mapping[str, Any] | None = None, calibration: Mapping[str, Any] | None = None,
+                   confidence: Mapping[str, Any] | None = None) -> str:
     """Writes the serving SavedModel of ``model`` to ``out`` atomically (staging directory, ``realm_qa.json``
-    last, with ``info``: e.g. the checkpoint and index version, from ``open_qa.load_for_serving``)."""
-    module = OpenQaExportModule(model, cfg)
+    last, with ``info``: e.g. the checkpoint and index version, from ``open_qa.load_for_serving``).
+    ``calibration``: the confidence calibrator's parameters (:meth:`AnswerCalibrator.set_parameters`), or None
+    for the span probability; ``confidence``: what the marker records of it (its kind and where it was fitted).
+    """
+    module = OpenQaExportModule(model, cfg, calibration)
     out = check_destination(out)
     start = time.time()
     with artifacts.staged(out, artifacts.OPEN_QA_EXPORT) as staging:
         tf.saved_model.save(module, staging.path, signatures={
-            "serving_default": module.answer, "embed_query": module.embed_query, "embed_block": module.embed_block})
+            "serving_default": module.answer, SELECTIVE_SIGNATURE: module.answer_selectively,
+            "embed_query": module.embed_query, "embed_block": module.embed_block})
         titles = model.corpus.title_text(serving_warmup.spread(int(model.corpus.num_blocks),
                                                                cfg.qa.serving_warmup_requests)).numpy()
         if isinstance(model.corpus, block_records.RecordCorpus):  # shard 0 is the asset, the others go beside it
@@ -142,10 +174,12 @@ def export_open_qa(cfg: config_lib.ExperimentConfig, model: open_qa_model.OpenQa
         questions = serving_warmup.warmup_questions([t.decode("utf-8", "replace") for t in titles],
                                                     cfg.qa.question_seq_length)
         if questions:
-            serving_warmup.write_warmup_requests(staging.path, questions)
+            serving_warmup.write_warmup_requests(staging.path, questions, extra={
+                SELECTIVE_SIGNATURE: lambda batch: {"min_confidence": np.full(len(batch), 0.5, np.float32)}})
         staging.metadata = {**(info or {}), "exported_at": time.time(), "config_hash": config_lib.config_hash(cfg),
                             "reader_beam_size": cfg.model.reader_beam_size, "vocab_hash": model.tokenizer.vocab_hash,
-                            "warmup_requests": len(serving_warmup.warmup_batches(questions)),
+                            "warmup_requests": len(serving_warmup.read_warmup_requests(staging.path)),
+                            "confidence": dict(confidence or {"calibrator": "none"}),
                             "export_seconds": round(time.time() - start, 3)}
     return out
 
@@ -202,12 +236,22 @@ def publish_corpus_update(cfg: config_lib.ExperimentConfig, base_path: str, inde
         with _corpus_checkpoint(corpus) as fresh:
             _write_variables(previous, fresh, staging.path)
         staging.metadata = {
-            **info, "index_version": meta["version"], "corpus_version": corpus_version,
+            **info, "confidence": _carried_confidence(info.get("confidence"), corpus_version),
+            "index_version": meta["version"], "corpus_version": corpus_version,
             "export_step": index_publisher.export_step(meta), "weights_from": previous, "exported_at": time.time(),
             "export_seconds": round(time.time() - start, 3)}
     logger.info("%s: version with the weights of %s and index version %d (corpus version %d, %d blocks) in %.1fs",
                 out, previous, meta["version"], corpus_version, num_blocks, time.time() - start)
     return out
+
+
+def _carried_confidence(confidence: Mapping[str, Any] | None, corpus_version: int) -> dict[str, Any]:
+    """The marker's record of a calibrator carried into a corpus-only version: ``fitted_on_earlier_corpus`` when
+    it was fitted over another corpus version than the new one (its features' distribution may have moved)."""
+    record = dict(confidence or {"calibrator": "none"})
+    if record.get("calibrator", "none") != "none":
+        record["fitted_on_earlier_corpus"] = record.get("corpus_version") != corpus_version
+    return record
 
 
 def served_corpus(directory: str, pattern: str, tokenizer: bert_tokenizer.BertTokenizer, index_path: str,

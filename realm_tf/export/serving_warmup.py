@@ -12,7 +12,7 @@ a Python server (``Answerer.warm_up``) to replay them as TF Serving does.
 from __future__ import annotations
 
 import os
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -23,6 +23,9 @@ from tensorflow_serving.apis import prediction_log_pb2
 
 #: Where TF Serving looks for the records, relative to a SavedModel version directory.
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
+#: The Open-QA export's signature that takes a confidence threshold beside the question (its warm-up requests
+#: carry one; ``serving_default`` answers without).
+SELECTIVE_SIGNATURE = "answer_selectively"
 
 
 def parse_predict_log(serialized: bytes) -> tuple[str, dict[str, np.ndarray]] | None:
@@ -89,13 +92,18 @@ def warmup_batches(questions: Sequence[str]) -> list[list[str]]:
 
 
 def write_warmup_requests(export_dir: str, questions: Sequence[str], signature_name: str = "serving_default",
-                          input_name: str = "question") -> str:
-    """Writes the requests of :func:`warmup_batches` to ``<export_dir>/assets.extra/tf_serving_warmup_requests``.
+                          input_name: str = "question",
+                          extra: Mapping[str, Callable[[list[str]], Mapping[str, np.ndarray]]] | None = None) -> str:
+    """Writes the requests of :func:`warmup_batches` to ``<export_dir>/assets.extra/tf_serving_warmup_requests``,
+    for ``signature_name``, then for each signature of ``extra``, whose function gives a batch's other inputs.
     Call it on the staging directory of an export, so that the records appear with the version. Returns the
     file's path."""
     path = os.path.join(export_dir, WARMUP_FILE)
     tf.io.gfile.makedirs(os.path.dirname(path))
+    signatures = {signature_name: lambda batch: {}, **(extra or {})}
     with tf.io.TFRecordWriter(path) as writer:
-        for batch in warmup_batches(questions):
-            writer.write(predict_log({input_name: np.asarray(batch, dtype=object)}, signature_name))
+        for name, other_inputs in signatures.items():
+            for batch in warmup_batches(questions):
+                inputs = {input_name: np.asarray(batch, dtype=object), **other_inputs(batch)}
+                writer.write(predict_log(inputs, name))
     return path

@@ -29,6 +29,7 @@ from official.modeling import tf_utils
 
 from realm_tf.data import knowledge_corpus
 from realm_tf.layers import bert_tokenizer
+from realm_tf.models import answer_confidence
 from realm_tf.models import knowledge_retriever
 from realm_tf.models import span_reader
 from realm_tf.networks import bert_encoder
@@ -209,7 +210,9 @@ class OpenQaModel(tf_keras.Model):
     def decode(self, outputs: Mapping[str, tf.Tensor], retrieval_weight: float = 1.0,
                aggregate_spans: int = 1, length_bias: float = 0.0) -> dict[str, tf.Tensor]:
         """The best answer per question: ``answer`` string[batch] (cut from the block's original text),
-        ``score`` (its probability among all spans of the k blocks), ``block`` (its position in the beam).
+        ``score`` (its probability among all spans of the k blocks), ``block`` (its position in the beam),
+        ``block_id`` and ``features`` ``[batch, F]``, what :class:`answer_confidence.AnswerCalibrator` turns into a
+        calibrated confidence (:func:`answer_confidence.answer_features`).
 
         Spans are ranked by S_read(z, s) + b·|s| + w·S_retr(z, x), w = ``retrieval_weight`` (ORQA/REALM: 1),
         b = ``length_bias`` per wordpiece of the span (a log-linear length prior; ORQA/REALM: 0), and
@@ -229,8 +232,8 @@ class OpenQaModel(tf_keras.Model):
         shape = tf.shape(joint)
         flat = tf.reshape(joint, [shape[0], -1])  # [batch, k * num_spans]
         log_probs = flat - tf.reduce_logsumexp(flat, -1, keepdims=True)  # [batch, k * num_spans]
-        top_log_probs, top = tf.math.top_k(log_probs, tf.minimum(max(aggregate_spans, 1), tf.shape(flat)[1]))
-        # top_log_probs, top: [batch, n], best first
+        top_log_probs, top = tf.math.top_k(log_probs, tf.minimum(max(aggregate_spans, 2), tf.shape(flat)[1]))
+        # top_log_probs, top: [batch, n], best first (n >= 2: the margin to the second span is a feature)
         positions = top // shape[2]  # [batch, n]: each span's place in the beam
         texts, blocks = self._span_answers(outputs, positions, top % shape[2])  # [batch, n] each
         probs = tf.exp(top_log_probs)  # [batch, n]
@@ -249,9 +252,32 @@ class OpenQaModel(tf_keras.Model):
         else:
             pick = tf.zeros([shape[0]], tf.int32)  # [batch]
             score = probs[:, 0]  # [batch]
-        return {"answer": tf.gather(texts, pick, batch_dims=1), "score": score,
-                "block": tf.gather(positions, pick, batch_dims=1),
-                "block_id": tf.gather(blocks, pick, batch_dims=1)}
+        answer, block = tf.gather(texts, pick, batch_dims=1), tf.gather(positions, pick, batch_dims=1)  # [batch]
+        span = tf.gather(top % shape[2], pick, batch_dims=1)  # [batch]
+        return {"answer": answer, "score": score, "block": block, "block_id": tf.gather(blocks, pick, batch_dims=1),
+                "features": self._confidence_features(outputs, tf.reshape(log_probs, shape), top_log_probs, answer,
+                                                      score, block, span)}
+
+    def _confidence_features(self, outputs: Mapping[str, tf.Tensor], log_probs: tf.Tensor, top_log_probs: tf.Tensor,
+                             answer: tf.Tensor, score: tf.Tensor, block: tf.Tensor, span: tf.Tensor) -> tf.Tensor:
+        """:func:`answer_confidence.answer_features` of the decoded answers ``[batch, F]``.
+
+        Args:
+          log_probs: ``[batch, k, num_spans]`` every span's normalised log-probability.
+          top_log_probs: ``[batch, n]`` the best spans', best first.
+          answer, score, block, span: ``[batch]`` the answer, its probability, its block's place in the beam and
+            its span's index.
+        """
+        batch, k = tf.shape(log_probs)[0], tf.shape(log_probs)[1]
+        index = tf.stack([block, span], -1)  # [batch, 2]
+        length = (tf.gather_nd(outputs["span_ends"], index, batch_dims=1)
+                  - tf.gather_nd(outputs["span_starts"], index, batch_dims=1) + 1)  # [batch]
+        block_best = tf.argmax(log_probs, -1, output_type=tf.int32)  # [batch, k]: each block's best span
+        block_texts, _ = self._span_answers(outputs, tf.tile(tf.range(k)[None], [batch, 1]), block_best)  # [b, k]
+        norm = normalize_answers(answer)  # [batch]
+        same = tf.equal(normalize_answers(block_texts), norm[:, None]) & tf.not_equal(norm, "")[:, None]  # [b, k]
+        return answer_confidence.answer_features(score, outputs["retrieval_logits"], top_log_probs, block, length,
+                                                 same, tf.reduce_any(outputs["span_mask"], -1))
 
     def _span_answers(self, outputs: Mapping[str, tf.Tensor], position: tf.Tensor,
                       span: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:

@@ -6,7 +6,8 @@ The same SavedModel TF Serving serves (:mod:`realm_tf.export.open_qa_export`); t
     from realm_tf.serving import answerer
     qa = answerer.Answerer("runs/minilm/served")   # a model base path: its newest complete version
     result = qa.ask("who wrote the lyrics of he ain't heavy he's my brother")
-    print(result.answer, result.score, result.blocks[0].title)
+    print(result.answer, result.confidence, result.blocks[0].title)
+    strict = answerer.Answerer("runs/minilm/served", min_confidence=0.8)   # abstains below 0.8: answer ""
 
 The path is a model base path (``realm-tf export --base-path``: numbered versions, TF Serving's layout), whose
 newest complete version is loaded, or one export directory. A version that cannot be loaded (a file missing,
@@ -40,13 +41,18 @@ class Evidence:
 
 @dataclasses.dataclass(frozen=True)
 class Answer:
-    """The answer span, its probability among all spans of the read blocks, and the blocks read."""
+    """The answer span ("" when the model abstained), its probability among all spans of the read blocks
+    (``score``), the probability that it is right (``confidence``; None from an export without one), the best
+    candidate (given or not), and the blocks read."""
 
     question: str
     answer: str
     score: float
     blocks: tuple[Evidence, ...]
     served_by: str = ""  # the export version that answered
+    confidence: float | None = None
+    abstained: bool = False
+    candidate: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,13 +68,18 @@ class ServedVersion:
 class Answerer:
     """Loads an Open-QA export once (the newest complete version of a model base path); :meth:`ask` answers
     questions with it. ``path`` is the version loaded, ``model`` the loaded SavedModel (all its signatures).
+    With ``min_confidence`` > 0 it abstains (``answer`` "", ``abstained``) on the questions whose answer's
+    ``confidence`` is below it, and still reports their best ``candidate``.
 
     Under a base path, :meth:`refresh` loads a newer complete version while the current one keeps answering,
     then swaps to it in one step (TF Serving's version policy "latest"): a request answers entirely from the
     version it started with, never from a version still being written (only complete ones are listed) nor
     from a damaged one (it is named in a warning and the current version kept)."""
 
-    def __init__(self, export_path: str):
+    def __init__(self, export_path: str, min_confidence: float = 0.0):
+        if not 0.0 <= min_confidence <= 1.0:
+            raise errors.UserError(f"min_confidence {min_confidence}: a probability, in [0, 1]")
+        self.min_confidence = float(min_confidence)
         export_path = export_path.rstrip("/")
         self.base_path: str | None = None
         if artifacts.is_complete(export_path, artifacts.OPEN_QA_EXPORT):
@@ -136,14 +147,27 @@ class Answerer:
         if not questions:
             return []
         version = self._version  # the whole batch from one version, whatever refresh() does meanwhile
-        out = {k: v.numpy() for k, v in version.serve(question=tf.constant(list(questions), tf.string)).items()}
+        text = tf.constant(list(questions), tf.string)
+        if self.min_confidence > 0:
+            selective = version.model.signatures.get(serving_warmup.SELECTIVE_SIGNATURE)
+            if selective is None:
+                raise errors.UserError(f"{version.path}: exported without answer confidence, so it cannot abstain "
+                                       f"at min_confidence {self.min_confidence}: export the model again")
+            raw = selective(question=text, min_confidence=tf.fill([len(questions)], self.min_confidence))
+        else:
+            raw = version.serve(question=text)
+        out = {k: v.numpy() for k, v in raw.items()}
         results = []
         for i, question in enumerate(questions):
             blocks = tuple(Evidence(int(out["block_id"][i, j]), out["block_title"][i, j].decode("utf-8", "replace"),
                                     out["block_text"][i, j].decode("utf-8", "replace"), float(out["block_score"][i, j]))
                            for j in range(out["block_id"].shape[1]))
-            results.append(Answer(question, out["answer"][i].decode("utf-8", "replace"), float(out["score"][i]),
-                                  blocks, version.path))
+            answer = out["answer"][i].decode("utf-8", "replace")
+            results.append(Answer(
+                question, answer, float(out["score"][i]), blocks, version.path,
+                confidence=float(out["confidence"][i]) if "confidence" in out else None,
+                abstained=bool(out["abstained"][i]) if "abstained" in out else False,
+                candidate=out["candidate"][i].decode("utf-8", "replace") if "candidate" in out else answer))
         return results
 
     def ask(self, question: str) -> Answer:
@@ -185,7 +209,12 @@ def _load(path: str) -> ServedVersion:
 
 def format_answer(result: Answer, snippet: int = 160) -> str:
     """Human-readable lines: the answer with its score, then the blocks read (title + snippet)."""
-    lines = [f"Q: {result.question}", f"A: {result.answer}    (score {result.score:.3f})", "evidence:"]
+    confidence = "" if result.confidence is None else f"confidence {result.confidence:.3f}, "
+    if result.abstained:
+        head = f"A: (no answer: {confidence}below the threshold; best candidate: {result.candidate})"
+    else:
+        head = f"A: {result.answer}    ({confidence}score {result.score:.3f})"
+    lines = [f"Q: {result.question}", head, "evidence:"]
     for rank, block in enumerate(result.blocks, 1):
         text = " ".join(block.text.split())
         lines.append(f"  {rank}. [{block.title}] (f={block.score:.2f}) "
@@ -193,11 +222,11 @@ def format_answer(result: Answer, snippet: int = 160) -> str:
     return "\n".join(lines)
 
 
-def ask(model: str, questions: Sequence[str], snippet: int = 160) -> list[str]:
+def ask(model: str, questions: Sequence[str], snippet: int = 160, min_confidence: float = 0.0) -> list[str]:
     """``realm-tf ask``: answers ``questions`` with the Open-QA export at ``model`` (a model base path, whose newest
-    complete version is served, or one export) and prints each answer (:func:`format_answer`); returns the
-    answers."""
-    qa = Answerer(model)
+    complete version is served, or one export) and prints each answer (:func:`format_answer`), abstaining below
+    ``min_confidence``; returns the answers ("" where it abstained)."""
+    qa = Answerer(model, min_confidence=min_confidence)
     print(f"model: {qa.path}")
     results = qa.ask_batch(questions)
     for result in results:

@@ -36,9 +36,11 @@ from realm_tf.data import questions
 from realm_tf.export import open_qa_export
 from realm_tf.index import index_publisher
 from realm_tf.layers import bert_tokenizer
+from realm_tf.models import answer_confidence
 from realm_tf.models import knowledge_retriever
 from realm_tf.models import open_qa_model
 from realm_tf.models import span_reader
+from realm_tf.tasks import answer_calibration
 from realm_tf.tasks import answer_errors
 from realm_tf.tasks import open_qa_loss
 from realm_tf.tasks import qa_metrics
@@ -121,6 +123,11 @@ class OpenQaTask(base_task.Task):
         self.blocks: block_store_lib.BlockStore | None = None
         self.corpus_meta: dict[str, Any] = {}
         self._training_set: tuple[list[questions.QaExample], np.ndarray | None, dict[str, Any]] | None = None
+
+    @functools.cached_property
+    def calibrator(self) -> answer_calibration.Calibrator:
+        """The answers' confidence calibrator (``qa.confidence_calibrator``; unfitted: the span probability)."""
+        return answer_calibration.configured(self.cfg.qa.confidence_calibrator)
 
     @functools.cached_property
     def continuation(self) -> np.ndarray:
@@ -424,9 +431,13 @@ class OpenQaTask(base_task.Task):
             state["retrieved"].append(e.ranked[index] if e.ranked is not None else step_outputs["top"][i].numpy())
             normalized = qa_metrics.normalized_answers(example.answers)
             read_rows = [int(r) for r in step_outputs["read"][i].numpy()]
+            features = decoded[0]["features"][i].numpy()  # [F]
             state["predictions"].append({
                 "id": example.id, "question": example.question, "prediction": answer,
-                "score": float(decoded[0]["score"][i]), "answers": list(example.answers), "exact_match": hit_em,
+                "score": float(decoded[0]["score"][i]),
+                "confidence": round(float(self.calibrator.confidence(features[None])[0]), 6),
+                "features": {name: round(float(v), 5) for name, v in zip(answer_confidence.FEATURES, features)},
+                "answers": list(example.answers), "exact_match": hit_em,
                 "f1": round(hit_f1, 4), "reader_oracle": oracle, "block_id": int(decoded[0]["block_id"][i]),
                 "predicted_block": int(decoded[0]["block"][i]), "retrieved_block_ids": read_rows,
                 "retrieved_titles": [e.blocks.titles[r] for r in read_rows],
@@ -452,8 +463,12 @@ class OpenQaTask(base_task.Task):
         metrics["num_questions"] = n
         metrics["short_answers"] = qa_metrics.short_answer_scores(predictions)
         metrics["outcomes"] = answer_errors.count_outcomes(predictions)
-        metrics["selective"] = {"confidence": "score", **selective_qa.selective_metrics(
-            [p["score"] for p in predictions], [p["exact_match"] for p in predictions])}
+        correct = [p["exact_match"] for p in predictions]
+        metrics["selective"] = {"confidence": self.calibrator.kind if self.calibrator.kind != "none" else "score",
+                                **selective_qa.selective_metrics([p["confidence"] for p in predictions], correct)}
+        if self.calibrator.kind != "none":  # the span probability's figures beside the calibrated ones
+            metrics["selective_score"] = {"confidence": "score", **selective_qa.selective_metrics(
+                [p["score"] for p in predictions], correct)}
         metrics["predictions"] = predictions
         return metrics
 
@@ -563,7 +578,8 @@ RETRIEVERS = ("dense", "bm25", "gold")
 def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str = "all", model_dir: str | None = None,
              index_dir: str | None = None, predictions_path: str | None = None, retriever: str = "dense",
              score_weights: Sequence[float] = (), aggregations: Sequence[int] = (),
-             length_biases: Sequence[float] = (), metrics_path: str | None = None) -> dict[str, Any]:
+             length_biases: Sequence[float] = (), metrics_path: str | None = None,
+             target_precision: float | None = None) -> dict[str, Any]:
     """``realm-tf evaluate``: exact match, F1, regex match, retrieval accuracy@k, reader oracle, and the count of
     each outcome of :mod:`realm_tf.tasks.answer_errors` (``outcomes``); writes predictions.
 
@@ -582,19 +598,18 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
       length_biases: also report ``exact_match@len=B`` / ``f1@len=B`` with answers picked with a span length bias
         of B per wordpiece (``qa.span_length_bias``).
       metrics_path: also write the metrics (and the predictions' path) to this JSON file, atomically.
+      target_precision: also evaluate the tune split, choose there the lowest confidence threshold whose answers
+        reach this precision (:func:`selective_qa.threshold_for_precision`), and report what abstaining below
+        it does on ``split`` (``abstention``).
+
+    The answers' reliability diagram is written beside the predictions (``reliability-<split>.png``).
     """
-    if retriever not in RETRIEVERS:
-        raise errors.UserError(f"unknown retriever {retriever!r}: one of {', '.join(RETRIEVERS)}")
+    _check_evaluation(retriever, target_precision)
     task = OpenQaTask(cfg)
     examples = select_split(questions.read_questions(questions_path), split, cfg.data)
     if not examples:
         raise errors.UserError(f"{questions_path}: no questions in split {split!r}")
-    if retriever == "gold":  # no index needed: the corpus embeddings are never searched
-        blocks = block_store_lib.BlockStore.load(corpus_versions.current_pattern(cfg.data.blocks_dir))
-        corpus = knowledge_corpus.KnowledgeCorpus.without_index(blocks, task.tokenizer)
-        meta = {"version": None}
-    else:
-        corpus, blocks, meta = load_corpus(cfg, task.tokenizer, index_dir)
+    corpus, blocks, meta = _evaluation_corpus(cfg, task, retriever, index_dir)
     model = task.build_model(corpus)
     model_dir = model_dir or cfg.finetune.model_dir
     restored = load_finetuned(task, model, model_dir, check_index=retriever == "dense")
@@ -606,14 +621,66 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
         metrics["skipped"] = skipped
     suffix = "" if retriever == "dense" else f"-{retriever}"
     predictions_path = predictions_path or os.path.join(model_dir, f"predictions-{split}{suffix}.jsonl")
-    evaluation.write_jsonl(metrics.pop("predictions"), predictions_path)
+    predictions = metrics.pop("predictions")
+    evaluation.write_jsonl(predictions, predictions_path)
+    reliability = _reliability_diagram(task.calibrator, predictions, os.path.join(
+        os.path.dirname(predictions_path) or ".", f"reliability-{split}{suffix}.png"), split)
+    if target_precision is not None:
+        metrics["abstention"] = _abstention(cfg, questions_path, model_dir, index_dir, retriever, target_precision,
+                                            predictions)
     evaluation.write_scalars(metrics, os.path.join(model_dir, f"eval_{split}{suffix.replace('-', '_')}"),
                              int(restored.rsplit("-", 1)[1]) if restored else 0)
     metrics = {**metrics, "checkpoint": restored or "", "index_version": meta["version"], "retriever": retriever,
-               "predictions": predictions_path}
+               "predictions": predictions_path, "reliability_diagram": reliability}
     if metrics_path:
         evaluation.write_metrics(metrics, metrics_path)
     return metrics
+
+
+def _evaluation_corpus(cfg: config_lib.ExperimentConfig, task: OpenQaTask, retriever: str,
+                       index_dir: str | None) -> tuple[knowledge_corpus.KnowledgeCorpus, Any, dict[str, Any]]:
+    """``(corpus, blocks, index meta)`` of an evaluation: the newest index version's, or for ``gold`` the blocks
+    alone (no index needed: the corpus embeddings are never searched)."""
+    if retriever != "gold":
+        return load_corpus(cfg, task.tokenizer, index_dir)
+    blocks = block_store_lib.BlockStore.load(corpus_versions.current_pattern(cfg.data.blocks_dir))
+    return knowledge_corpus.KnowledgeCorpus.without_index(blocks, task.tokenizer), blocks, {"version": None}
+
+
+def _check_evaluation(retriever: str, target_precision: float | None) -> None:
+    """A UserError for an unknown retriever or a target precision that is not a share."""
+    if retriever not in RETRIEVERS:
+        raise errors.UserError(f"unknown retriever {retriever!r}: one of {', '.join(RETRIEVERS)}")
+    if target_precision is not None and not 0.0 < target_precision <= 1.0:
+        raise errors.UserError(f"target precision {target_precision}: a share of right answers, in (0, 1]")
+
+
+def _reliability_diagram(calibrator: answer_calibration.Calibrator, predictions: Sequence[Mapping[str, Any]],
+                         path: str, split: str) -> str:
+    """The reliability diagram of ``predictions``' confidence (and, when it is calibrated, of their span
+    probability beside it) at ``path``."""
+    correct = [p["exact_match"] for p in predictions]
+    curves = {"span probability": ([p["score"] for p in predictions], correct)}
+    if calibrator.kind != "none":
+        curves = {f"confidence ({calibrator.kind})": ([p["confidence"] for p in predictions], correct), **curves}
+    return selective_qa.write_reliability_diagram(path, curves, f"{split}: {len(predictions)} questions")
+
+
+def _abstention(cfg: config_lib.ExperimentConfig, questions_path: str, model_dir: str, index_dir: str | None,
+                retriever: str, target_precision: float, predictions: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The threshold chosen on the tune split for ``target_precision``, and what it does there and on
+    ``predictions``."""
+    suffix = "" if retriever == "dense" else f"-{retriever}"
+    tune_path = os.path.join(model_dir, f"predictions-tune-for-threshold{suffix}.jsonl")
+    tune = evaluate(cfg, questions_path, "tune", model_dir, index_dir, predictions_path=tune_path, retriever=retriever)
+    tuned = answer_calibration.read_predictions(tune["predictions"])
+    threshold = selective_qa.threshold_for_precision([p["confidence"] for p in tuned],
+                                                     [p["exact_match"] for p in tuned], target_precision)
+    return {"target_precision": target_precision,
+            "tune": selective_qa.at_threshold([p["confidence"] for p in tuned], [p["exact_match"] for p in tuned],
+                                              threshold),
+            "evaluated": selective_qa.at_threshold([p["confidence"] for p in predictions],
+                                                   [p["exact_match"] for p in predictions], threshold)}
 
 
 def _blocks_given(cfg: config_lib.ExperimentConfig, retriever: str, examples: list[questions.QaExample],
@@ -637,7 +704,8 @@ def export_for_serving(cfg: config_lib.ExperimentConfig, out: str | None = None,
                        index_dir: str | None = None, base_path: str | None = None) -> str:
     """``realm-tf export``: the fine-tuned model over the newest index version (:func:`load_for_serving`) as the
     serving SavedModel ``out`` (``export/open_qa_export``), or as the next version under TF Serving's model
-    ``base_path``; its blocks are read on demand from block records in its ``assets/``. The records are written
+    ``base_path``, with the confidence calibrator of ``qa.confidence_calibrator`` in its graph; its blocks are
+    read on demand from block records in its ``assets/``. The records are written
     beside ``out`` under a staging directory's name (removed by the next export to ``out`` if this process dies) and
     moved into the export. Returns the export's path."""
     if (out is None) == (base_path is None):
@@ -645,8 +713,11 @@ def export_for_serving(cfg: config_lib.ExperimentConfig, out: str | None = None,
     out = open_qa_export.check_destination(out or artifacts.next_version_dir(base_path, artifacts.OPEN_QA_EXPORT))
     records = os.path.join(os.path.dirname(out) or ".", artifacts.transient_name(artifacts.STAGING_PREFIX, out))
     try:
-        _, model, info = load_for_serving(cfg, model_dir=model_dir, index_dir=index_dir, records_dir=records)
-        return open_qa_export.export_open_qa(cfg, model, out, info)
+        task, model, info = load_for_serving(cfg, model_dir=model_dir, index_dir=index_dir, records_dir=records)
+        calibrator = task.calibrator
+        return open_qa_export.export_open_qa(
+            cfg, model, out, info, calibration=calibrator.parameters if calibrator.kind != "none" else None,
+            confidence=calibrator.record(cfg.qa.confidence_calibrator, info["corpus_version"]))
     finally:
         artifacts.remove_quietly(records)
 

@@ -13,9 +13,13 @@ so the curve has one point per distinct confidence, not per question.
 """
 from __future__ import annotations
 
+import io
+import os
 from typing import Sequence
 
 import numpy as np
+
+from realm_tf import config as config_lib
 
 #: Precisions at which coverage is reported.
 TARGET_PRECISIONS = (0.8, 0.9)
@@ -63,6 +67,64 @@ def brier_score(confidence: Sequence[float], correct: Sequence[bool]) -> float:
     """The mean squared difference between confidence and being right (lower is better)."""
     conf, hit = _arrays(confidence, correct)
     return float(np.mean((conf - hit) ** 2))
+
+
+def threshold_for_precision(confidence: Sequence[float], correct: Sequence[bool], precision: float) -> float:
+    """The lowest threshold whose answers (confidence ≥ threshold) are right at least ``precision`` of the time,
+    which gives :func:`coverage_at_precision`; +inf (abstain on every question) where no threshold reaches it."""
+    conf, hit = _arrays(confidence, correct)
+    coverage, risk = risk_coverage(conf, hit)
+    thresholds = np.sort(np.unique(conf))[::-1]  # [m]: the distinct confidences, highest first, as the curve
+    reached = np.flatnonzero(1.0 - risk >= precision - 1e-12)
+    return float(thresholds[reached.max()]) if len(reached) else float("inf")
+
+
+def at_threshold(confidence: Sequence[float], correct: Sequence[bool], threshold: float) -> dict[str, float]:
+    """What abstaining below ``threshold`` does: ``coverage`` (the share answered), ``answered``, and
+    ``precision`` (the share of those that are right; 0 when none is answered)."""
+    conf, hit = _arrays(confidence, correct)
+    answered = conf >= threshold  # [n]
+    count = int(answered.sum())
+    return {"threshold": float(threshold), "coverage": count / len(conf), "answered": count,
+            "precision": float(hit[answered].mean()) if count else 0.0}
+
+
+def reliability_bins(confidence: Sequence[float], correct: Sequence[bool],
+                     bins: int = ECE_BINS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(mean confidence[b], accuracy[b], count[b])`` of the equal-mass bins of
+    :func:`expected_calibration_error`: the points of a reliability diagram (DeGroot & Fienberg, 1983)."""
+    conf, hit = _arrays(confidence, correct)
+    chunks = np.array_split(np.argsort(conf, kind="stable"), min(bins, len(conf)))
+    return (np.array([conf[c].mean() for c in chunks]), np.array([hit[c].mean() for c in chunks]),
+            np.array([len(c) for c in chunks]))
+
+
+def write_reliability_diagram(path: str, curves: dict[str, tuple[Sequence[float], Sequence[bool]]],
+                              title: str = "") -> str:
+    """A PNG at ``path``: accuracy against mean confidence in equal-mass bins for each named
+    ``(confidence, correct)`` of ``curves``, beside the diagonal of perfect calibration, with each curve's ECE
+    in its label. Written atomically; returns ``path``."""
+    import matplotlib  # pylint: disable=import-outside-toplevel  (tf-models-official's dependency)
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot  # pylint: disable=import-outside-toplevel
+
+    figure, axes = pyplot.subplots(figsize=(4.5, 4.5), dpi=100)
+    axes.plot([0, 1], [0, 1], color="0.6", linestyle="--", linewidth=1, label="perfect calibration")
+    for name, (confidence, correct) in curves.items():
+        mean, accuracy, _ = reliability_bins(confidence, correct)
+        ece = expected_calibration_error(confidence, correct)
+        axes.plot(mean, accuracy, marker="o", markersize=4, label=f"{name} (ECE {ece:.3f})")
+    axes.set(xlim=(0, 1), ylim=(0, 1), xlabel=f"mean confidence ({ECE_BINS} equal-mass bins)",
+             ylabel="exact match", title=title or "reliability diagram")
+    axes.legend(loc="upper left", fontsize=8)
+    figure.tight_layout()
+    image = io.BytesIO()
+    figure.savefig(image, format="png")
+    pyplot.close(figure)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    config_lib.atomic_write_bytes(path, image.getvalue())
+    return path
 
 
 def selective_metrics(confidence: Sequence[float], correct: Sequence[bool], num_samples: int = 1000,

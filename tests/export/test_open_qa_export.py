@@ -16,12 +16,14 @@ from realm_tf import config
 from realm_tf import errors
 from realm_tf.export import open_qa_export
 from realm_tf.export import retriever_export
+from realm_tf.export import serving_warmup
 from realm_tf.index import index_kinds
 from realm_tf.index import index_publisher
 from realm_tf.index import index_refresher
 from realm_tf.index import scann_index
 from realm_tf.models import knowledge_retriever
 from realm_tf.serving import answerer
+from realm_tf.tasks import answer_calibration
 from realm_tf.tasks import open_qa
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -128,15 +130,19 @@ def test_warmup_records_replay_on_the_export(exported):
     records = [serving_protos.parse_prediction_log(r.numpy()) for r in
                tf.data.TFRecordDataset(os.path.join(path, "assets.extra", "tf_serving_warmup_requests"))]
     count = min(cfg.qa.serving_warmup_requests, int(tf.shape(model.corpus.titles)[0]))
-    assert len(records) == count + 1 and count > 1
+    # Each question alone, then all in one batch: for serving_default, then with a threshold.
+    assert [signature for signature, _ in records] == (["serving_default"] * (count + 1)
+                                                      + ["answer_selectively"] * (count + 1)) and count > 1
+    assert all(inputs["min_confidence"].dtype == np.float32 for _, inputs in records[count + 1:])
     assert json.load(open(os.path.join(path, artifacts.OPEN_QA_EXPORT)))["warmup_requests"] == len(records)
     loaded = tf.saved_model.load(path)
     answers = []
     for signature, inputs in records:  # what TF Serving does before the version takes traffic
         out = loaded.signatures[signature](**{k: tf.constant(v) for k, v in inputs.items()})
         assert out["answer"].shape == (len(inputs["question"]),)
-        answers.append([a.decode() for a in out["answer"].numpy()])
-    assert answers[-1] == [a for single in answers[:-1] for a in single]  # the batch answers as one by one
+        answers.append([a.decode() for a in out["candidate"].numpy()])
+    for part in (answers[:count + 1], answers[count + 1:]):
+        assert part[-1] == [a for single in part[:-1] for a in single]  # the batch answers as one by one
     assert answerer.Answerer(path).warm_up() == len(records)  # a Python server replays them alike
     titles = {t.decode() for t in model.corpus.titles.numpy()}
     assert all(q.decode()[len("what is "):] in titles for q in records[0][1]["question"])
@@ -219,7 +225,11 @@ def test_evaluate_and_the_export_decode_alike(exported, tmp_path):
     answers are those of a numpy argmax over the same outputs."""
     cfg, _, task, model = exported
     decoding = cfg
-    for override in ("qa.retrieval_score_weight=0.25", "qa.answer_aggregation_spans=30", "qa.span_length_bias=0.5"):
+    calibrator = answer_calibration.Calibrator("features", (0.1,) * 6, (2.0,) * 6, (0.5, 0.3, 0.2, 0.1, -0.05, 1.0),
+                                               -0.2, {"predictions": "hand-set"})
+    answer_calibration.write_calibrator(calibrator, str(tmp_path / "calibrator.json"))
+    for override in ("qa.retrieval_score_weight=0.25", "qa.answer_aggregation_spans=30", "qa.span_length_bias=0.5",
+                     f"qa.confidence_calibrator={tmp_path / 'calibrator.json'}"):
         decoding = config.apply_override(decoding, override)
     served = answerer.Answerer(_export(decoding, str(tmp_path / "served-decoding")))
     questions = tmp_path / "questions.jsonl"
@@ -238,6 +248,7 @@ def test_evaluate_and_the_export_decode_alike(exported, tmp_path):
     assert (decoded["answer"].numpy() != unbiased["answer"].numpy()).any()  # the bias changed some answer
     np.testing.assert_allclose([a.score for a in asked], decoded["score"].numpy(), rtol=1e-4)
     np.testing.assert_allclose([p["score"] for p in evaluated], decoded["score"].numpy(), rtol=1e-4)
+    _check_confidence_and_abstention(served, evaluated, calibrator)
     # The weight alone, decoded by numpy at w = 0.25: argmax over valid (block, span) of S_read + 0.25·S_retr.
     weighted = config.apply_override(cfg, "qa.retrieval_score_weight=0.25")
     joint = 0.25 * outputs["retrieval_logits"].numpy()[:, :, None] + outputs["span_logits"].numpy()
@@ -245,6 +256,29 @@ def test_evaluate_and_the_export_decode_alike(exported, tmp_path):
     num_spans = outputs["span_logits"].shape[2]
     np.testing.assert_array_equal(open_qa.OpenQaTask(weighted).decode(model, outputs)["block"].numpy(),
                                   np.argmax(joint, axis=1) // num_spans)
+
+
+def _check_confidence_and_abstention(served, evaluated, calibrator):
+    """The served graph's confidence is the calibrator's over evaluate's features (the Python path); a request
+    without a threshold answers every question; abstaining at the median confidence answers "" for exactly the
+    questions below it, each still with its best candidate; the marker and the warm-up records know the
+    calibrator and the threshold signature."""
+    asked = served.ask_batch(QUESTIONS)
+    features = answer_calibration.prediction_features(evaluated)
+    expected = calibrator.confidence(features)
+    np.testing.assert_allclose([p["confidence"] for p in evaluated], expected, atol=1e-5)
+    np.testing.assert_allclose([a.confidence for a in asked], expected, atol=1e-5)
+    assert not any(a.abstained for a in asked) and len(set(np.round(expected, 4))) > 1
+    threshold = float(np.median(expected))
+    selective = answerer.Answerer(served.path, min_confidence=threshold).ask_batch(QUESTIONS)
+    below = [c < threshold for c in (a.confidence for a in selective)]
+    assert [a.abstained for a in selective] == below and any(below) and not all(below)
+    assert [a.answer for a in selective] == ["" if b else a.answer for a, b in zip(asked, below)]
+    assert [a.candidate for a in selective] == [a.answer for a in asked]
+    meta = served.metadata["confidence"]
+    assert meta["calibrator"] == "features" and meta["fitted_on"]["predictions"] == "hand-set"
+    signatures = {signature for signature, _ in serving_warmup.read_warmup_requests(served.path)}
+    assert signatures == {"serving_default", "answer_selectively"} and served.warm_up() > 0
 
 
 def _corrupt(version: str, how: str) -> str:

@@ -228,6 +228,45 @@ def test_aggregated_answers_match_the_numpy_reference(qa):
     assert changed > 0 and lengthened > 0  # the grouping and the length bias did change some answers
 
 
+def test_confidence_features_match_the_numpy_reference(qa):
+    """answer_confidence.answer_features of decoded answers, against numpy over the same outputs: the answer's
+    logit, its block's log prior, the margins to the second span and to the best other block, its length, and
+    the share of blocks whose own best span is the same answer (blocks read twice, so that some agree)."""
+    _, _, task, model, _, examples = qa
+    batch = next(iter(task.dataset(examples, len(examples))))
+    question = {k: v for k, v in batch.items() if k.startswith("question_")}
+    chosen = tf.constant([[2 * i, 2 * i, 2 * i + 1] for i in range(len(examples))], tf.int32)
+    outputs = dict(model({**question, "block_ids": chosen}))
+    rng = np.random.default_rng(1)
+    outputs["retrieval_logits"] = tf.constant(rng.normal(size=chosen.shape), tf.float32)  # [batch, k]
+    logits = rng.normal(size=outputs["span_logits"].shape)  # [batch, k, num_spans]
+    logits[:, 1] = logits[:, 0]  # the block read twice agrees with itself
+    outputs["span_logits"] = tf.constant(logits, tf.float32)
+    texts = _all_span_texts(model, outputs)
+    o = {k: v.numpy() for k, v in outputs.items()}
+    num_spans = o["span_logits"].shape[2]
+    for n in (1, 7):
+        decoded = task.decode(model, outputs, 1.0, n)
+        features = decoded["features"].numpy()
+        for i, (answer, score, position) in enumerate(_aggregation_reference(o, texts, 1.0, n)):
+            joint = np.where(o["span_mask"][i], o["retrieval_logits"][i][:, None] + o["span_logits"][i], -np.inf)
+            log_probs = joint - np.logaddexp.reduce(joint[np.isfinite(joint)])  # [k, num_spans]
+            top = np.sort(log_probs.ravel())[::-1]
+            prior = o["retrieval_logits"][i] - np.logaddexp.reduce(o["retrieval_logits"][i])
+            best = [texts[i][b * num_spans + int(np.argmax(log_probs[b]))] for b in range(3)]
+            agree = np.mean([answer_normalization.normalize_answer(t) == answer_normalization.normalize_answer(answer)
+                             for t in best])
+            np.testing.assert_allclose(features[i, [0, 1, 2, 3, 5]], [
+                np.log(score / (1 - score)), prior[position], top[0] - top[1],
+                o["retrieval_logits"][i][position] - np.delete(o["retrieval_logits"][i], position).max(), agree],
+                rtol=1e-4, atol=1e-4)
+            if n == 1:  # the answer is the best span of its block
+                span = int(np.argmax(log_probs[position]))
+                length = o["span_ends"][i, position, span] - o["span_starts"][i, position, span] + 1
+                assert features[i, 4] == length
+        assert (features[:, 5] > 0.5).any() and (features[:, 5] < 0.5).any()  # blocks agree and disagree
+
+
 def test_an_answer_read_twice_outranks_a_stronger_single_span(qa):
     """Two spans with the same text (the same block read at two beam positions) at logit 1.5 each beat a single
     span at 2.0 once aggregated (2·e^1.5 > e^2); the argmax picks the single span."""

@@ -68,3 +68,30 @@ def test_intervals_hold_the_value_and_bad_input_is_refused(answers):
         selective_qa.aurc([0.5], [True, False])
     with pytest.raises(ValueError, match="probabilities"):
         selective_qa.brier_score([1.5], [True])
+
+
+def test_the_threshold_for_a_precision_gives_the_coverage_at_that_precision(answers):
+    """Tried one by one: the lowest distinct confidence whose answers reach the precision; answering from it
+    covers coverage_at_precision, at that precision or above; none reaching it abstains on everything."""
+    conf, hit = answers
+    for p in (0.5, 0.8, 0.9):
+        reached = [t for t in sorted(set(conf)) if np.mean(hit[conf >= t]) >= p]
+        threshold = selective_qa.threshold_for_precision(conf, hit, p)
+        assert threshold == min(reached)
+        result = selective_qa.at_threshold(conf, hit, threshold)
+        assert result["coverage"] == pytest.approx(selective_qa.coverage_at_precision(conf, hit, p))
+        assert result["precision"] >= p and result["answered"] == int((conf >= threshold).sum())
+    nothing = selective_qa.at_threshold(conf, hit, selective_qa.threshold_for_precision(conf, np.zeros(200), 0.5))
+    assert nothing == {"threshold": float("inf"), "coverage": 0.0, "answered": 0, "precision": 0.0}
+
+
+def test_the_reliability_diagram_plots_the_bins_of_the_calibration_error(answers, tmp_path):
+    conf, hit = answers
+    mean, accuracy, count = selective_qa.reliability_bins(conf, hit)
+    assert count.sum() == 200 and len(count) == selective_qa.ECE_BINS and count.max() - count.min() <= 1
+    assert np.sum(count * np.abs(accuracy - mean)) / 200 == pytest.approx(
+        selective_qa.expected_calibration_error(conf, hit))
+    path = selective_qa.write_reliability_diagram(str(tmp_path / "plots" / "reliability.png"),
+                                                  {"confidence": (conf, hit), "flat": (np.full(200, 0.5), hit)})
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
