@@ -365,3 +365,12 @@ def test_refresh_swaps_to_a_newer_complete_version_while_requests_keep_being_ans
     for thread in clients:
         thread.join()
     assert not failures and answers and set(answers) == {expected}
+
+
+def test_a_corpus_only_version_keeps_the_calibrator_and_says_when_it_was_fitted_over_another_corpus():
+    fitted = {"calibrator": "features", "file": "calibrator.json", "fitted_on": {"predictions": "tune.jsonl"},
+              "corpus_version": 0}
+    carried = open_qa_export._carried_confidence(fitted, 1)  # pylint: disable=protected-access
+    assert carried == {**fitted, "fitted_on_earlier_corpus": True}
+    assert open_qa_export._carried_confidence(fitted, 0)["fitted_on_earlier_corpus"] is False
+    assert open_qa_export._carried_confidence(None, 3) == {"calibrator": "none"}  # an export from before

@@ -102,6 +102,8 @@ def test_an_added_fact_is_answered_by_the_next_served_version_and_gone_after_its
 
     info = artifacts.read_marker(f"{base}/2", artifacts.OPEN_QA_EXPORT)
     assert (info["weights_from"], info["index_version"], info["corpus_version"]) == (f"{base}/1", 1, 1)
+    # No calibrator was fitted: the carried graph's confidence is the span probability, and the marker says so.
+    assert info["confidence"] == {"calibrator": "none"} and result.confidence == pytest.approx(result.score, abs=1e-6)
     # The same weights (copied, not re-exported): Embed_input is bit-identical; both versions are loaded in this
     # process (their ScaNN resources have different names) and each searches its own corpus.
     question = tf.constant([QUESTION])

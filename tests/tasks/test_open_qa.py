@@ -26,8 +26,10 @@ from realm_tf.index import bm25_retriever
 from realm_tf.index import index_publisher
 from realm_tf.index import index_refresher
 from realm_tf.layers import bert_tokenizer
+from realm_tf.models import answer_confidence
 from realm_tf.models import knowledge_retriever
 from realm_tf.models import open_qa_model
+from realm_tf.tasks import answer_calibration
 from realm_tf.tasks import answer_errors
 from realm_tf.tasks import open_qa
 from realm_tf.tasks import qa_metrics
@@ -390,6 +392,8 @@ def test_finetune_export_its_retriever_then_evaluate_through_the_cli(qa, capsys,
     assert any(line.startswith("abstaining below a score threshold: AURC ") for line in printed)
     scalars = read_scalars(root / "model" / "eval_dev")
     assert scalars["selective/aurc"][-1][1] == pytest.approx(selective["aurc"]["value"], rel=1e-6)
+    assert open(metrics["reliability_diagram"], "rb").read(4) == b"\x89PNG"
+    _check_target_precision(sets, path, predictions, capsys)
     for p in predictions:  # the fields the outcomes are judged by are the evaluation's own
         assert p["predicted_block"] in range(cfg.model.reader_beam_size)
         assert p["retrieved_block_ids"][p["predicted_block"]] == p["block_id"]
@@ -403,6 +407,43 @@ def test_finetune_export_its_retriever_then_evaluate_through_the_cli(qa, capsys,
     assert metrics["short_answers"]["exact_match"] == pytest.approx(
         np.mean([qa_metrics.exact_match(p, a) for p, a in short]) if short else 0.0)
     assert any(line.startswith("NQ-open's questions") for line in printed)
+
+
+def _check_target_precision(sets, path, dev_predictions, capsys):
+    """evaluate --target-precision: the threshold is the one the tune split's predictions give, and on dev it
+    answers exactly the questions at or above it."""
+    assert cli.main(["evaluate", "--config", TINY, *sets, "--questions", str(path), "--split", "dev",
+                     "--target-precision", "0.3"]) == 0
+    printed = capsys.readouterr().out.strip().splitlines()
+    abstention = json.loads(printed[-1])["abstention"]
+    tune = [json.loads(line) for line in open(path.parent / "model" / "predictions-tune-for-threshold.jsonl")]
+    threshold = selective_qa.threshold_for_precision([p["confidence"] for p in tune], [p["exact_match"] for p in tune],
+                                                     0.3)
+    assert abstention["tune"]["threshold"] == abstention["evaluated"]["threshold"] == threshold
+    confidence = np.array([p["confidence"] for p in dev_predictions])
+    assert abstention["evaluated"]["coverage"] == pytest.approx(np.mean(confidence >= threshold))
+    assert any(line.startswith("abstaining below confidence ") for line in printed)
+
+
+def test_calibrate_fits_an_evaluations_predictions_through_the_cli(tmp_path, capsys):
+    """realm-tf calibrate on a predictions file whose rightness follows the agreement feature: the fit's
+    confidence ranks by it, and the file it writes is what evaluate and export read."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(400):
+        agreement = rng.random()
+        features = dict(zip(answer_confidence.FEATURES, [0.0, -1.0, 1.0, 0.5, 2.0, agreement]))
+        rows.append({"id": f"q{i}", "score": 0.5, "features": features,
+                     "exact_match": float(rng.random() < agreement)})
+    predictions = tmp_path / "predictions-tune.jsonl"
+    predictions.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "calibrator.json"
+    assert cli.main(["calibrate", "--predictions", str(predictions), "--output", str(out)]) == 0
+    assert "calibrator (features) fitted on 400 answers" in capsys.readouterr().out
+    fitted = answer_calibration.read_calibrator(str(out))
+    assert fitted.weights[5] > 0.5 and fitted.fitted_on["predictions"] == str(predictions)
+    assert cli.main(["calibrate", "--predictions", str(tmp_path / "missing.jsonl"), "--output", str(out)]) == 2
+    assert "no such predictions file" in capsys.readouterr().err
 
 
 def test_given_block_ids_are_read_without_a_retrieval_prior(qa):
