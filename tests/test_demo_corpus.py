@@ -79,7 +79,8 @@ def test_the_closing_table_is_what_the_fresh_clone_record_reads():
     cfg = config_lib.load_config("configs/tiny.yaml", ["reader.steps=800", "finetune.steps=20",
                                                        "reader.precision=mixed_bfloat16"])
     metrics = {"num_questions": 83, "exact_match": 0.349, "f1": 0.504, "accuracy@5": 0.988, "predictions": "p.jsonl",
-               "short_answers": {"num_questions": 58, "exact_match": 0.5, "f1": 0.59}}
+               "short_answers": {"num_questions": 58, "exact_match": 0.5, "f1": 0.59},
+               "selective": {"aurc": {"value": 0.42, "low": 0.3, "high": 0.5}}}
     results = {"corpus": {"passages": 1590}, "evaluate": metrics, "ask": {"questions": ["who?"], "answers": ["x"]}}
     text = demo.summary(results, cfg, "runs/demo", 19.3, int(4.1 * 2 ** 30), 196.0)
     table = demo_fresh_clone.demo_table(text.splitlines())
@@ -88,3 +89,4 @@ def test_the_closing_table_is_what_the_fresh_clone_record_reads():
                               "mixed_bfloat16, the rest in float32)",
                      "minutes": "19.3", "peak_gib": "4.10"}
     assert text.splitlines()[-1].endswith(' ask --model runs/demo/served "who?"')
+    assert "  confidence            the span probability, uncalibrated: 83 held-out questions are too few" in text
