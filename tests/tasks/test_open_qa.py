@@ -197,21 +197,29 @@ def _all_span_texts(model, outputs):
     return [[t.decode() for t in row] for row in texts.numpy()]
 
 
-def test_aggregated_answers_match_the_numpy_reference(qa):
-    """qa.answer_aggregation_spans N > 1: the best N spans' probabilities summed by normalised answer text, the best
-    group's best span answered, with and without a span length bias (qa.span_length_bias), against a numpy
-    re-implementation on the same outputs (blocks read twice, so that equal texts exist at different beam
-    positions)."""
+def _blocks_read_twice(qa, seed, scale, noise):
+    """``(chosen, outputs)``: each question reads blocks (2i, 2i, 2i + 1), with random retrieval logits and span
+    logits of ``scale`` where the block read twice agrees with itself up to ``noise``."""
     _, _, task, model, _, examples = qa
     batch = next(iter(task.dataset(examples, len(examples))))
     question = {k: v for k, v in batch.items() if k.startswith("question_")}
     chosen = tf.constant([[2 * i, 2 * i, 2 * i + 1] for i in range(len(examples))], tf.int32)
     outputs = dict(model({**question, "block_ids": chosen}))
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     outputs["retrieval_logits"] = tf.constant(rng.normal(size=chosen.shape), tf.float32)  # [batch, k]
-    logits = rng.normal(size=outputs["span_logits"].shape) * 0.5  # [batch, k, num_spans]
-    logits[:, 1] = logits[:, 0] + rng.normal(size=logits[:, 0].shape) * 0.1  # the block read twice agrees
+    logits = rng.normal(size=outputs["span_logits"].shape) * scale  # [batch, k, num_spans]
+    logits[:, 1] = logits[:, 0] + rng.normal(size=logits[:, 0].shape) * noise  # the block read twice agrees
     outputs["span_logits"] = tf.constant(logits, tf.float32)
+    return chosen, outputs
+
+
+def test_aggregated_answers_match_the_numpy_reference(qa):
+    """qa.answer_aggregation_spans N > 1: the best N spans' probabilities summed by normalised answer text, the best
+    group's best span answered, with and without a span length bias (qa.span_length_bias), against a numpy
+    re-implementation on the same outputs (blocks read twice, so that equal texts exist at different beam
+    positions)."""
+    _, _, task, model, _, _ = qa
+    chosen, outputs = _blocks_read_twice(qa, seed=0, scale=0.5, noise=0.1)
     texts = _all_span_texts(model, outputs)
     numpy_outputs = {k: v.numpy() for k, v in outputs.items()}
     changed, lengthened = 0, 0
@@ -234,16 +242,8 @@ def test_confidence_features_match_the_numpy_reference(qa):
     """answer_confidence.answer_features of decoded answers, against numpy over the same outputs: the answer's
     logit, its block's log prior, the margins to the second span and to the best other block, its length, and
     the share of blocks whose own best span is the same answer (blocks read twice, so that some agree)."""
-    _, _, task, model, _, examples = qa
-    batch = next(iter(task.dataset(examples, len(examples))))
-    question = {k: v for k, v in batch.items() if k.startswith("question_")}
-    chosen = tf.constant([[2 * i, 2 * i, 2 * i + 1] for i in range(len(examples))], tf.int32)
-    outputs = dict(model({**question, "block_ids": chosen}))
-    rng = np.random.default_rng(1)
-    outputs["retrieval_logits"] = tf.constant(rng.normal(size=chosen.shape), tf.float32)  # [batch, k]
-    logits = rng.normal(size=outputs["span_logits"].shape)  # [batch, k, num_spans]
-    logits[:, 1] = logits[:, 0]  # the block read twice agrees with itself
-    outputs["span_logits"] = tf.constant(logits, tf.float32)
+    _, _, task, model, _, _ = qa
+    _, outputs = _blocks_read_twice(qa, seed=1, scale=1.0, noise=0.0)
     texts = _all_span_texts(model, outputs)
     o = {k: v.numpy() for k, v in outputs.items()}
     num_spans = o["span_logits"].shape[2]
