@@ -58,6 +58,7 @@ import realm_tf  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TensorFlow is im
 
 # isort: split
 import apache_beam as beam
+import numpy as np
 from apache_beam.io import filesystems
 from apache_beam.ml.inference import base as inference_base
 from apache_beam.options import pipeline_options
@@ -65,6 +66,7 @@ from apache_beam.options import pipeline_options
 from beam_jobs import job_flags
 from beam_jobs import job_support
 from beam_jobs import vector_job
+from realm_tf import artifacts
 from realm_tf import config as config_lib
 from realm_tf import errors
 from realm_tf.data import corpus_versions
@@ -72,6 +74,7 @@ from realm_tf.data import example_schemas
 from realm_tf.index import index_kinds
 from realm_tf.index import index_publisher
 from realm_tf.index import index_refresher
+from realm_tf.layers import bert_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +92,7 @@ WORDPIECES = "wordpieces"  # real wordpieces of the embedded blocks ([CLS]/[SEP]
 PADDED_WORDPIECES = "padded_wordpieces"  # batch size x longest block, summed over batches
 
 _FAILURES = "failures"  # tagged output
+SIGNATURES = ("auto", "text", "ids")  # what embeds the blocks (BlockEmbeddingModelHandler)
 
 
 class BlockInput(NamedTuple):
@@ -99,11 +103,14 @@ class BlockInput(NamedTuple):
       text: UTF-8 body text.
       wordpieces: ``len([CLS] title [SEP] body [SEP])`` after REALM's truncation to block_seq_length,
         from the record's title_ids / body_ids (the export re-tokenizes the text with the same vocabulary).
+      title_ids / body_ids: the record's wordpieces, which the ``embed_block_ids`` signature reads packed.
     """
 
     title: bytes
     text: bytes
     wordpieces: int
+    title_ids: Sequence[int] = ()
+    body_ids: Sequence[int] = ()
 
 
 class BlockEmbeddingModelHandler(vector_job.FallbackModelHandler[BlockInput]):
@@ -123,15 +130,23 @@ class BlockEmbeddingModelHandler(vector_job.FallbackModelHandler[BlockInput]):
         TensorFlow takes the setting only before its runtime starts; where it has already started in the
         process (an in-process runner after TensorFlow ran, a refresh on the trainer's thread), the load says so
         in the log and keeps the process's threads.
+      signature: ``"text"``: ``embed_block`` (strings, tokenized in the graph, each batch padded to its longest
+        block: the least work on a CPU); ``"ids"``: ``embed_block_ids`` (the records' wordpieces packed on the
+        host to the export's static block length: no string op in the graph, one shape, for a GPU or TPU);
+        ``"auto"``: ids where the worker sees a GPU (TensorFlow then places the model there), else text.
     """
 
     namespace = NAMESPACE
 
     def __init__(self, export_path: str, min_batch_size: int = 1, max_batch_size: int = 32,
-                 intra_op_threads: int = 0) -> None:
+                 intra_op_threads: int = 0, signature: str = "auto") -> None:
         super().__init__(min_batch_size=min_batch_size, max_batch_size=max_batch_size)
+        if signature not in SIGNATURES:
+            raise errors.UserError(f"unknown block signature {signature!r}: one of {', '.join(SIGNATURES)}")
         self._export_path = export_path
         self._intra_op_threads = intra_op_threads
+        self._signature = signature
+        self._packing: tuple[int, dict[str, int]] | None = None  # (block length, special ids) with "ids"
 
     def load_model(self) -> Any:
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
@@ -144,10 +159,31 @@ class BlockEmbeddingModelHandler(vector_job.FallbackModelHandler[BlockInput]):
             except RuntimeError:  # the runtime has started in this process: its pool is fixed
                 logger.info("embed_blocks: TensorFlow already runs in process %d; --intra-op-threads=%d is not "
                             "applied", os.getpid(), self._intra_op_threads)
+        gpus = tf.config.list_physical_devices("GPU")
+        for gpu in gpus:  # the worker's model takes the memory it needs, not the whole device
+            try:
+                tf.config.experimental.set_memory_growth(gpu, True)
+            except RuntimeError:  # the runtime has started in this process
+                pass
         model = tf.saved_model.load(self._export_path)  # keep the object: it owns the variables
-        logger.info("embed_blocks: process %d loaded %s (intra-op threads: %s)", os.getpid(), self._export_path,
-                    tf.config.threading.get_intra_op_parallelism_threads() or "TensorFlow's default")
+        self._packing = self._choose_packing(model, bool(gpus))
+        logger.info("embed_blocks: process %d loaded %s (intra-op threads: %s; %s; signature %s)", os.getpid(),
+                    self._export_path, tf.config.threading.get_intra_op_parallelism_threads() or "TensorFlow's default",
+                    f"{len(gpus)} GPU(s)" if gpus else "no GPU", "embed_block_ids" if self._packing else "embed_block")
         return model
+
+    def _choose_packing(self, model: Any, gpu: bool) -> tuple[int, dict[str, int]] | None:
+        """``(block length, special ids)`` when blocks go to ``embed_block_ids``, None for ``embed_block``."""
+        if self._signature == "text" or (self._signature == "auto" and not gpu):
+            return None
+        export = artifacts.read_marker(self._export_path, artifacts.RETRIEVER_EXPORT, "retriever export")
+        if "embed_block_ids" not in model.signatures or "special_ids" not in export:
+            if self._signature == "ids":
+                raise errors.UserError(f"{self._export_path}: no embed_block_ids signature (an export of an earlier "
+                                       f"version): export the retriever again, or embed its text")
+            logger.info("embed_blocks: %s has no embed_block_ids signature: embedding the text", self._export_path)
+            return None
+        return int(export["block_seq_length"]), dict(export["special_ids"])
 
     def run_inference(self, batch: Sequence[BlockInput], model: Any,
                       inference_args: dict[str, Any] | None = None) -> Iterable[vector_job.Outcome]:
@@ -159,8 +195,14 @@ class BlockEmbeddingModelHandler(vector_job.FallbackModelHandler[BlockInput]):
     def infer(self, model: Any, batch: Sequence[BlockInput]) -> list[vector_job.Outcome]:
         import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
-        outputs = model.signatures["embed_block"](title=tf.constant([b.title for b in batch]),  # string[B]
-                                                  text=tf.constant([b.text for b in batch]))  # string[B]
+        if self._packing is not None:
+            length, special = self._packing
+            packed = [bert_tokenizer.join_bert_ids(b.title_ids, b.body_ids, length, special) for b in batch]
+            outputs = model.signatures["embed_block_ids"](**{
+                key: tf.constant(np.stack([p[key] for p in packed])) for key in packed[0]})  # int32[B, length] each
+        else:
+            outputs = model.signatures["embed_block"](title=tf.constant([b.title for b in batch]),  # string[B]
+                                                      text=tf.constant([b.text for b in batch]))  # string[B]
         return [vector_job.finite(vector, "embedding") for vector in outputs["embedding"].numpy()]  # [B, dim]
 
     def get_num_bytes(self, batch: Sequence[BlockInput]) -> int:
@@ -188,7 +230,8 @@ class _ParseBlockFn(beam.DoFn):
             yield beam.pvalue.TaggedOutput(_FAILURES, {"block_id": None, "error": f"unparseable record: {e}"})
             return
         yield block_id, BlockInput(row[example_schemas.TITLE], row[example_schemas.TEXT],
-                                   min(length, self._block_seq_length))
+                                   min(length, self._block_seq_length), row[example_schemas.TITLE_IDS],
+                                   row[example_schemas.BODY_IDS])
 
 
 def _wordpieces(keyed: tuple[int, BlockInput]) -> int:
@@ -211,11 +254,12 @@ class EmbedBlocks(beam.PTransform):
       progress_total / progress_interval: progress lines on stderr (interval 0: none).
       intra_op_threads: TensorFlow's threads per op in each worker process (0: its default; see
         :class:`BlockEmbeddingModelHandler`).
+      signature: which export signature embeds (:class:`BlockEmbeddingModelHandler`; "auto": ids on a GPU).
     """
 
     def __init__(self, export_path: str, block_seq_length: int, min_batch_size: int = 1,
                  max_batch_size: int = 32, batching: str = "length", progress_total: int | None = None,
-                 progress_interval: float = 0.0, intra_op_threads: int = 0) -> None:
+                 progress_interval: float = 0.0, intra_op_threads: int = 0, signature: str = "auto") -> None:
         super().__init__()
         if not 1 <= min_batch_size <= max_batch_size:
             raise errors.UserError(f"need 1 <= --min-batch-size ({min_batch_size}) <= --max-batch-size "
@@ -228,12 +272,13 @@ class EmbedBlocks(beam.PTransform):
         self._batching = batching
         self._progress = (progress_total, progress_interval)
         self._intra_op_threads = intra_op_threads
+        self._signature = signature
 
     def expand(self, records: beam.PCollection) -> dict[str, beam.PCollection]:
         parsed = records | "ParseBlocks" >> beam.ParDo(_ParseBlockFn(self._block_seq_length)).with_outputs(
             _FAILURES, main="blocks")
         handler = inference_base.KeyedModelHandler(BlockEmbeddingModelHandler(
-            self._export_path, self._min_batch_size, self._max_batch_size, self._intra_op_threads))
+            self._export_path, self._min_batch_size, self._max_batch_size, self._intra_op_threads, self._signature))
         blocks = parsed["blocks"]
         if self._batching == "length":
             # SortAndBatchElements buffers a bundle, sorts it by length and cuts batches (by count: the

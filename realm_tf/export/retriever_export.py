@@ -9,6 +9,9 @@ signatures, tokenization inside the graph (needs only TensorFlow + tensorflow_te
 * ``embed_query_ids(input_word_ids, input_mask, input_type_ids: int32[B, L]) -> {"embedding": float32[B, dim]}``:
   already packed queries, e.g. REALM's masked pre-training queries ``[CLS] x [SEP]`` (the trainer's input
   pipeline embeds them with the export that built the index it searches).
+* ``embed_block_ids(input_word_ids, input_mask, input_type_ids: int32[B, block_seq_length])``: blocks packed
+  outside the graph (``bert_tokenizer.join_bert_ids``, with the ``special_ids`` of ``export.json``) to one static
+  length: no string op and no data-dependent shape, for an index build on an accelerator.
 
 Each export goes to ``export_dir/<global_step>/`` atomically: written to a staging directory, ``export.json``
 (step, time, config hash, embedding dim, vocab hash) written last, then renamed into place.
@@ -72,6 +75,20 @@ class RetrieverExportModule(tf.Module):
                                           pad_to_seq_length=False)
         return {"embedding": self.retriever.embed_blocks(packed, training=False)}  # [B, dim]
 
+    def embed_block_ids(self, input_word_ids: tf.Tensor, input_mask: tf.Tensor,
+                        input_type_ids: tf.Tensor) -> dict[str, tf.Tensor]:
+        """Embed_doc(z) for packed blocks ``int32[B, block_seq_length]`` (``bert_tokenizer.join_bert_ids``):
+        integer ids of one static length, for an accelerator → ``[B, dim]``."""
+        packed = {"input_word_ids": input_word_ids, "input_mask": input_mask, "input_type_ids": input_type_ids}
+        return {"embedding": self.retriever.embed_blocks(packed, training=False)}  # [B, dim]
+
+    def block_ids_function(self) -> Any:
+        """:meth:`embed_block_ids` as a ``tf.function`` of the module's static block length (a signature)."""
+        spec = [tf.TensorSpec([None, self._block_seq_length], tf.int32, name=k) for k in bert_encoder.INPUT_KEYS]
+        if getattr(self, "_block_ids_function", None) is None:
+            self._block_ids_function = tf.function(self.embed_block_ids, input_signature=spec, autograph=False)
+        return self._block_ids_function
+
 
 def _export_module(retriever: knowledge_retriever.KnowledgeRetriever, tokenizer: bert_tokenizer.BertTokenizer,
                    query_seq_length: int, block_seq_length: int) -> RetrieverExportModule:
@@ -107,7 +124,7 @@ def export_retriever(retriever: knowledge_retriever.KnowledgeRetriever, cfg: con
     with artifacts.staged(final, artifacts.RETRIEVER_EXPORT, replace=True) as staging:
         tf.saved_model.save(module, staging.path, signatures={
             "embed_query": module.embed_query, "embed_block": module.embed_block,
-            "embed_query_ids": module.embed_query_ids,
+            "embed_query_ids": module.embed_query_ids, "embed_block_ids": module.block_ids_function(),
             "serving_default": module.embed_query})
         staging.metadata = {
             "step": int(step),
@@ -117,6 +134,7 @@ def export_retriever(retriever: knowledge_retriever.KnowledgeRetriever, cfg: con
             "vocab_hash": tokenizer.vocab_hash,
             "query_seq_length": cfg.model.query_seq_length,
             "block_seq_length": cfg.model.block_seq_length,
+            "special_ids": tokenizer.special_ids(),
             "export_seconds": round(time.time() - start, 3),
         }
     # An export stays while an index version built from it may still be served (the trainer's input pipeline

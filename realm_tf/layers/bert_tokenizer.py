@@ -170,6 +170,10 @@ class BertTokenizer(tf_keras.layers.Layer):
         second = _truncate(second, keep_b)
         return self._pack([first, second], seq_length if pad_to_seq_length else None)
 
+    def special_ids(self) -> dict[str, int]:
+        """``{"cls", "sep", "pad"}`` ids, what :func:`join_bert_ids` packs with."""
+        return {"cls": self.cls_id, "sep": self.sep_id, "pad": self.pad_id}
+
     def pack_single(self, ids: tf.RaggedTensor, seq_length: int,
                     pad_to_seq_length: bool = True) -> dict[str, tf.Tensor]:
         """``[CLS] ids [SEP]`` padded or truncated to ``seq_length`` (a query x on its own)."""
@@ -238,3 +242,29 @@ def traced_tokenize_with_offsets(tokenizer: BertTokenizer) -> Callable[[tf.Tenso
 
         _TRACED[tokenizer] = fn
     return fn
+
+
+def join_bert_ids(first: np.ndarray, second: np.ndarray, seq_length: int, special: Mapping[str, int]
+                  ) -> dict[str, np.ndarray]:
+    """:meth:`BertTokenizer.join_bert` of one example in numpy, padded to ``seq_length``: for a host that packs
+    ids outside the graph (an accelerator's input, whose shape must be static), with the same truncation.
+
+    Args:
+      first, second: ``int[len_a]``, ``int[len_b]`` wordpiece ids.
+      special: :meth:`BertTokenizer.special_ids`.
+
+    Returns:
+      ``input_word_ids``, ``input_mask``, ``input_type_ids``: each ``int32[seq_length]``.
+    """
+    budget = seq_length - 3
+    if budget < 2:
+        raise ValueError(f"join_bert_ids: seq_length={seq_length} leaves no room for two segments")
+    keep_b = min(len(second), max(budget - len(first), budget // 2))
+    keep_a = min(len(first), budget - keep_b)
+    words = [special["cls"], *first[:keep_a], special["sep"], *second[:keep_b], special["sep"]]
+    out = {"input_word_ids": np.full(seq_length, special["pad"], np.int32),
+           "input_mask": np.zeros(seq_length, np.int32), "input_type_ids": np.zeros(seq_length, np.int32)}
+    out["input_word_ids"][:len(words)] = words
+    out["input_mask"][:len(words)] = 1
+    out["input_type_ids"][keep_a + 2:len(words)] = 1
+    return out

@@ -6,6 +6,7 @@ not from the SavedModel the job runs.
 """
 import gzip
 import json
+import logging
 import os
 import random
 import shutil
@@ -24,6 +25,7 @@ from apache_beam.testing import util as beam_testing
 from beam_jobs import embed_blocks
 from beam_jobs import job_support
 from realm_tf import config
+from realm_tf import errors
 from realm_tf.data import example_schemas
 from realm_tf.export import retriever_export
 from realm_tf.index import embedding_matrix
@@ -256,8 +258,10 @@ def test_the_model_handler_sets_tensorflows_threads_where_tensorflow_has_not_run
     assert np.abs(vector.value - setup["reference"][0]).max() <= 1e-5
 
 
-@pytest.mark.parametrize("batching", ["length", "arrival"])
-def test_embed_transform_keeps_block_ids_attached(setup, batching):
+@pytest.mark.parametrize("batching,signature", [("length", "auto"), ("arrival", "ids")])
+def test_embed_transform_keeps_block_ids_attached(setup, batching, signature):
+    """Each block's embedding under its own id, by either signature: embed_block's text (auto on a machine
+    without a GPU) and embed_block_ids's wordpieces packed on the host to the static block length."""
     order = list(range(0, NUM_BLOCKS, 3))
     random.Random(0).shuffle(order)
     records = [setup["records"][i] for i in order] + [example_schemas.to_example({"title": "no id"})]
@@ -276,9 +280,22 @@ def test_embed_transform_keeps_block_ids_attached(setup, batching):
         outputs = (p
                    | beam.Create(records)
                    | embed_blocks.EmbedBlocks(setup["export"], setup["cfg"].model.block_seq_length,
-                                              min_batch_size=2, max_batch_size=4, batching=batching))
+                                              min_batch_size=2, max_batch_size=4, batching=batching,
+                                              signature=signature))
         beam_testing.assert_that(outputs["embeddings"], check_embeddings, label="CheckEmbeddings")
         beam_testing.assert_that(outputs["failures"], check_failures, label="CheckFailures")
+
+
+def test_the_ids_signature_takes_one_static_shape_and_a_bad_choice_is_refused(setup, caplog):
+    handler = embed_blocks.BlockEmbeddingModelHandler(setup["export"], signature="ids")
+    with caplog.at_level(logging.INFO, logger="beam_jobs.embed_blocks"):
+        model = handler.load_model()
+    assert "no GPU; signature embed_block_ids" in caplog.text
+    length = setup["cfg"].model.block_seq_length
+    assert [spec.shape.as_list() for spec in model.signatures["embed_block_ids"].structured_input_signature[1].values()
+            ] == [[None, length]] * 3
+    with pytest.raises(errors.UserError, match="unknown block signature"):
+        embed_blocks.BlockEmbeddingModelHandler(setup["export"], signature="strings")
 
 
 def test_a_block_that_fails_is_reported_and_the_rest_of_its_batch_embedded(setup):

@@ -133,6 +133,10 @@ def test_join_bert_truncation_keeps_both_and_cuts_document_first(tok, len_a, len
     b = tf.ragged.constant([list(range(2000, 2000 + len_b))], dtype=tf.int32) \
         if len_b else tf.RaggedTensor.from_row_lengths(tf.zeros([0], tf.int32), [0])
     out = tok.join_bert(a, b, seq_length)
+    host = bert_tokenizer.join_bert_ids(np.arange(1000, 1000 + len_a), np.arange(2000, 2000 + len_b), seq_length,
+                                        tok.special_ids())  # the same packing in numpy, for a host
+    for key, value in host.items():
+        np.testing.assert_array_equal(value, out[key].numpy()[0], err_msg=key)
     ids = out["input_word_ids"].numpy()[0]
     kept_a = int(((ids >= 1000) & (ids < 2000)).sum())
     kept_b = int((ids >= 2000).sum())
