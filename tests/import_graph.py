@@ -290,6 +290,8 @@ HEADER = """\
 # Bazel targets for realm_tf (rules_python): one py_library per module of realm_tf/ and beam_jobs/, one py_test per
 # test file. Generated from the imports by `make build-file` (tests/import_graph.py; tests/test_imports.py fails
 # when this file is stale): `name`, `srcs` and `deps` are rewritten, every other attribute (`data`, `size`) is kept.
+# NOT BUILT BY CI: no Bazel runs here or in CI (`make test` is the build). The targets state the import graph for
+# a Bazel workspace that vendors this tree; they have not been built.
 load("@rules_python//python:defs.bzl", "py_library", "py_test")
 
 package(default_visibility = ["//visibility:public"])

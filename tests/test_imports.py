@@ -153,6 +153,8 @@ def test_dep_problems_names_the_target_and_the_missing_and_extra_deps(tmp_path):
 
 def test_build_is_the_generated_one():
     generated = import_graph.generate_build()
+    head = "".join(generated.splitlines(keepends=True)[:6])
+    assert "Generated from the imports" in head and "NOT BUILT BY CI" in head  # it says what it is
     assert (import_graph.REPO / "BUILD").read_text(encoding="utf-8") == generated, (
         "BUILD differs from the one generated from the imports: run `make build-file`")
 
