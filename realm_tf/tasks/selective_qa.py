@@ -69,6 +69,32 @@ def brier_score(confidence: Sequence[float], correct: Sequence[bool]) -> float:
     return float(np.mean((conf - hit) ** 2))
 
 
+def precision_at_coverage(confidence: Sequence[float], correct: Sequence[bool], coverage: float) -> float:
+    """The precision of the answers given at the first threshold that covers at least ``coverage`` of the
+    questions (ties answered together, so the coverage reached may exceed it)."""
+    covered, risk = risk_coverage(confidence, correct)
+    return float(1.0 - risk[np.flatnonzero(covered >= coverage - 1e-12)[0]])
+
+
+def paired_differences(confidence: Sequence[float], baseline: Sequence[float], correct: Sequence[bool],
+                       num_samples: int = 1000, seed: int = 0, coverage: float = 0.2) -> dict[str, dict[str, float]]:
+    """``confidence``'s figure minus ``baseline``'s over the same answers, each as ``{"value", "low", "high"}``:
+    a 95% paired bootstrap interval (both scored on the same resampled questions), for ``aurc``, ``ece``,
+    ``brier`` and ``precision_at_coverage_<coverage>``. An interval that excludes 0 is a difference the
+    questions' sampling does not explain."""
+    conf, hit = _arrays(confidence, correct)
+    base, _ = _arrays(baseline, correct)
+    figures = {"aurc": aurc, "ece": expected_calibration_error, "brier": brier_score,
+               f"precision_at_coverage_{coverage:g}": lambda c, h: precision_at_coverage(c, h, coverage)}
+    samples = np.random.default_rng(seed).integers(0, len(conf), size=(num_samples, len(conf)))  # [S, n]
+    out = {}
+    for name, figure in figures.items():
+        deltas = np.array([figure(conf[s], hit[s]) - figure(base[s], hit[s]) for s in samples])  # [S]
+        low, high = np.percentile(deltas, [2.5, 97.5])
+        out[name] = {"value": figure(conf, hit) - figure(base, hit), "low": float(low), "high": float(high)}
+    return out
+
+
 def threshold_for_precision(confidence: Sequence[float], correct: Sequence[bool], precision: float) -> float:
     """The lowest threshold whose answers (confidence ≥ threshold) are right at least ``precision`` of the time,
     which gives :func:`coverage_at_precision`; +inf (abstain on every question) where no threshold reaches it."""

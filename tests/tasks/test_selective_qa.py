@@ -95,3 +95,20 @@ def test_the_reliability_diagram_plots_the_bins_of_the_calibration_error(answers
                                                   {"confidence": (conf, hit), "flat": (np.full(200, 0.5), hit)})
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_paired_differences_are_the_figures_differences_with_a_paired_interval(answers):
+    """Against the figures computed one by one: the value is the difference; a confidence against itself
+    differs by exactly 0; a perfect ranking's AURC is lower with an interval below 0; precision at 20% coverage
+    is the precision of the first curve point that covers 20%."""
+    conf, hit = answers
+    spread = np.linspace(0.0, 0.4, len(hit))  # distinct values: every right answer above every wrong one
+    perfect = np.where(hit, 0.5 + spread, spread)
+    deltas = selective_qa.paired_differences(perfect, conf, hit, num_samples=300)
+    assert deltas["aurc"]["value"] == pytest.approx(selective_qa.aurc(perfect, hit) - selective_qa.aurc(conf, hit))
+    assert deltas["aurc"]["high"] < 0 and deltas["precision_at_coverage_0.2"]["low"] > 0
+    same = selective_qa.paired_differences(conf, conf, hit, num_samples=50)
+    assert all(d == {"value": 0.0, "low": 0.0, "high": 0.0} for d in same.values())
+    points = _brute_points(list(conf), list(hit))
+    first = next(1 - r for c, r in points if c >= 0.2)
+    assert selective_qa.precision_at_coverage(conf, hit, 0.2) == pytest.approx(first)
