@@ -197,9 +197,8 @@ def summary(results: dict[str, Any], cfg: config_lib.ExperimentConfig, work: str
             ("steps", f"pre-training {cfg.pretrain.steps}, reader {cfg.reader.steps}, fine-tuning "
                       f"{cfg.finetune.steps} (the reader in {cfg.reader.precision}, the rest in "
                       f"{cfg.finetune.precision})"),
-            ("confidence", f"the span probability, uncalibrated: {metrics['num_questions']} held-out questions are "
-                           f"too few to fit a calibrator (realm-tf calibrate); AURC "
-                           f"{metrics['selective']['aurc']['value']:.3f}"),
+            ("confidence", f"uncalibrated span probability ({metrics['num_questions']} held-out questions: too few "
+                           f"to fit one); AURC {metrics['selective']['aurc']['value']:.3f}"),
             ("minutes", f"{minutes:.1f} (float32 matrix products at {gflops:.0f} GFLOP/s)"),
             ("peak memory", f"{peak_bytes / 2 ** 30:.2f} GiB (the demo and its stage processes, summed)")]
     width = max(len(name) for name, _ in rows)

@@ -89,4 +89,5 @@ def test_the_closing_table_is_what_the_fresh_clone_record_reads():
                               "mixed_bfloat16, the rest in float32)",
                      "minutes": "19.3", "peak_gib": "4.10"}
     assert text.splitlines()[-1].endswith(' ask --model runs/demo/served "who?"')
-    assert "  confidence            the span probability, uncalibrated: 83 held-out questions are too few" in text
+    assert "  confidence            uncalibrated span probability (83 held-out questions: too few to fit one); " \
+           "AURC 0.420\n" in text
