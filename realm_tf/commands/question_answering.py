@@ -262,6 +262,6 @@ COMMANDS = [
                     group="qa",
                     examples=("realm-tf calibrate --predictions runs/minilm/finetune/predictions-tune.jsonl "
                               "--output runs/minilm/calibrator.json",
-                              "realm-tf export --config configs/minilm.yaml --base-path runs/minilm/served "
-                              "--set qa.confidence_calibrator=runs/minilm/calibrator.json",)),
+                              "realm-tf calibrate --predictions runs/minilm/finetune/predictions-tune.jsonl "
+                              "--kind platt --output runs/minilm/calibrator-platt.json",)),
 ]

@@ -161,7 +161,9 @@ def read_predictions(path: str) -> list[dict[str, Any]]:
 
 def write_calibrator(calibrator: Calibrator, path: str) -> None:
     """Writes ``calibrator`` to ``path`` atomically, with its format version and feature names."""
-    record = {"format": FORMAT, "features": list(answer_confidence.FEATURES), **dataclasses.asdict(calibrator)}
+    record = {"format": FORMAT, "features": list(answer_confidence.FEATURES), **dataclasses.asdict(calibrator),
+              **{key: [float(v) for v in getattr(calibrator, key)] for key in ("mean", "scale", "weights")},
+              "bias": float(calibrator.bias)}  # numpy scalars written as JSON numbers
     config_lib.atomic_write_text(path, json.dumps(record, indent=2) + "\n")
 
 

@@ -225,12 +225,19 @@ def test_evaluate_and_the_export_decode_alike(exported, tmp_path):
     answers are those of a numpy argmax over the same outputs."""
     cfg, _, task, model = exported
     decoding = cfg
-    calibrator = answer_calibration.Calibrator("features", (0.1,) * 6, (2.0,) * 6, (0.5, 0.3, 0.2, 0.1, -0.05, 1.0),
-                                               -0.2, {"predictions": "hand-set"})
-    answer_calibration.write_calibrator(calibrator, str(tmp_path / "calibrator.json"))
-    for override in ("qa.retrieval_score_weight=0.25", "qa.answer_aggregation_spans=30", "qa.span_length_bias=0.5",
-                     f"qa.confidence_calibrator={tmp_path / 'calibrator.json'}"):
+    for override in ("qa.retrieval_score_weight=0.25", "qa.answer_aggregation_spans=30", "qa.span_length_bias=0.5"):
         decoding = config.apply_override(decoding, override)
+    packed = task.tokenizer.pack_single(task.tokenizer(tf.constant(QUESTIONS)), cfg.qa.question_seq_length,
+                                        pad_to_seq_length=False)
+    outputs = model({"question_" + k: v for k, v in packed.items()})
+    decoded = open_qa.OpenQaTask(decoding).decode(model, outputs)
+    features = decoded["features"].numpy()  # [questions, F]
+    # A hand-set calibrator over these answers' own spread, so that their confidences differ on any weights.
+    calibrator = answer_calibration.Calibrator(
+        "features", tuple(features.mean(0)), tuple(np.maximum(features.std(0), 0.05)), (0.8, 0.5, 0.4, 0.3, -0.2, 0.6),
+        -0.2, {"predictions": "hand-set"})
+    answer_calibration.write_calibrator(calibrator, str(tmp_path / "calibrator.json"))
+    decoding = config.apply_override(decoding, f"qa.confidence_calibrator={tmp_path / 'calibrator.json'}")
     served = answerer.Answerer(_export(decoding, str(tmp_path / "served-decoding")))
     questions = tmp_path / "questions.jsonl"
     questions.write_text("".join(json.dumps({"id": f"q{i}", "question": q, "answers": ["unused"]}) + "\n"
@@ -239,16 +246,12 @@ def test_evaluate_and_the_export_decode_alike(exported, tmp_path):
     evaluated = [json.loads(line) for line in open(tmp_path / "predictions.jsonl")]
     asked = [served.ask(q) for q in QUESTIONS]
     assert [p["prediction"] for p in evaluated] == [a.answer for a in asked] and all(a.answer for a in asked)
-    packed = task.tokenizer.pack_single(task.tokenizer(tf.constant(QUESTIONS)), cfg.qa.question_seq_length,
-                                        pad_to_seq_length=False)
-    outputs = model({"question_" + k: v for k, v in packed.items()})
-    decoded = open_qa.OpenQaTask(decoding).decode(model, outputs)
     assert [a.decode() for a in decoded["answer"].numpy()] == [a.answer for a in asked]
     unbiased = open_qa.OpenQaTask(cfg).decode(model, outputs, aggregate_spans=30, retrieval_weight=0.25)
     assert (decoded["answer"].numpy() != unbiased["answer"].numpy()).any()  # the bias changed some answer
     np.testing.assert_allclose([a.score for a in asked], decoded["score"].numpy(), rtol=1e-4)
     np.testing.assert_allclose([p["score"] for p in evaluated], decoded["score"].numpy(), rtol=1e-4)
-    _check_confidence_and_abstention(served, evaluated, calibrator)
+    _check_confidence_and_abstention(served, evaluated, calibrator.confidence(features))
     # The weight alone, decoded by numpy at w = 0.25: argmax over valid (block, span) of S_read + 0.25·S_retr.
     weighted = config.apply_override(cfg, "qa.retrieval_score_weight=0.25")
     joint = 0.25 * outputs["retrieval_logits"].numpy()[:, :, None] + outputs["span_logits"].numpy()
@@ -258,18 +261,19 @@ def test_evaluate_and_the_export_decode_alike(exported, tmp_path):
                                   np.argmax(joint, axis=1) // num_spans)
 
 
-def _check_confidence_and_abstention(served, evaluated, calibrator):
-    """The served graph's confidence is the calibrator's over evaluate's features (the Python path); a request
-    without a threshold answers every question; abstaining at the median confidence answers "" for exactly the
+def _check_confidence_and_abstention(served, evaluated, expected):
+    """The served graph's confidence and evaluate's (the Python path) are the calibrator's over the Keras model's
+    features (``expected``); a request
+    without a threshold answers every question; abstaining at a threshold between two of them answers "" for exactly the
     questions below it, each still with its best candidate; the marker and the warm-up records know the
     calibrator and the threshold signature."""
     asked = served.ask_batch(QUESTIONS)
-    features = answer_calibration.prediction_features(evaluated)
-    expected = calibrator.confidence(features)
-    np.testing.assert_allclose([p["confidence"] for p in evaluated], expected, atol=1e-5)
-    np.testing.assert_allclose([a.confidence for a in asked], expected, atol=1e-5)
-    assert not any(a.abstained for a in asked) and len(set(np.round(expected, 4))) > 1
-    threshold = float(np.median(expected))
+    np.testing.assert_allclose([p["confidence"] for p in evaluated], expected, atol=1e-4)
+    np.testing.assert_allclose([a.confidence for a in asked], expected, atol=1e-4)
+    assert not any(a.abstained for a in asked) and np.ptp(expected) > 0.05  # they differ: a threshold splits them
+    ranked = np.sort(expected)
+    gap = int(np.argmax(np.diff(ranked)))  # the threshold in the widest gap: far from every confidence
+    threshold = float(ranked[gap] + ranked[gap + 1]) / 2
     selective = answerer.Answerer(served.path, min_confidence=threshold).ask_batch(QUESTIONS)
     below = [c < threshold for c in (a.confidence for a in selective)]
     assert [a.abstained for a in selective] == below and any(below) and not all(below)
