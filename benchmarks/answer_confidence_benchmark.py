@@ -83,7 +83,7 @@ def _report(out: str, n: int) -> dict[str, Any]:
             report[name]["minus_score"] = selective_qa.paired_differences(conf, dev_conf["score"], dev_hit)
     if n == 1:
         selective_qa.write_reliability_diagram(
-            f"{out}/reliability-dev.png", {k: (v, dev_hit) for k, v in dev_conf.items()},
+            f"{out}/reliability-dev-calibrators.png", {k: (v, dev_hit) for k, v in dev_conf.items()},
             f"dev: {len(dev)} questions, N = 1")
     return report
 
@@ -156,7 +156,7 @@ def main() -> int:
             print(f"N={n} {name:<9} ECE {_interval(r['ece'])}  Brier {_interval(r['brier'])}  AURC "
                   f"{_interval(r['aurc'])}  precision@20% {r['precision_at_coverage_0.2']:.3f}  "
                   f"tune threshold for {TARGET_PRECISION}: {json.dumps(r[f'at_tune_threshold_{TARGET_PRECISION}'])}")
-    print(f"report: {config_path}; reliability diagram: {out}/reliability-dev.png")
+    print(f"report: {config_path}; reliability diagram: {out}/reliability-dev-calibrators.png")
     if args.record:
         _record(report, chosen)
     return 0

@@ -602,7 +602,8 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
         reach this precision (:func:`selective_qa.threshold_for_precision`), and report what abstaining below
         it does on ``split`` (``abstention``).
 
-    The answers' reliability diagram is written beside the predictions (``reliability-<split>.png``).
+    The answers' reliability diagram is written beside the predictions, named after them
+    (``predictions-<split>.jsonl`` → ``reliability-<split>.png``).
     """
     _check_evaluation(retriever, target_precision)
     task = OpenQaTask(cfg)
@@ -623,8 +624,7 @@ def evaluate(cfg: config_lib.ExperimentConfig, questions_path: str, split: str =
     predictions_path = predictions_path or os.path.join(model_dir, f"predictions-{split}{suffix}.jsonl")
     predictions = metrics.pop("predictions")
     evaluation.write_jsonl(predictions, predictions_path)
-    reliability = _reliability_diagram(task.calibrator, predictions, os.path.join(
-        os.path.dirname(predictions_path) or ".", f"reliability-{split}{suffix}.png"), split)
+    reliability = _reliability_diagram(task.calibrator, predictions, _diagram_path(predictions_path), split)
     if target_precision is not None:
         metrics["abstention"] = _abstention(cfg, questions_path, model_dir, index_dir, retriever, target_precision,
                                             predictions)
@@ -653,6 +653,15 @@ def _check_evaluation(retriever: str, target_precision: float | None) -> None:
         raise errors.UserError(f"unknown retriever {retriever!r}: one of {', '.join(RETRIEVERS)}")
     if target_precision is not None and not 0.0 < target_precision <= 1.0:
         raise errors.UserError(f"target precision {target_precision}: a share of right answers, in (0, 1]")
+
+
+def _diagram_path(predictions_path: str) -> str:
+    """The reliability diagram beside a predictions file, named after it: ``predictions-dev.jsonl`` →
+    ``reliability-dev.png``, any other ``NAME.jsonl`` → ``NAME-reliability.png``."""
+    directory, name = os.path.split(predictions_path)
+    stem = name[:-len(".jsonl")] if name.endswith(".jsonl") else name
+    diagram = "reliability" + stem[len("predictions"):] if stem.startswith("predictions") else stem + "-reliability"
+    return os.path.join(directory or ".", diagram + ".png")
 
 
 def _reliability_diagram(calibrator: answer_calibration.Calibrator, predictions: Sequence[Mapping[str, Any]],

@@ -392,7 +392,10 @@ def test_finetune_export_its_retriever_then_evaluate_through_the_cli(qa, capsys,
     assert any(line.startswith("abstaining below a score threshold: AURC ") for line in printed)
     scalars = read_scalars(root / "model" / "eval_dev")
     assert scalars["selective/aurc"][-1][1] == pytest.approx(selective["aurc"]["value"], rel=1e-6)
+    assert metrics["reliability_diagram"] == str(root / "model" / "reliability-dev.png")
     assert open(metrics["reliability_diagram"], "rb").read(4) == b"\x89PNG"
+    assert open_qa._diagram_path("out/preds.jsonl") == "out/preds-reliability.png"  # pylint: disable=protected-access
+    assert open_qa._diagram_path("predictions-dev-5.jsonl") == "./reliability-dev-5.png"  # pylint: disable=protected-access
     _check_target_precision(sets, path, predictions, capsys)
     for p in predictions:  # the fields the outcomes are judged by are the evaluation's own
         assert p["predicted_block"] in range(cfg.model.reader_beam_size)
