@@ -234,7 +234,7 @@ def test_evaluate_and_the_export_decode_alike(exported, tmp_path):
     features = decoded["features"].numpy()  # [questions, F]
     # A hand-set calibrator over these answers' own spread, so that their confidences differ on any weights.
     calibrator = answer_calibration.Calibrator(
-        "features", tuple(features.mean(0)), tuple(np.maximum(features.std(0), 0.05)), (0.8, 0.5, 0.4, 0.3, -0.2, 0.6),
+        "features", tuple(features.mean(0)), tuple(np.maximum(features.std(0), 0.05)), (2.4, 1.5, 1.2, 0.9, -0.6, 1.8),
         -0.2, {"predictions": "hand-set"})
     answer_calibration.write_calibrator(calibrator, str(tmp_path / "calibrator.json"))
     decoding = config.apply_override(decoding, f"qa.confidence_calibrator={tmp_path / 'calibrator.json'}")
@@ -268,11 +268,12 @@ def _check_confidence_and_abstention(served, evaluated, expected):
     questions below it, each still with its best candidate; the marker and the warm-up records know the
     calibrator and the threshold signature."""
     asked = served.ask_batch(QUESTIONS)
-    np.testing.assert_allclose([p["confidence"] for p in evaluated], expected, atol=1e-4)
-    np.testing.assert_allclose([a.confidence for a in asked], expected, atol=1e-4)
-    assert not any(a.abstained for a in asked) and np.ptp(expected) > 0.05  # they differ: a threshold splits them
+    np.testing.assert_allclose([p["confidence"] for p in evaluated], expected, atol=3e-4)
+    np.testing.assert_allclose([a.confidence for a in asked], expected, atol=3e-4)
+    assert not any(a.abstained for a in asked)
     ranked = np.sort(expected)
     gap = int(np.argmax(np.diff(ranked)))  # the threshold in the widest gap: far from every confidence
+    assert ranked[gap + 1] - ranked[gap] > 3e-3  # ten times the tolerance: the served values fall on its sides
     threshold = float(ranked[gap] + ranked[gap + 1]) / 2
     selective = answerer.Answerer(served.path, min_confidence=threshold).ask_batch(QUESTIONS)
     below = [c < threshold for c in (a.confidence for a in selective)]
