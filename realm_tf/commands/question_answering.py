@@ -181,9 +181,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from realm_tf.tasks import answer_calibration
     from realm_tf.tasks import selective_qa
 
-    calibrator = answer_calibration.fit_predictions(args.predictions, kind=args.kind, l2=args.l2)
+    predictions = answer_calibration.read_predictions(args.predictions)  # read once: fitted, then scored
+    calibrator = answer_calibration.fit_predictions(args.predictions, kind=args.kind, l2=args.l2,
+                                                    predictions=predictions)
     answer_calibration.write_calibrator(calibrator, args.output)
-    predictions = answer_calibration.read_predictions(args.predictions)
     correct = [p["exact_match"] for p in predictions]
     fitted = calibrator.confidence(answer_calibration.prediction_features(predictions, args.predictions))
     raw = [p["score"] for p in predictions]

@@ -135,9 +135,11 @@ def prediction_features(predictions: Sequence[Mapping[str, Any]], path: str = "p
     return np.asarray(rows, np.float64).reshape(-1, len(answer_confidence.FEATURES))
 
 
-def fit_predictions(path: str, kind: str = "features", l2: float = DEFAULT_L2) -> Calibrator:
-    """A calibrator fitted on the prediction records of ``realm-tf evaluate`` at ``path`` (JSON lines)."""
-    predictions = read_predictions(path)
+def fit_predictions(path: str, kind: str = "features", l2: float = DEFAULT_L2,
+                    predictions: Sequence[Mapping[str, Any]] | None = None) -> Calibrator:
+    """A calibrator fitted on the prediction records of ``realm-tf evaluate`` at ``path`` (JSON lines;
+    ``predictions``: its records, when the caller has read them)."""
+    predictions = read_predictions(path) if predictions is None else predictions
     if not predictions:
         raise errors.UserError(f"{path}: no predictions")
     return fit(prediction_features(predictions, path), [bool(p["exact_match"]) for p in predictions], kind, l2,

@@ -416,6 +416,8 @@ class OpenQaTask(base_task.Task):
                                              + [f"{m}@{name}" for name, _ in e.variants for m in ("exact_match", "f1")],
                                              0.0)}
         totals, decoded = state["totals"], step_outputs["decoded"]
+        features = decoded[0]["features"].numpy()  # [batch, F]
+        confidences = self.calibrator.confidence(features)  # [batch]: once per batch
         for i, index in enumerate(step_outputs["index"].numpy()):
             example = e.examples[index]
             answers = [d["answer"][i].numpy().decode("utf-8", "replace") for d in decoded]
@@ -431,12 +433,11 @@ class OpenQaTask(base_task.Task):
             state["retrieved"].append(e.ranked[index] if e.ranked is not None else step_outputs["top"][i].numpy())
             normalized = qa_metrics.normalized_answers(example.answers)
             read_rows = [int(r) for r in step_outputs["read"][i].numpy()]
-            features = decoded[0]["features"][i].numpy()  # [F]
             state["predictions"].append({
                 "id": example.id, "question": example.question, "prediction": answer,
                 "score": float(decoded[0]["score"][i]),
-                "confidence": round(float(self.calibrator.confidence(features[None])[0]), 6),
-                "features": {name: round(float(v), 5) for name, v in zip(answer_confidence.FEATURES, features)},
+                "confidence": round(float(confidences[i]), 6),
+                "features": {name: round(float(v), 5) for name, v in zip(answer_confidence.FEATURES, features[i])},
                 "answers": list(example.answers), "exact_match": hit_em,
                 "f1": round(hit_f1, 4), "reader_oracle": oracle, "block_id": int(decoded[0]["block_id"][i]),
                 "predicted_block": int(decoded[0]["block"][i]), "retrieved_block_ids": read_rows,
