@@ -46,6 +46,11 @@ class Calibrator:
     fitted_on: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
+    def calibrated(self) -> bool:
+        """Whether this is a fit (not :func:`identity`, the span probability itself)."""
+        return self.kind != "none"
+
+    @property
     def parameters(self) -> dict[str, Any]:
         """What :meth:`AnswerCalibrator.set_parameters` loads."""
         return {"mean": list(self.mean), "scale": list(self.scale), "weights": list(self.weights), "bias": self.bias}
@@ -53,7 +58,7 @@ class Calibrator:
     def record(self, path: str, corpus_version: int | None) -> dict[str, Any]:
         """What an export's marker says of its calibrator: its kind, file, where it was fitted, and the corpus
         version it answers over when exported (a later corpus-only version keeps the fit and says so)."""
-        if self.kind == "none":
+        if not self.calibrated:
             return {"calibrator": "none"}
         return {"calibrator": self.kind, "file": path, "fitted_on": dict(self.fitted_on),
                 "corpus_version": corpus_version}

@@ -465,9 +465,9 @@ class OpenQaTask(base_task.Task):
         metrics["short_answers"] = qa_metrics.short_answer_scores(predictions)
         metrics["outcomes"] = answer_errors.count_outcomes(predictions)
         correct = [p["exact_match"] for p in predictions]
-        metrics["selective"] = {"confidence": self.calibrator.kind if self.calibrator.kind != "none" else "score",
+        metrics["selective"] = {"confidence": self.calibrator.kind if self.calibrator.calibrated else "score",
                                 **selective_qa.selective_metrics([p["confidence"] for p in predictions], correct)}
-        if self.calibrator.kind != "none":  # the span probability's figures beside the calibrated ones
+        if self.calibrator.calibrated:  # the span probability's figures beside the calibrated ones
             metrics["selective_score"] = {"confidence": "score", **selective_qa.selective_metrics(
                 [p["score"] for p in predictions], correct)}
         metrics["predictions"] = predictions
@@ -671,7 +671,7 @@ def _reliability_diagram(calibrator: answer_calibration.Calibrator, predictions:
     probability beside it) at ``path``."""
     correct = [p["exact_match"] for p in predictions]
     curves = {"span probability": ([p["score"] for p in predictions], correct)}
-    if calibrator.kind != "none":
+    if calibrator.calibrated:
         curves = {f"confidence ({calibrator.kind})": ([p["confidence"] for p in predictions], correct), **curves}
     return selective_qa.write_reliability_diagram(path, curves, f"{split}: {len(predictions)} questions")
 
@@ -726,7 +726,7 @@ def export_for_serving(cfg: config_lib.ExperimentConfig, out: str | None = None,
         task, model, info = load_for_serving(cfg, model_dir=model_dir, index_dir=index_dir, records_dir=records)
         calibrator = task.calibrator
         return open_qa_export.export_open_qa(
-            cfg, model, out, info, calibration=calibrator.parameters if calibrator.kind != "none" else None,
+            cfg, model, out, info, calibration=calibrator.parameters if calibrator.calibrated else None,
             confidence=calibrator.record(cfg.qa.confidence_calibrator, info["corpus_version"]))
     finally:
         artifacts.remove_quietly(records)
