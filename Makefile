@@ -30,10 +30,13 @@ $(STAMP): setup.py
 
 # Two pytest workers (pytest-xdist), one test file each at a time: module fixtures are built once. The files go
 # out in collection order (tests/conftest.py puts the minutes-long end-to-end files first), not by test count.
+# The order is shuffled with a new seed each run (files, then the classes and tests within a file), printed at the
+# start and the end, so that a test that passes only after another shows up: `make test PYTEST_ARGS=
+# "--test-order-seed N"` repeats an order.
 PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 test: venv lint
-	$(PYTEST) tests
+	$(PYTEST) $(PYTEST_ARGS) tests
 
 # ruff (ruff.toml): pyflakes, pycodestyle and import order in the code's style; part of `make test`, so CI runs it.
 lint: venv
@@ -45,7 +48,7 @@ build-file: venv
 
 # The inner loop: everything but the end-to-end runs marked `slow` (CI runs `make test`).
 test-fast: venv
-	$(PYTEST) -m "not slow" tests
+	$(PYTEST) $(PYTEST_ARGS) -m "not slow" tests
 
 # The crash matrix (benchmarks/crash_matrix.py): every writer SIGKILLed at 20 points spread over its run, and run
 # out of disk; the invariants after each, and the tables. Resumable; about two hours on 2 cores.

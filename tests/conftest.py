@@ -24,6 +24,8 @@ if str(REPO / "tests") not in sys.path:  # the helper modules of tests/ (tests a
     sys.path.insert(1, str(REPO / "tests"))
 os.chdir(REPO)  # configs name bundled data by repo-relative paths
 
+import shuffled_order  # noqa: E402  (tests/, on sys.path above)
+
 from beam_jobs import build_chunk_database  # noqa: E402  (after TF_USE_LEGACY_KERAS is set)
 from realm_tf import library_logs  # noqa: E402
 
@@ -201,11 +203,48 @@ def _read_scalars(logdir):
     return {k: sorted(v) for k, v in out.items()}
 
 
-def pytest_collection_modifyitems(config, items):  # pylint: disable=unused-argument
-    """The end-to-end runs (marked ``slow``, minutes each) first: with two xdist workers (``--dist loadfile``) the
-    long files start at once and the many short ones fill in beside them, instead of one long run finishing
-    alone at the end."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+def pytest_addoption(parser):
+    parser.addoption("--test-order-seed", type=int, default=None,
+                     help="the seed of the shuffled test order (default: a new one each run, printed in the header)")
+
+
+class _OrderSeedToWorkers:
+    """xdist's hook: every worker collects the tests in the order the controller's seed gives (xdist requires all
+    workers to collect the same list)."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def pytest_configure_node(self, node):
+        node.workerinput["test_order_seed"] = self.seed
+
+
+def pytest_configure(config):
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:
+        config.test_order_seed = workerinput["test_order_seed"]
+        return
+    seed = config.getoption("--test-order-seed")
+    config.test_order_seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_OrderSeedToWorkers(config.test_order_seed), "test-order-seed")
+
+
+def _order_line(config) -> str:
+    return f"test order: shuffled with seed {config.test_order_seed} (rerun it with --test-order-seed " \
+           f"{config.test_order_seed})"
+
+
+def pytest_report_header(config):
+    return _order_line(config)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):  # pylint: disable=unused-argument
+    terminalreporter.write_line(_order_line(config))  # also under -q, which prints no header
+
+
+def pytest_collection_modifyitems(config, items):
+    items[:] = shuffled_order.shuffled(items, config.test_order_seed)
 
 
 @pytest.fixture(scope="session")
