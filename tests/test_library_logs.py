@@ -51,6 +51,19 @@ def test_a_command_that_runs_tensorflow_and_beam_prints_none_of_the_known_noise(
         assert line not in err, err
 
 
+def test_a_beam_job_run_as_a_module_prints_none_of_beams_import_messages():
+    """Beam writes them while ``apache_beam`` is imported: the package drops them before any job imports it."""
+    env = {k: v for k, v in os.environ.items() if k != library_logs.VERBOSE_VARIABLE}
+    done = subprocess.run([sys.executable, "-m", "beam_jobs.generate_ict_data", "--help"], capture_output=True,
+                          text=True, env=env, timeout=300, check=False)
+    assert done.returncode == 0 and "usage:" in done.stdout, done.stderr
+    for line in NOISE:
+        assert line not in done.stderr, done.stderr
+    verbose = subprocess.run([sys.executable, "-c", "import beam_jobs.job_support"], capture_output=True, text=True,
+                             env={**env, library_logs.VERBOSE_VARIABLE: "1"}, timeout=300, check=False)
+    assert "GCSFileSystem" in verbose.stderr, verbose.stderr  # the positive control: Beam does write it
+
+
 def test_the_environment_variable_keeps_everything(monkeypatch):
     root = logging.getLogger()
     monkeypatch.setattr(root, "filters", [])

@@ -26,6 +26,8 @@ def test_the_results_table_has_at_most_ten_rows_of_at_most_25_words():
         words = re.sub(r"\[→\]\[\w+\]", "", row).replace("|", " ").split()
         assert len(words) <= 25, (len(words), row)
         assert row.count(" | ") == 3, f"a row has result, figure, setting and caveat: {row}"
+        caveat = re.sub(r"\[→\]\[\w+\]", "", row.strip().strip("|").split(" | ")[3]).strip()
+        assert caveat, f"a row's caveat cell holds more than its link: {row}"
 
 
 def test_the_readme_links_resolve():

@@ -1,4 +1,4 @@
-"""REALM pre-training under tf.distribute: MirroredStrategy on 2 logical CPUs (same update as one device) and
+"""REALM pre-training under tf.distribute: `realm-tf pretrain` under MirroredStrategy on 2 logical CPUs and
 MultiWorkerMirroredStrategy with 2 worker processes on 127.0.0.1 through TF_CONFIG."""
 import json
 import os
@@ -16,19 +16,13 @@ TINY = "configs/tiny.yaml"
 MIRRORED_SCRIPT = r"""
 import json, os, sys
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
-import numpy as np
 import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-import tf_keras
 from beam_jobs import embed_blocks
 from realm_tf import config
-from realm_tf.data import block_store
-from realm_tf.index import index_loader
-from realm_tf.core import base_task
 from realm_tf.core import distribution
 from realm_tf.tasks import realm_pretraining
-from realm_tf.tasks import retrieval_augmented_input
 
 sets = json.loads(sys.argv[1])
 cfg = config.load_config("configs/tiny.yaml", sets + ["pretrain.strategy=mirrored", "pretrain.steps=3",
@@ -47,33 +41,7 @@ assert mirrored.num_replicas_in_sync == 2, mirrored.num_replicas_in_sync
 line = distribution.describe(mirrored, "pretrain", cfg.pretrain)
 assert line.startswith("pretrain: strategy mirrored, 2 replicas on CPU:0, CPU:1 (no GPU visible)"), line
 
-# 2. One update on a global batch of 4 split over the 2 replicas equals the update on one device.
-task = realm_pretraining.RealmPretrainingTask(cfg)
-loader = index_loader.IndexLoader(cfg.index.index_dir, cfg.model.projection_size, task.tokenizer.vocab_hash,
-                                  kind=cfg.index.kind)
-blocks = block_store.BlockStore.load(cfg.data.blocks_dir + "/blocks-*.tfrecord*")
-inputs = retrieval_augmented_input.RetrievalAugmentedInput(cfg, loader, blocks, task.tokenizer)
-batch = next(iter(inputs.dataset(cfg.data.pretraining_dir + "/pretraining-*", 4, repeat=False, shuffle=False)))
-single = task.build_model()
-initial = single.get_weights()
-with mirrored.scope():
-    replicated = task.build_model()
-    replicated.set_weights(initial)
-    optimizer = tf_keras.optimizers.SGD(1.0)
-    mirrored_step = tf.Variable(5, dtype=tf.int64)
-split = base_task.split_features(realm_pretraining.is_model_input)
-logs_single = task.train_step(split(batch), single, tf_keras.optimizers.SGD(1.0),
-                              global_step=tf.Variable(5, dtype=tf.int64))
-step_fn = lambda inputs: task.train_step(inputs, replicated, optimizer, global_step=mirrored_step)
-halves = mirrored.experimental_distribute_values_from_function(
-    lambda ctx: split({k: v[2 * ctx.replica_id_in_sync_group:2 * ctx.replica_id_in_sync_group + 2]
-                       for k, v in batch.items()}))
-logs = tf.function(lambda b: mirrored.run(step_fn, args=(b,)))(halves)
-loss = float(mirrored.reduce(tf.distribute.ReduceOp.MEAN, logs["loss"], axis=None))
-moved = max(float(np.abs(a - b).max()) for a, b in zip(single.get_weights(), initial))
-diff = max(float(np.abs(a - b).max()) for a, b in zip(single.get_weights(), replicated.get_weights()))
-print(json.dumps({"step": result["step"], "versions": sorted(result["index_versions"]), "eval": result["eval"],
-                  "loss_single": float(logs_single["loss"]), "loss_mirrored": loss, "moved": moved, "diff": diff}))
+print(json.dumps({"step": result["step"], "versions": sorted(result["index_versions"]), "eval": result["eval"]}))
 """
 
 
@@ -98,9 +66,8 @@ def test_mirrored_strategy_on_two_logical_cpus(tmp_path, pretraining_workspace, 
     assert result.returncode == 0, result.stderr[-4000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["step"] == 3 and out["eval"]["num_examples"] > 0
-    assert abs(out["loss_single"] - out["loss_mirrored"]) < 1e-4 * max(1.0, abs(out["loss_single"]))
-    assert out["moved"] > 1e-3  # the update is not trivially zero ...
-    assert out["diff"] < 1e-4, out  # ... and the 2-replica update equals the single-device one
+    # that 2 replicas give the weights of one device, with AdamW: test_realm_pretraining's
+    # test_two_replicas_train_as_one (and every other job's, beside its task's tests)
 
 
 def test_multi_worker_mirrored_two_processes(tmp_path, pretraining_workspace, workspace_overrides):

@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+import replica_steps  # tests/replica_steps.py
 import tensorflow as tf
 import xla_steps  # tests/xla_steps.py (tests/ is on the path: tests/conftest.py)
 
@@ -403,3 +404,14 @@ def test_the_step_is_one_xla_program_traced_once(trained, tmp_path, retrieval):
                              + ([f"retro.retro_fit_from={root}/baseline"] if retrieval else []))
     run = xla_steps.run_compiled(retro_lm.RetroLmTask(cfg, retrieval=retrieval))
     assert np.isfinite(run.result["train"]["loss"])
+
+
+@pytest.mark.slow  # a child process training the job twice
+@pytest.mark.parametrize("retrieval", [False, True])
+def test_two_replicas_train_as_one(trained, tmp_path, retrieval):
+    root, sets = trained
+    replica_steps.check_two_replicas_train_as_one(
+        "realm_tf.retro.retro_lm:RetroLmTask", "retro_trainer",
+        sets + ["data.batch_size=4", "retro_trainer.learning_rate=1e-3"]
+        + ([f"retro.retro_fit_from={root}/baseline"] if retrieval else []),
+        str(tmp_path), kwargs={"retrieval": retrieval})

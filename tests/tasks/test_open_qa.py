@@ -9,6 +9,7 @@ import unicodedata
 
 import numpy as np
 import pytest
+import replica_steps  # tests/replica_steps.py
 import tensorflow as tf
 import xla_steps  # tests/xla_steps.py (tests/ is on the path: tests/conftest.py)
 
@@ -610,3 +611,15 @@ def test_the_step_is_one_xla_program_traced_once(qa, tmp_path):
                                                    "data.static_padding=true", "finetune.jit_compile=true"], cfg)
     result = xla_steps.run_compiled(open_qa.OpenQaTask(run, str(path)))
     assert np.isfinite(result.result["train"]["loss"])
+
+
+@pytest.mark.slow  # a child process training the job twice
+def test_two_replicas_train_as_one(qa, tmp_path):
+    """The retrieval before the update (query forward, search, gathers) on each replica, then AdamW."""
+    _, root, _, _, _, examples = qa
+    path = tmp_path / "questions.jsonl"
+    path.write_text("".join(json.dumps({"id": f"id{n}-{e.id}", "question": e.question, "answers": list(e.answers)})
+                            + "\n" for n in range(4) for e in examples))
+    replica_steps.check_two_replicas_train_as_one(
+        "realm_tf.tasks.open_qa:OpenQaTask", "finetune", ["data.batch_size=4", "finetune.steps=3"], str(tmp_path),
+        args=[str(path)], config=f"{root}/params.yaml")

@@ -9,6 +9,7 @@ import string
 
 import numpy as np
 import pytest
+import replica_steps  # tests/replica_steps.py
 import tensorflow as tf
 import tf_keras
 import xla_steps  # tests/xla_steps.py (tests/ is on the path: tests/conftest.py)
@@ -339,3 +340,11 @@ def test_the_step_is_one_xla_program_traced_once(squad, tmp_path):
         f"reader.model_dir={tmp_path}/reader", "data.static_padding=true", "reader.jit_compile=true"])
     run = xla_steps.run_compiled(reader_warm_start.ReaderWarmStartTask(cfg, [str(path)]))
     assert np.isfinite(run.result["train"]["loss"])
+
+
+@pytest.mark.slow  # a child process training the job twice
+def test_two_replicas_train_as_one(squad, tmp_path):
+    _, path, _, sets = squad
+    replica_steps.check_two_replicas_train_as_one(
+        "realm_tf.tasks.reader_warm_start:ReaderWarmStartTask", "reader", [s for s in sets if s != "--set"],
+        str(tmp_path), args=[[str(path)]])

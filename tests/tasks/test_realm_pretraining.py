@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+import replica_steps  # tests/replica_steps.py
 import tensorflow as tf
 import tf_keras
 import xla_steps  # tests/xla_steps.py (tests/ is on the path: tests/conftest.py)
@@ -527,3 +528,19 @@ def test_the_step_is_one_xla_program_traced_once(tmp_path, pretraining_workspace
     run = xla_steps.run_compiled(task)
     retriever = [i for i, v in enumerate(run.result["model"].variables) if "knowledge_retriever" in v.name]
     assert retriever and all(np.array_equal(run.states[0][i], run.states[-1][i]) for i in retriever) == frozen
+
+
+@pytest.mark.slow  # a child process training the job twice
+@pytest.mark.parametrize("frozen", [True, False])
+def test_two_replicas_train_as_one(tmp_path, pretraining_workspace, workspace_overrides, frozen):
+    """AdamW through the product's driver, the retriever frozen (the reader's phase) or trained. Trained, the
+    retriever's gradients at initialisation are a cancellation residue (its candidates read alike), which Adam
+    normalises to updates of the rate's size: their rounding, not only the reader's, reaches the weights, so the
+    tolerance is an eighth of the largest update (the reader and the frozen run agree to 1e-6 or better)."""
+    replica_steps.check_two_replicas_train_as_one(
+        "realm_tf.tasks.realm_pretraining:RealmPretrainingTask", "pretrain",
+        workspace_overrides(tmp_path, pretraining_workspace) + [
+            "data.batch_size=4", "pretrain.steps=3", "pretrain.learning_rate=1e-3", "refresh.mode=external",
+            f"pretrain.freeze_retriever_steps={3 if frozen else 0}"],
+        str(tmp_path), kwargs={"evaluate": False},
+        callables={"index_builder": "beam_jobs.embed_blocks:embed_and_publish"}, atol=1e-4 if frozen else 2.5e-4)
