@@ -76,7 +76,7 @@ def _check_request(kind: str, src: str, out: str, embedder: str | None,
     if tf.io.gfile.exists(out) and (not tf.io.gfile.isdir(out) or tf.io.gfile.listdir(out)):
         raise errors.UserError(f"{out}: already holds "
                                + ("an import" if artifacts.is_complete(out, artifacts.REALM_IMPORT) else "files")
-                               + "; choose another --out or delete it")
+                               + "; choose another --output or delete it")
     if kind == "bert" and blocks:
         raise errors.UserError("--blocks needs a retriever: import the corpus with --kind embedder or openqa")
     if kind != "openqa":

@@ -210,7 +210,7 @@ def check_destination(out: str) -> str:
     building the export: reading the database takes a while)."""
     out = out.rstrip("/")
     if artifacts.is_complete(out, artifacts.RETRO_EXPORT):
-        raise errors.UserError(f"{out}: already holds an export; choose another --out or delete it")
+        raise errors.UserError(f"{out}: already holds an export; choose another --output or delete it")
     return out
 
 

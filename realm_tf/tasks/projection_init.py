@@ -119,7 +119,7 @@ def init_retriever(cfg: config_lib.ExperimentConfig, out: str, num_blocks: int =
     ``model.projection_init`` on ``num_blocks`` sampled blocks, saved as a run in ``out`` (its checkpoint,
     ``params.yaml`` and ``projection.json``)."""
     if tf.train.latest_checkpoint(os.path.join(out, "checkpoints")):
-        raise errors.UserError(f"{out}: already holds a retriever run; choose another --out or delete it")
+        raise errors.UserError(f"{out}: already holds a retriever run; choose another --output or delete it")
     tokenizer = bert_tokenizer.BertTokenizer(cfg.model.vocab_file, cfg.model.lower_case)
     retriever = knowledge_retriever.build_knowledge_retriever(cfg.model)
     info: dict[str, Any] = {"kind": cfg.model.projection_init}
