@@ -16,7 +16,7 @@ export TF_USE_LEGACY_KERAS := 1
 unexport PYTHONDONTWRITEBYTECODE
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: venv test test-fast lint build-file demo faults clean
+.PHONY: venv test test-shuffled test-fast lint build-file demo faults clean
 
 venv: $(STAMP)
 
@@ -30,9 +30,9 @@ $(STAMP): setup.py
 
 # Two pytest workers (pytest-xdist), one test file each at a time: module fixtures are built once. The files go
 # out in collection order (tests/conftest.py puts the minutes-long end-to-end files first), not by test count.
-# The order is shuffled with a new seed each run (files, then the classes and tests within a file), printed at the
-# start and the end, so that a test that passes only after another shows up: `make test PYTEST_ARGS=
-# "--test-order-seed N"` repeats an order.
+# `make test-shuffled` runs them in a shuffled order (files, then the classes and tests within a file) with a new
+# seed, printed at the start and the end, so that a test that passes only after another shows up; `make test
+# PYTEST_ARGS="--test-order-seed N"` repeats an order.
 PYTEST := $(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 test: venv lint
@@ -45,6 +45,9 @@ lint: venv
 # BUILD is generated from the imports (tests/import_graph.py); tests/test_imports.py fails when it is stale.
 build-file: venv
 	$(PY) tests/import_graph.py --write
+
+test-shuffled: venv lint
+	$(PYTEST) --shuffled $(PYTEST_ARGS) tests
 
 # The inner loop: everything but the end-to-end runs marked `slow` (CI runs `make test`).
 test-fast: venv

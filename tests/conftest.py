@@ -204,8 +204,10 @@ def _read_scalars(logdir):
 
 
 def pytest_addoption(parser):
+    parser.addoption("--shuffled", action="store_true",
+                     help="run the tests in a shuffled order, with a new seed printed at the start and the end")
     parser.addoption("--test-order-seed", type=int, default=None,
-                     help="the seed of the shuffled test order (default: a new one each run, printed in the header)")
+                     help="run the tests in the shuffled order of this seed (implies --shuffled)")
 
 
 class _OrderSeedToWorkers:
@@ -225,12 +227,16 @@ def pytest_configure(config):
         config.test_order_seed = workerinput["test_order_seed"]
         return
     seed = config.getoption("--test-order-seed")
-    config.test_order_seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
+    if seed is None and config.getoption("--shuffled"):
+        seed = int.from_bytes(os.urandom(4), "little")
+    config.test_order_seed = seed  # None: the collection order
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_OrderSeedToWorkers(config.test_order_seed), "test-order-seed")
 
 
 def _order_line(config) -> str:
+    if config.test_order_seed is None:
+        return "test order: as collected (--shuffled shuffles it)"
     return f"test order: shuffled with seed {config.test_order_seed} (rerun it with --test-order-seed " \
            f"{config.test_order_seed})"
 
@@ -244,7 +250,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):  # pylint: di
 
 
 def pytest_collection_modifyitems(config, items):
-    items[:] = shuffled_order.shuffled(items, config.test_order_seed)
+    if config.test_order_seed is None:
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # as shuffled_order: slow files first
+    else:
+        items[:] = shuffled_order.shuffled(items, config.test_order_seed)
 
 
 @pytest.fixture(scope="session")

@@ -85,23 +85,28 @@ def served(tmp_path_factory):
 def test_an_added_fact_is_answered_by_the_next_served_version_and_gone_after_its_delete(served, capsys):
     root = served
     base = str(root / "served")
+    # The versions this test starts from: the fixture's (served 1, index 0, corpus 0), or past another test's update.
+    v = max(artifacts.complete_versions(base, artifacts.OPEN_QA_EXPORT))
+    index_version = max(index_publisher.complete_versions(str(root / "index")))
+    corpus_version = max(corpus_versions.update_versions(str(root / "blocks")), default=0)
     before = answerer.Answerer(base)
-    assert before.path == f"{base}/1" and FACT["text"] not in [b.text for b in before.ask(QUESTION).blocks]
+    assert before.path == f"{base}/{v}" and FACT["text"] not in [b.text for b in before.ask(QUESTION).blocks]
 
     (root / "fact.jsonl").write_text(json.dumps(FACT) + "\n")
     update_corpus.JOB.call(config=TINY, overrides=_sets(root), add=[str(root / "fact.jsonl")], serve=base)
     after = answerer.Answerer(base)
-    assert after.path == f"{base}/2"
+    assert after.path == f"{base}/{v + 1}"
     result = after.ask(QUESTION)
     (evidence,) = result.blocks
     assert (evidence.title, evidence.text) == (FACT["title"], FACT["text"])  # the new block is what it read
     assert result.answer and result.answer in f"{evidence.title} {evidence.text}"  # cut from that block
     assert cli.main(["ask", QUESTION, "--model", base]) == 0
     out = capsys.readouterr().out
-    assert f"model: {base}/2" in out and "[Glimmerwick]" in out
+    assert f"model: {base}/{v + 1}" in out and "[Glimmerwick]" in out
 
-    info = artifacts.read_marker(f"{base}/2", artifacts.OPEN_QA_EXPORT)
-    assert (info["weights_from"], info["index_version"], info["corpus_version"]) == (f"{base}/1", 1, 1)
+    info = artifacts.read_marker(f"{base}/{v + 1}", artifacts.OPEN_QA_EXPORT)
+    assert (info["weights_from"], info["index_version"], info["corpus_version"]) == (
+        f"{base}/{v}", index_version + 1, corpus_version + 1)
     # No calibrator was fitted: the carried graph's confidence is the span probability, and the marker says so.
     assert info["confidence"] == {"calibrator": "none"} and result.confidence == pytest.approx(result.score, abs=1e-6)
     # The same weights (copied, not re-exported): Embed_input is bit-identical; both versions are loaded in this
@@ -110,20 +115,21 @@ def test_an_added_fact_is_answered_by_the_next_served_version_and_gone_after_its
     np.testing.assert_array_equal(before.model.signatures["embed_query"](text=question)["embedding"].numpy(),
                                   after.model.signatures["embed_query"](text=question)["embedding"].numpy())
     assert before.ask(QUESTION).blocks[0].text != FACT["text"] and after.ask(QUESTION).blocks[0].text == FACT["text"]
-    manifest = artifacts.read_marker(corpus_versions.version_dir(str(root / "blocks"), 1), artifacts.JOB_MANIFEST)
+    manifest = artifacts.read_marker(corpus_versions.version_dir(str(root / "blocks"), corpus_version + 1),
+                                     artifacts.JOB_MANIFEST)
     assert manifest["documents"]["added"] == 1 and manifest["blocks_embedded"] == 1 and manifest["blocks_reused"] == 0
 
     update_corpus.JOB.call(config=TINY, overrides=_sets(root), delete=[FACT["id"]], serve=base)
     gone = answerer.Answerer(base)
-    assert gone.path == f"{base}/3"
+    assert gone.path == f"{base}/{v + 2}"
     def shards(version):  # the served blocks: records in the version's assets, read on demand
         paths = glob.glob(f"{base}/{version}/assets/{block_records.SHARD_PREFIX}*")
         assert paths
         return [open(p, "rb").read() for p in paths]  # noqa: SIM115
-    assert any(b"Glimmerwick" in data for data in shards(2))
-    assert not any(b"Glimmerwick" in data for data in shards(3))  # not in its corpus at all
+    assert any(b"Glimmerwick" in data for data in shards(v + 1))
+    assert not any(b"Glimmerwick" in data for data in shards(v + 2))  # not in its corpus at all
     rows = lambda version: len(glob.glob(f"{base}/{version}/assets/{block_records.EMBEDDING_PREFIX}*"))
-    assert rows(1) and rows(2) and rows(3)  # each version re-scores from its own corpus's Embed_doc rows
+    assert rows(v) and rows(v + 1) and rows(v + 2)  # each version re-scores from its own corpus's Embed_doc rows
     result = gone.ask(QUESTION)
     assert "Glimmerwick" not in result.answer and all(b.title != FACT["title"] for b in result.blocks)
 
@@ -142,7 +148,8 @@ def test_an_update_killed_while_staging_leaves_the_previous_versions_serving(ser
     state = lambda: (index_publisher.complete_versions(index_dir), corpus_versions.update_versions(blocks_dir),
                      sorted(artifacts.complete_versions(base, artifacts.OPEN_QA_EXPORT)))
     before = state()
-    (root / "fact2.jsonl").write_text(json.dumps({**FACT, "id": "fact-2"}) + "\n")
+    other = {"id": "fact-2", "title": "Brontivale", "text": "The quorble of Zentharia is named Brontivale."}
+    (root / "fact2.jsonl").write_text(json.dumps(other) + "\n")  # not the other test's fact, which it must not find
     with open(root / "killed.log", "w") as log:
         process = subprocess.Popen(  # pylint: disable=consider-using-with
             [sys.executable, "-m", "realm_tf.cli", "update-corpus", *_args(root), "--add", str(root / "fact2.jsonl"),
