@@ -250,10 +250,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):  # pylint: di
 
 
 def pytest_collection_modifyitems(config, items):
-    if config.test_order_seed is None:
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # as shuffled_order: slow files first
-    else:
-        items[:] = shuffled_order.shuffled(items, config.test_order_seed)
+    items[:] = shuffled_order.shuffled(items, config.test_order_seed)
 
 
 @pytest.fixture(scope="session")

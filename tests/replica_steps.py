@@ -50,14 +50,10 @@ def run(strategy_name, model_dir):
     task.initialize = recording_initialize
     strategy = distribution.make_strategy(strategy_name)
     result = experiment.run_experiment(task, strategy=strategy)
-    assert result["step"] == cfg_steps(cfg), result["step"]
+    assert result["step"] == getattr(cfg, spec["section"]).steps, result["step"]
     copies = [[c.numpy() for c in strategy.experimental_local_results(v)] for v in result["model"].variables
               if v.dtype != tf.string]
     return copies, start, strategy.num_replicas_in_sync
-
-
-def cfg_steps(cfg):
-    return getattr(cfg, spec["section"]).steps
 
 
 single, start, one = run("default", spec["root"] + "/one")

@@ -10,8 +10,11 @@ import random
 from typing import Any, Sequence
 
 
-def shuffled(items: Sequence[Any], seed: int) -> list[Any]:
-    """``items`` (pytest items: ``nodeid``, ``cls``, ``get_closest_marker``) in the seed's order."""
+def shuffled(items: Sequence[Any], seed: int | None) -> list[Any]:
+    """``items`` (pytest items: ``nodeid``, ``cls``, ``get_closest_marker``) in the seed's order; with no seed, in
+    the order given (the slow files still first)."""
+    if seed is None:
+        return sorted(items, key=lambda item: item.get_closest_marker("slow") is None)
     rng = random.Random(seed)
     files: dict[str, dict[Any, list[Any]]] = {}
     for item in items:

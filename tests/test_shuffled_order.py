@@ -60,3 +60,9 @@ def test_files_and_classes_stay_together_and_the_slow_files_go_first():
         classes = _runs(in_c, lambda i: i.cls)
         assert len(classes) == len(set(classes)) == 3
         assert all(i.slow for i in order[:6]) and not any(i.slow for i in order[6:])
+
+
+def test_without_a_seed_the_order_is_kept_but_the_slow_files_go_first():
+    items = _items()
+    order = shuffled_order.shuffled(items, None)
+    assert order == [i for i in items if i.slow] + [i for i in items if not i.slow]
