@@ -141,6 +141,8 @@ def main() -> int:
                         help="all: every stage; bm25: only what the BM25 + reader row needs (the reader warm start, "
                              "the index its corpus is read through, BM25 fine-tuning and its dev evaluation), for "
                              "a run whose dense rows were measured before with the same reader stage")
+    parser.add_argument("--stop-after", choices=("reader", "index", "finetune"), default=None,
+                        help="end after this stage (e.g. finetune: the model answer_confidence_benchmark.py reads)")
     args = parser.parse_args()
 
     out = args.out
@@ -179,7 +181,11 @@ def main() -> int:
                                                                   "model.retriever_checkpoint="))]
     reader_sets = ["--config", args.config, *sum((["--set", o] for o in reader_overrides), [])]
     stage("reader", lambda: stages.cli(["train-reader", *reader_sets, "--set", "data.batch_size=8"]))
+    if args.stop_after == "reader":
+        return 0
     stage("index", index)
+    if args.stop_after == "index":
+        return 0
     bm25_sets = [*sets, "--set", f"finetune.model_dir={out}/finetune_bm25"]
     if args.arms == "bm25":
         bm25 = run_bm25_arm(stage, bm25_sets, args.questions, out)
@@ -195,6 +201,9 @@ def main() -> int:
         write_bm25_record(cfg, out, bm25, dense)
         return 0
     stage("finetune", lambda: stages.cli(["finetune", *sets, "--train", args.questions]))
+    if args.stop_after == "finetune":
+        print("stage minutes: " + stage.minutes())
+        return 0
 
     def tune() -> dict[str, Any]:
         metrics = evaluate([*sets, "--questions", args.questions, "--split", "tune", "--score-weights",
