@@ -37,7 +37,7 @@ RECORDS_DIR = os.path.join(HERE, "records")
 RESULTS_PATH = os.path.join(HERE, "RESULTS.md")
 #: Areas in the order RESULTS.md shows them; a record names one of them.
 AREAS = ("Open-QA", "REALM pre-training", "Retrieval and the MIPS index", "Data pipeline", "RETRO and kNN-LM",
-         "Knowledge updates", "Google's release", "Speed and memory", "Crash consistency and load",
+         "Knowledge updates", "Google's release", "Speed and memory", "Accelerators", "Crash consistency and load",
          "Tests and the demo")
 VERDICTS = ("holds", "negative", "open")
 REQUIRED = ("area", "claim", "figure", "command", "commit", "machine", "date", "verdict")
@@ -71,6 +71,10 @@ def validate(record: dict[str, Any], name: str) -> None:
         found = WORK_HISTORY.search(str(record.get(key, "")))
         if found:
             raise ValueError(f"{name}: {key} tells how the work went ({found.group(0)!r}); state the result only")
+    for key in ("notebook", "plot"):  # a file RESULTS.md links to: its name is read as well
+        if re.search(r"\b(?:issue|session|stop)s?[-_ ]?\d+", str(record.get(key, "")), re.IGNORECASE):
+            raise ValueError(f"{name}: {key} {record[key]!r} is named after how the work went; name it after "
+                             f"its result")
     if record.get("plot") and not os.path.exists(os.path.join(HERE, "notebook", record["plot"])):
         raise ValueError(f"{name}: plot {record['plot']!r} is not in benchmarks/notebook/")
     if record.get("notebook") and not os.path.exists(os.path.join(HERE, "notebook", record["notebook"])):

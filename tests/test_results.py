@@ -77,6 +77,7 @@ def test_results_md_is_the_rendering_of_the_records():
     ({"figure": "EM 0.5, rerun in the next session"}, "tells how the work went"),
     ({"claim": "The reader reads, as #66 asked."}, "tells how the work went"),
     ({"interval": "one seed (issue 12)"}, "tells how the work went"),
+    ({"notebook": "2026-11-24-issue-17-protocol.md"}, "named after how the work went"),
 ])
 def test_a_malformed_record_is_refused_with_its_name_and_field(change, message):
     with pytest.raises(ValueError, match=re.escape(message)) as raised:
