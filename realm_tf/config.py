@@ -282,12 +282,20 @@ class TrainerConfig:
     ``steps_per_loop`` > 1: that many steps run inside one ``tf.function`` (a ``tf.while_loop``), so that the host
     waits for the device once per that many steps, not once per step; the hooks, summaries, evaluations and
     exports then happen at multiples of it (their intervals must be).
+    ``batch_size`` > 0: examples per step over all replicas for this job (0: ``data.batch_size``); each replica
+    reads ``batch_size / replicas`` of them.
+    ``gradient_accumulation_steps`` > 1: each replica reads its share in that many micro-batches, one after
+    another inside the step, and sums their gradients before the one update: the activation memory of a
+    micro-batch, the update of the whole batch (``core/gradient_accumulation``). It must divide each replica's
+    share.
     ``learning_rate_scales``: ``"REGEX=SCALE"`` items; variables whose name matches REGEX (first match wins)
     train at ``learning_rate × SCALE``, e.g. ``["masked_lm=10", "knowledge_retriever=0.1"]`` for a new MLM head
     and a retriever kept near its warm start (``core/optimizer.ScaledAdamWeightDecay``).
     """
 
     model_dir: str = "/tmp/realm_tf/model"
+    batch_size: int = 0
+    gradient_accumulation_steps: int = 1
     strategy: Strategy = "default"
     precision: Precision = "float32"
     loss_scale_growth_steps: int = 2000
@@ -549,6 +557,7 @@ def load_config(path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] 
         if trainer.jit_compile:
             _check_static_shapes(cfg, f"{section.name}.jit_compile", "true", source, lines)
         _check_steps_per_loop(cfg, section.name, trainer, source, lines)
+        _check_batch(cfg, section.name, trainer, source, lines)
         if trainer.intra_op_threads < 0:
             key = f"{section.name}.intra_op_threads"
             raise ConfigError(f"{_where(source, lines, key)}: {key} must be >= 0 (0: TensorFlow's default, one "
@@ -713,6 +722,24 @@ def _check_steps_per_loop(cfg: ExperimentConfig, section: str, trainer: TrainerC
         if every > 0 and every % n:
             raise ConfigError(f"{_where(source, lines, key)}: {key}={n} runs {n} steps per call, so {name}={every} "
                               f"must be a multiple of it")
+
+
+def _check_batch(cfg: ExperimentConfig, section: str, trainer: TrainerConfig, source: str,
+                 lines: Mapping[str, int | str]) -> None:
+    """A section's batch >= 1, and ``gradient_accumulation_steps`` >= 1 dividing it (ICT: 1, its negatives are
+    the batch's other blocks)."""
+    key, n = f"{section}.gradient_accumulation_steps", trainer.gradient_accumulation_steps
+    batch = trainer.batch_size or cfg.data.batch_size
+    if trainer.batch_size < 0 or batch < 1:
+        key_b = f"{section}.batch_size" if trainer.batch_size else "data.batch_size"
+        raise ConfigError(f"{_where(source, lines, key_b)}: {key_b} must be >= 1 ({section}.batch_size may be 0: "
+                          f"data.batch_size's), got {trainer.batch_size or cfg.data.batch_size}")
+    if n < 1 or batch % n:
+        raise ConfigError(f"{_where(source, lines, key)}: {key} must be >= 1 and divide the batch of {batch} "
+                          f"examples, got {n}")
+    if section == "ict" and n > 1:
+        raise ConfigError(f"{_where(source, lines, key)}: {key} must be 1: ICT scores each query against the other "
+                          f"blocks of its batch (Lee et al., 2019), and a micro-batch would hold fewer of them")
 
 
 def _check_static_shapes(cfg: ExperimentConfig, key: str, value: str, source: str,

@@ -208,3 +208,36 @@ def test_config_files_layer_in_order_and_errors_name_the_file_that_set_the_key(t
     bad.write_text("pretrain:\n  steps: 5\n  nope: 1\n")
     with pytest.raises(config.ConfigError, match=f"{bad}:3"):
         config.load_config([base, bad])
+
+
+def _output_dirs(cfg: config.ExperimentConfig) -> dict[str, str]:
+    """Every ``*_dir`` setting of ``cfg`` (what the jobs write and read back), by dotted key."""
+    found = {}
+    for section in dataclasses.fields(cfg):
+        value = getattr(cfg, section.name)
+        if dataclasses.is_dataclass(value):
+            found.update({f"{section.name}.{f.name}": getattr(value, f.name) for f in dataclasses.fields(value)
+                          if f.name.endswith("_dir")})
+    return found
+
+
+@pytest.mark.parametrize("name", ["tiny", "minilm", "base"])
+def test_a_shipped_config_writes_every_job_under_its_own_root_and_no_two_into_one_place(name):
+    """No job of a shipped config falls back to the built-in defaults' root (``/tmp/realm_tf``), which another
+    config's run would share, and no two settings name one directory (ICT's records and its checkpoints)."""
+    cfg = config.load_config(f"configs/{name}.yaml")
+    dirs = _output_dirs(cfg)
+    assert len(dirs) >= 12 and {"reader.model_dir", "retro.knn_dir", "retro_trainer.model_dir"} <= set(dirs)
+    roots = {key: value.rsplit("/", 2)[0] if key.startswith("retro.") else value.rsplit("/", 1)[0]
+             for key, value in dirs.items()}
+    assert len(set(roots.values())) == 1, roots
+    assert not set(roots.values()) & {config.DataConfig().blocks_dir.rsplit("/", 1)[0]}, roots
+    assert len(set(dirs.values())) == len(dirs), dirs
+
+
+def test_base_gives_every_training_job_a_batch_and_a_strategy():
+    cfg = config.load_config("configs/base.yaml")
+    for section in ("pretrain", "ict", "reader", "finetune", "retro_trainer"):
+        trainer = getattr(cfg, section)
+        assert trainer.batch_size > 0 and trainer.strategy != "default", section
+        assert trainer.batch_size % trainer.gradient_accumulation_steps == 0, section

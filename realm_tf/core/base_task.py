@@ -75,8 +75,8 @@ class Task(abc.ABC):
 
     @property
     def global_batch_size(self) -> int:
-        """Examples per step over all replicas."""
-        return self.cfg.data.batch_size
+        """Examples per step over all replicas: the trainer section's ``batch_size``, else ``data.batch_size``."""
+        return self.trainer_config.batch_size or self.cfg.data.batch_size
 
     # ---- what a task defines ------------------------------------------------------------------------------
 
@@ -93,8 +93,10 @@ class Task(abc.ABC):
     def build_losses(self, labels: Labels, outputs: Mapping[str, tf.Tensor]) -> tuple[tf.Tensor, Logs]:
         """The per-example loss ``[batch]`` and named per-example terms the metrics read."""
 
-    def build_metrics(self, labels: Labels, outputs: Mapping[str, tf.Tensor], terms: Logs) -> Logs:
-        """Scalar metrics of one batch (logged as TensorBoard scalars next to ``loss``)."""
+    def build_metrics(self, labels: Labels, terms: Logs) -> Logs:
+        """Scalar metrics of one batch (logged as TensorBoard scalars next to ``loss``), from the per-example
+        ``terms`` of :meth:`build_losses` (a training step may read its batch in parts:
+        ``gradient_accumulation_steps``)."""
         return {}
 
     def prepare_inputs(self, inputs: tuple[Features, Labels], model: tf_keras.Model) -> tuple[Features, Labels]:
@@ -141,17 +143,16 @@ class Task(abc.ABC):
                    **options: Any) -> Logs:
         """One update inside a replica: forward, loss averaged over the global batch, gradients, update."""
         features, labels = inputs
-        found: dict[str, Any] = {}
+        trainer = self.trainer_config
 
-        def loss_fn() -> tuple[tf.Tensor, Logs]:
-            outputs = self.call_model(model, features, training=True)
-            per_example, terms = self.build_losses(labels, outputs)
-            found["outputs"] = outputs
-            return per_example, terms
+        def loss_fn(part: tuple[Features, Labels]) -> tuple[tf.Tensor, Logs]:
+            part_features, part_labels = part
+            return self.build_losses(part_labels, self.call_model(model, part_features, training=True))
 
-        per_example, terms = training_loop.minimize(loss_fn, self.trainable_variables(model, **options), optimizer,
-                                                    self.global_batch_size)
-        return {"loss": tf.reduce_mean(per_example), **self.build_metrics(labels, found["outputs"], terms),
+        per_example, terms = training_loop.minimize(loss_fn, inputs, self.trainable_variables(model, **options),
+                                                    optimizer, self.global_batch_size,
+                                                    trainer.gradient_accumulation_steps)
+        return {"loss": tf.reduce_mean(per_example), **self.build_metrics(labels, terms),
                 "learning_rate": training_loop.learning_rate(optimizer)}
 
     def validation_step(self, inputs: tuple[Features, Labels], model: tf_keras.Model) -> Logs:
@@ -160,7 +161,7 @@ class Task(abc.ABC):
         features, labels = inputs
         outputs = self.call_model(model, features, training=False)
         per_example, terms = self.build_losses(labels, outputs)
-        return {"loss": tf.reduce_mean(per_example), **self.build_metrics(labels, outputs, terms)}
+        return {"loss": tf.reduce_mean(per_example), **self.build_metrics(labels, terms)}
 
     # ---- evaluation, in tf-models' protocol (official/core/base_task.py) ----------------------------------
 

@@ -24,35 +24,36 @@ import tqdm
 from realm_tf import config as config_lib
 from realm_tf.core import checkpoint_reading
 from realm_tf.core import distribution
+from realm_tf.core import gradient_accumulation
 from realm_tf.core import tracing
 
 logger = logging.getLogger(__name__)
 
 StepFn = Callable[[Mapping[str, tf.Tensor]], Mapping[str, tf.Tensor]]
 Hook = Callable[[int, Mapping[str, float]], None]
-LossFn = Callable[[], tuple[tf.Tensor, Any]]
+LossFn = Callable[[Any], tuple[tf.Tensor, Any]]
 
 
-def minimize(loss_fn: LossFn, variables: Sequence[tf.Variable], optimizer: Any,
-             global_batch_size: int) -> tuple[tf.Tensor, Any]:
-    """One optimizer update inside a replica: ``loss_fn() -> (per-example loss [batch], extras)``.
+def minimize(loss_fn: LossFn, inputs: Any, variables: Sequence[tf.Variable], optimizer: Any,
+             global_batch_size: int, accumulation_steps: int = 1) -> tuple[tf.Tensor, Any]:
+    """One optimizer update inside a replica: ``loss_fn(inputs) -> (per-example loss [batch], per-example terms)``.
 
     The per-example loss is averaged over the *global* batch (``tf.nn.compute_average_loss``), so summing the
-    replicas' gradients gives the full-batch gradient. Variables without a gradient (BERT's pooler, which
-    REALM does not use) are left alone. With a ``LossScaleOptimizer`` (``mixed_float16``) the loss is scaled
-    and the gradients unscaled. Returns ``loss_fn``'s outputs.
+    replicas' gradients gives the full-batch gradient. With ``accumulation_steps`` N > 1 the replica's batch is
+    read in N micro-batches and their gradients summed before the update (``core/gradient_accumulation``).
+    Variables without a gradient (BERT's pooler, which REALM does not use) are left alone. With a
+    ``LossScaleOptimizer`` (``mixed_float16``) the loss is scaled and the gradients unscaled. Returns
+    ``loss_fn``'s outputs for the whole batch.
     """
     scaling = isinstance(optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
-    with tf.GradientTape() as tape:
-        per_example, extras = loss_fn()
-        loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
-        if scaling:  # float16: gradients of the loss × scale, unscaled before the update
-            loss = optimizer.get_scaled_loss(loss)
-    grads = tape.gradient(loss, variables)
+    # float16: gradients of the loss × scale, unscaled before the update
+    grads, per_example, terms = gradient_accumulation.gradients(
+        loss_fn, inputs, variables, global_batch_size, accumulation_steps,
+        optimizer.get_scaled_loss if scaling else None)
     if scaling:  # a step whose gradients are not finite is skipped, and the scale halves (apply_gradients)
         grads = optimizer.get_unscaled_gradients(grads)
     optimizer.apply_gradients([(g, v) for g, v in zip(grads, variables) if g is not None])
-    return per_example, extras
+    return per_example, terms
 
 
 def learning_rate(optimizer: Any) -> tf.Tensor:

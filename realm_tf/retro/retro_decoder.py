@@ -126,9 +126,12 @@ class RetroDecoder(tf_keras.Model):
             if p == len(self.blocks):
                 knn_keys = y  # kNN-LM key: the final FFW's input, after its LayerNorm
             h += self._dropout(block["ffw_output"](block["ffw_hidden"](y)), training=training)
-        h = self.output_norm(h)  # [batch, n, d]
-        logits = tf.einsum("bnd,vd->bnv", h, self.token_embeddings.embeddings)  # [batch, n, vocab]
-        return {"logits": logits, "knn_keys": knn_keys}
+        h = self.output_norm(h)  # [batch, n, d], in the compute dtype (bfloat16 under mixed_bfloat16)
+        # The tied output layer: an Embedding's table is not cast to the compute dtype for us, so cast it; the
+        # logits go to the softmax in float32.
+        embeddings = tf.cast(self.token_embeddings.embeddings, h.dtype)  # [vocab, d]
+        logits = tf.cast(tf.einsum("bnd,vd->bnv", h, embeddings), tf.float32)  # [batch, n, vocab]
+        return {"logits": logits, "knn_keys": tf.cast(knn_keys, tf.float32)}
 
     def get_config(self) -> dict[str, Any]:
         return {**self._config, "name": self.name}

@@ -388,8 +388,7 @@ class RetroLmTask(base_task.Task):
         return nll_sum / tf.maximum(tokens, 1.0), {"nll_sum": nll_sum, "tokens": tokens, "bytes": num_bytes,
                                                    "correct": correct}
 
-    def build_metrics(self, labels: Mapping[str, tf.Tensor], outputs: Mapping[str, tf.Tensor],
-                      terms: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    def build_metrics(self, labels: Mapping[str, tf.Tensor], terms: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         """``token_accuracy``, ``nll_per_token`` (nats) and ``bits_per_byte`` (RETRO §4: Σ NLL / (ln 2 · bytes))
         over the batch's real tokens, and ``tokens`` (their count; the loop turns it into ``tokens_per_second``)."""
         tokens = tf.maximum(tf.reduce_sum(terms["tokens"]), 1.0)

@@ -108,8 +108,7 @@ class IctTask(base_task.Task):
         rank = tf.reduce_sum(tf.cast(logits > positive, tf.float32), axis=-1)  # [batch]
         return per_example, {"correct": correct, "positive_rank": rank}
 
-    def build_metrics(self, labels: Mapping[str, tf.Tensor], outputs: Mapping[str, tf.Tensor],
-                      terms: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    def build_metrics(self, labels: Mapping[str, tf.Tensor], terms: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         """``accuracy`` (the positive block scores highest) and ``positive_rank`` (blocks above it), means."""
         return {"accuracy": tf.reduce_mean(terms["correct"]), "positive_rank": tf.reduce_mean(terms["positive_rank"])}
 

@@ -263,8 +263,7 @@ class OpenQaTask(base_task.Task):
         terms["span_correct"] = tf.cast(correct, tf.float32)
         return (terms["reader_loss"] if self.reader_only else terms["loss"]), terms
 
-    def build_metrics(self, labels: Mapping[str, tf.Tensor], outputs: Mapping[str, tf.Tensor],
-                      terms: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    def build_metrics(self, labels: Mapping[str, tf.Tensor], terms: Mapping[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         """``answer_in_beam``, ``span_accuracy`` and the two loss terms (the retriever's only when it trains)."""
         metrics = {"answer_in_beam": tf.reduce_mean(terms["has_answer_block"]),
                    "span_accuracy": tf.reduce_mean(terms["span_correct"])}
@@ -390,7 +389,7 @@ class OpenQaTask(base_task.Task):
         variants += [(f"len={b:g}", {"length_bias": b}) for b in length_biases]
         self._evaluation = _Evaluation(list(examples), blocks, qa_metrics.AnswerMatcher(blocks.texts),
                                        variants, ranked, max(self.cfg.qa.eval_ks))
-        return self.dataset(examples, self.cfg.data.batch_size, block_ids=given)
+        return self.dataset(examples, self.global_batch_size, block_ids=given)
 
     def validation_step(self, inputs: Mapping[str, tf.Tensor], model: open_qa_model.OpenQaModel) -> dict[str, Any]:
         """Per question of a batch: the decoded answers (``decoded``: the default decoding, then each variant's),

@@ -141,8 +141,9 @@ class RealmPretrainingTask(base_task.Task):
         """One update of the whole model, or of the reader alone (``train_retriever=False``)."""
         features, labels = inputs
         per_example, terms = training_loop.minimize(
-            lambda: self.build_losses(labels, model(features, training=True)),
-            self.trainable_variables(model, train_retriever), optimizer, self.global_batch_size)
+            lambda part: self.build_losses(part[1], model(part[0], training=True)), inputs,
+            self.trainable_variables(model, train_retriever), optimizer, self.global_batch_size,
+            self.trainer_config.gradient_accumulation_steps)
         version = tf.cast(labels["index_version"], tf.float32)  # [batch]
         # The candidates were chosen with the weights exported at step `index_export_step` (= `index_version`
         # unless a corpus update numbered the version past it); this update uses the weights after

@@ -45,7 +45,7 @@ class _Regression(base_task.Task):
     def build_losses(self, labels, outputs):
         return tf.square(outputs["y"] - labels["y"]), {"first": labels["index"][0], "tag": labels["tag"][0]}
 
-    def build_metrics(self, labels, outputs, terms):
+    def build_metrics(self, labels, terms):
         return {"first": tf.cast(terms["first"], tf.float32), "tag": tf.cast(terms["tag"], tf.float32)}
 
     def trainable_variables(self, model, kernel=True):

@@ -49,11 +49,11 @@ def test_mixed_float16_skips_an_overflowing_step_halves_the_scale_and_grows_it_b
     start_scale = float(optimizer.loss_scale)
 
     def step(model, opt, overflow=1.0):
-        def loss_fn():  # [batch]: a squared output (small, as a token's share of a loss is), times inf where an
+        def loss_fn(x):  # [batch]: a squared output (small, as a token's share of a loss is), times inf where an
             # overflow is injected
             out = tf.cast(model(x)[:, 0], tf.float32)
             return 1e-2 * tf.square(out - 1.0) * overflow, None
-        return float(tf.reduce_mean(training_loop.minimize(loss_fn, model.trainable_variables, opt, 8)[0]))
+        return float(tf.reduce_mean(training_loop.minimize(loss_fn, x, model.trainable_variables, opt, 8)[0]))
 
     np.testing.assert_allclose(step(half, optimizer), step(full, reference), rtol=1e-2)
     assert float(optimizer.loss_scale) == start_scale  # a good step: applied, not skipped

@@ -84,7 +84,7 @@ def test_loss_is_the_mean_next_token_nll_over_real_tokens():
     _, terms = task.build_losses({"targets": targets, "target_mask": mask}, {"logits": logits})
     log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     nll = -np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]  # [2, 5]
-    metrics = task.build_metrics({"targets": targets, "target_mask": mask}, {"logits": logits}, terms)
+    metrics = task.build_metrics({"targets": targets, "target_mask": mask}, terms)
     expected_bpb = (nll * mask).sum() / (np.log(2) * (lengths[targets] * mask).sum())
     np.testing.assert_allclose(metrics["bits_per_byte"].numpy(), expected_bpb, rtol=1e-5)
     np.testing.assert_allclose(metrics["tokens"].numpy(), 8)
@@ -394,13 +394,13 @@ def test_a_resumed_run_sees_the_batches_an_uninterrupted_run_would(retro_sets):
     assert not np.array_equal(next(other_seed)[0]["input_ids"].numpy(), straight[0])
 
 
-@pytest.mark.parametrize("retrieval", [False, True])
-def test_the_step_is_one_xla_program_traced_once(trained, tmp_path, retrieval):
-    """The decoder alone, and RETRO-fitted from it with its neighbours (static shapes: sequences and chunks are
-    of fixed length)."""
+@pytest.mark.parametrize("retrieval, precision", [(False, "float32"), (True, "mixed_bfloat16")])
+def test_the_step_is_one_xla_program_traced_once(trained, tmp_path, retrieval, precision):
+    """The decoder alone in float32, and RETRO-fitted from it with its neighbours in mixed_bfloat16 (static
+    shapes: sequences and chunks are of fixed length)."""
     root, sets = trained
     cfg = config.load_config(TINY, sets + [f"retro_trainer.model_dir={tmp_path}/run", "retro_trainer.jit_compile=true",
-                                           "data.static_padding=true"]
+                                           "data.static_padding=true", f"retro_trainer.precision={precision}"]
                              + ([f"retro.retro_fit_from={root}/baseline"] if retrieval else []))
     run = xla_steps.run_compiled(retro_lm.RetroLmTask(cfg, retrieval=retrieval))
     assert np.isfinite(run.result["train"]["loss"])
@@ -414,4 +414,4 @@ def test_two_replicas_train_as_one(trained, tmp_path, retrieval):
         "realm_tf.retro.retro_lm:RetroLmTask", "retro_trainer",
         sets + ["data.batch_size=4", "retro_trainer.learning_rate=1e-3"]
         + ([f"retro.retro_fit_from={root}/baseline"] if retrieval else []),
-        str(tmp_path), kwargs={"retrieval": retrieval})
+        str(tmp_path), kwargs={"retrieval": retrieval}, accumulation=2 if retrieval else 1)

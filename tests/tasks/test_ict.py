@@ -53,7 +53,7 @@ def test_loss_matches_numpy_softmax(tiny):
     model = task.build_model()
     batch, labels = next(iter(task.build_inputs(seed=1)))
     per_example, terms = task.build_losses(labels, task.call_model(model, batch, training=False))
-    metrics = task.build_metrics(labels, {}, terms)
+    metrics = task.build_metrics(labels, terms)
     q = model.embed_queries({k: batch["query_" + k] for k in ("input_word_ids", "input_mask", "input_type_ids")})
     d = model.embed_blocks({k: batch["block_" + k] for k in ("input_word_ids", "input_mask", "input_type_ids")})
     logits = q.numpy().astype(np.float64) @ d.numpy().T
@@ -74,6 +74,11 @@ def test_loss_matches_numpy_softmax(tiny):
     assert static_batch["query_input_word_ids"].shape == (8, tiny.model.query_seq_length)
     same, _ = static.build_losses(static_labels, static.call_model(model, static_batch, training=False))
     np.testing.assert_allclose(same.numpy(), per_example.numpy(), rtol=1e-4, atol=1e-4)  # padding-invariant
+    # The section's own batch (ict.batch_size) over data.batch_size's: batches of 4, 4 logits per query.
+    own = ict.IctTask(config.apply_override(tiny, "ict.batch_size=4"), f"{tiny.data.ict_dir}/*.tfrecord")
+    own_batch, own_labels = next(iter(own.build_inputs(seed=1)))
+    assert own.global_batch_size == 4 and own_batch["query_input_word_ids"].shape[0] == 4
+    assert own.build_losses(own_labels, own.call_model(model, own_batch, training=False))[0].shape == (4,)
 
 
 def test_gradients_reach_both_towers(tiny):

@@ -347,4 +347,4 @@ def test_two_replicas_train_as_one(squad, tmp_path):
     _, path, _, sets = squad
     replica_steps.check_two_replicas_train_as_one(
         "realm_tf.tasks.reader_warm_start:ReaderWarmStartTask", "reader", [s for s in sets if s != "--set"],
-        str(tmp_path), args=[[str(path)]])
+        str(tmp_path), args=[[str(path)]], accumulation=2)

@@ -536,11 +536,13 @@ def test_two_replicas_train_as_one(tmp_path, pretraining_workspace, workspace_ov
     """AdamW through the product's driver, the retriever frozen (the reader's phase) or trained. Trained, the
     retriever's gradients at initialisation are a cancellation residue (its candidates read alike), which Adam
     normalises to updates of the rate's size: their rounding, not only the reader's, reaches the weights, so the
-    tolerance is an eighth of the largest update (the reader and the frozen run agree to 1e-6 or better)."""
+    tolerance is an eighth of the largest update (the reader and the frozen run agree to 1e-6 or better). Trained,
+    each replica also reads its two queries one at a time (gradient accumulation)."""
     replica_steps.check_two_replicas_train_as_one(
         "realm_tf.tasks.realm_pretraining:RealmPretrainingTask", "pretrain",
         workspace_overrides(tmp_path, pretraining_workspace) + [
             "data.batch_size=4", "pretrain.steps=3", "pretrain.learning_rate=1e-3", "refresh.mode=external",
             f"pretrain.freeze_retriever_steps={3 if frozen else 0}"],
         str(tmp_path), kwargs={"evaluate": False},
-        callables={"index_builder": "beam_jobs.embed_blocks:embed_and_publish"}, atol=1e-4 if frozen else 2.5e-4)
+        callables={"index_builder": "beam_jobs.embed_blocks:embed_and_publish"}, atol=1e-4 if frozen else 2.5e-4,
+        accumulation=1 if frozen else 2)
