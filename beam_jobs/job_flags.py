@@ -13,6 +13,21 @@ from typing import Sequence
 from realm_tf import command_line
 
 FORMATS = ("auto", "jsonl", "tsv", "tfrecord")
+#: Each job's ``Examples:``, as its arguments: ``realm-tf <command>`` and ``python -m beam_jobs.<job>`` print them
+#: after their own name, so that the two help texts cannot disagree.
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "preprocess_corpus": (
+        "--config configs/minilm.yaml --input my_documents.jsonl --output runs/minilm/blocks",
+        "--config configs/minilm.yaml --input 'gs://B/docs/*.jsonl' --output gs://B/blocks -- "
+        "--runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp"),
+    "generate_pretraining_data": ("--config configs/minilm.yaml",),
+    "generate_ict_data": ("--config configs/minilm.yaml",),
+    "embed_blocks": ("--config configs/minilm.yaml", "--config configs/minilm.yaml --export runs/minilm/export/400"),
+    "update_corpus": ("--config configs/minilm.yaml --add new_documents.jsonl --delete 17,42",
+                      "--config configs/minilm.yaml --add new_documents.jsonl --serve runs/minilm/served"),
+    "build_chunk_database": ("--config configs/minilm.yaml",),
+    "build_knn_datastore": ("--config configs/minilm.yaml --model-dir runs/minilm/retro/baseline",),
+}
 
 
 def add_config_args(parser: argparse.ArgumentParser) -> None:

@@ -30,6 +30,8 @@ from apache_beam.io import filesystems
 from apache_beam.metrics import metric
 from apache_beam.options import pipeline_options
 
+import realm_tf
+from beam_jobs import job_flags
 from realm_tf import artifacts
 from realm_tf import command_line
 from realm_tf import config as config_lib
@@ -159,9 +161,14 @@ class BeamJob(abc.ABC):
         """Runs the job on parsed flags and Beam options; returns what it published (manifest / summary)."""
 
     def parser(self) -> argparse.ArgumentParser:
-        parser = command_line.ConventionParser(prog=f"python -m beam_jobs.{self.name}", beam_options=True,
-                                               description=(sys.modules[type(self).__module__].__doc__ or "").split(
-                                                   "\n\n")[0])
+        """The job's flags, ``--version`` and its ``Examples:`` (``job_flags.EXAMPLES``)."""
+        prog = f"python -m beam_jobs.{self.name}"
+        examples = job_flags.EXAMPLES.get(self.name, ())
+        parser = command_line.ConventionParser(
+            prog=prog, beam_options=True, description=(sys.modules[type(self).__module__].__doc__ or "").split(
+                "\n\n")[0],
+            epilog="Examples:\n" + "\n".join(f"  {prog} {e}" for e in examples) if examples else None)
+        parser.add_argument("--version", action="version", version=f"{prog} (realm-tf {realm_tf.__version__})")
         self.add_args(parser)
         return parser
 

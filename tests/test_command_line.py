@@ -8,6 +8,7 @@ import shlex
 import pytest
 
 import realm_tf
+from beam_jobs import job_flags
 from realm_tf import cli
 from realm_tf import command_line
 from realm_tf.commands import experiments
@@ -70,6 +71,24 @@ def test_every_command_has_examples_that_parse():
             except SystemExit as e:
                 raise AssertionError(f"the example does not parse: {example}") from e
             assert args.command == resolved[0]
+
+
+def test_every_beam_job_has_examples_that_parse_and_a_version(capsys):
+    for name, parser in _beam_job_parsers().items():
+        examples = job_flags.EXAMPLES[name]
+        assert examples and "Examples:" in parser.format_help(), name
+        for example in examples:
+            argv = shlex.split(f"python -m beam_jobs.{name} {example}")
+            assert argv[:3] == ["python", "-m", f"beam_jobs.{name}"], example
+            assert f"  python -m beam_jobs.{name} {example}" in parser.format_help(), example
+            try:  # refuses an unknown flag or a missing required one
+                parser.parse_known_args(argv[3:])
+            except SystemExit as e:
+                raise AssertionError(f"the example does not parse: {example}") from e
+        with pytest.raises(SystemExit) as stopped:
+            parser.parse_known_args(["--version"])
+        assert stopped.value.code == 0 and f"realm-tf {realm_tf.__version__}" in capsys.readouterr().out, name
+    assert set(job_flags.EXAMPLES) == set(_BEAM_JOB_MODULES)
 
 
 def test_the_command_list_is_grouped_and_fits_100_columns(capsys):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable
 
+from beam_jobs import job_flags  # stdlib and realm_tf.command_line only: realm-tf --help stays light
 from realm_tf.commands import command
 
 
@@ -36,8 +37,6 @@ def _beam_job_args(adder: str) -> Callable[[argparse.ArgumentParser], None]:
     """The job's flags (``job_flags.<adder>``); every other flag is passed to Beam as a pipeline option."""
 
     def add(parser: argparse.ArgumentParser) -> None:
-        from beam_jobs import job_flags  # pylint: disable=import-outside-toplevel
-
         getattr(job_flags, adder)(parser)
         job_flags.pass_unknown_through(parser)
 
@@ -69,8 +68,6 @@ def _refresh_index(args: argparse.Namespace) -> int:
 
 
 def _refresh_index_args(parser: argparse.ArgumentParser) -> None:
-    from beam_jobs import job_flags  # pylint: disable=import-outside-toplevel
-
     command.add_config_args(parser)
     parser.add_argument("--watch", nargs="?", const="", default=None, metavar="EXPORT_DIR", dest="watch",
                         help="keep watching EXPORT_DIR (default: refresh.export_dir) and index every new export; "
@@ -81,41 +78,31 @@ def _refresh_index_args(parser: argparse.ArgumentParser) -> None:
     job_flags.pass_unknown_through(parser)
 
 
-#: ``realm-tf`` name -> (one line of help, the job_flags function that declares the job's flags)
-_BEAM_JOBS = {  # name: (help, flags, group, examples)
+#: ``realm-tf`` name -> (one line of help, the job_flags function that declares the job's flags, the group, the
+#: job's module, whose ``job_flags.EXAMPLES`` the command's examples are)
+_BEAM_JOBS = {
     "preprocess": ("Beam job: corpus (JSONL/TSV/TFRecord) -> REALM blocks of <= 288 wordpieces + manifest",
-                   "add_preprocess_args", "data",
-                   ("realm-tf preprocess --config configs/minilm.yaml --input my_documents.jsonl --output "
-                    "runs/minilm/blocks",
-                    "realm-tf preprocess --config configs/minilm.yaml --input 'gs://B/docs/*.jsonl' --output "
-                    "gs://B/blocks -- --runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp")),
+                   "add_preprocess_args", "data", "preprocess_corpus"),
     "generate-pretraining-data": ("Beam job: blocks -> salient-span-masked pre-training examples (REALM 3.4)",
-                                  "add_pretraining_args", "data",
-                                  ("realm-tf generate-pretraining-data --config configs/minilm.yaml",)),
+                                  "add_pretraining_args", "data", "generate_pretraining_data"),
     "generate-ict-data": ("Beam job: blocks -> Inverse Cloze Task examples for the retriever warm start",
-                          "add_ict_args", "data", ("realm-tf generate-ict-data --config configs/minilm.yaml",)),
+                          "add_ict_args", "data", "generate_ict_data"),
     "embed-blocks": ("Beam job: embed every block with a retriever export, publish a new MIPS index (REALM 3.4)",
-                     "add_embed_blocks_args", "index",
-                     ("realm-tf embed-blocks --config configs/minilm.yaml",
-                      "realm-tf embed-blocks --config configs/minilm.yaml --export runs/minilm/export/400")),
+                     "add_embed_blocks_args", "index", "embed_blocks"),
     "update-corpus": ("Beam job: add, replace, delete documents (--add FILE, --delete IDS): a new corpus version and "
                       "index version, only the new blocks embedded (--serve: and a new served version)",
-                      "add_update_corpus_args", "data",
-                      ("realm-tf update-corpus --config configs/minilm.yaml --add new_documents.jsonl --delete 17,42",
-                       "realm-tf update-corpus --config configs/minilm.yaml --add new_documents.jsonl --serve "
-                       "runs/minilm/served")),
+                      "add_update_corpus_args", "data", "update_corpus"),
     "build-chunk-database": ("Beam job: RETRO's chunk database from the blocks (frozen-BERT keys) and its MIPS index",
-                             "add_chunk_database_args", "lm",
-                             ("realm-tf build-chunk-database --config configs/minilm.yaml",)),
+                             "add_chunk_database_args", "lm", "build_chunk_database"),
     "build-knn-datastore": ("Beam job: kNN-LM's datastore (a trained decoder's final-FFW inputs over the training "
                             "tokens -> next token) and its MIPS index", "add_knn_datastore_args", "lm",
-                            ("realm-tf build-knn-datastore --config configs/minilm.yaml --model-dir "
-                             "runs/minilm/retro/baseline",)),
+                            "build_knn_datastore"),
 }
 
 COMMANDS = [
-    *(command.Command(name, help_text, _run_beam_job, _beam_job_args(adder), group=group, examples=examples)
-      for name, (help_text, adder, group, examples) in _BEAM_JOBS.items()),
+    *(command.Command(name, help_text, _run_beam_job, _beam_job_args(adder), group=group,
+                      examples=tuple(f"realm-tf {name} {e}" for e in job_flags.EXAMPLES[module]))
+      for name, (help_text, adder, group, module) in _BEAM_JOBS.items()),
     command.Command("refresh-index",
                     "index builder: re-embed the corpus for each new retriever export (--watch: keep going)",
                     _refresh_index, _refresh_index_args,
