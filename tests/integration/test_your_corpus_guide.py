@@ -37,7 +37,8 @@ def test_the_guide_runs_as_written_and_its_model_answers(tmp_path):
     bin_dir = os.path.dirname(sys.executable)
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", TF_CPP_MIN_LOG_LEVEL="3")
     if not os.path.exists(REPO / ".venv" / "bin" / "realm-tf"):  # the guide says .venv/bin/realm-tf, as make does
-        script = script.replace(".venv/bin/realm-tf", f"{bin_dir}/realm-tf")
+        script = script.replace(".venv/bin/realm-tf", f"{bin_dir}/realm-tf").replace(".venv/bin/python",
+                                                                                    sys.executable)
     done = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
@@ -47,3 +48,5 @@ def test_the_guide_runs_as_written_and_its_model_answers(tmp_path):
     lines = done.stdout.strip().splitlines()
     answers = [line[len("A: "):].split("    (")[0] for line in lines if line.startswith("A: ")]
     assert len(answers) == 1 and answers[0].strip(), done.stdout[-2000:]  # `ask` answered (2 steps: any span)
+    from_python = [line[len("answer: "):].strip() for line in lines if line.startswith("answer: ")]
+    assert from_python == [answers[0].strip()], done.stdout[-2000:]  # Answerer gives ask's answer
