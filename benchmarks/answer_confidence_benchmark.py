@@ -33,6 +33,7 @@ import realm_tf  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
 # isort: split
 import numpy as np  # noqa: E402
 
+from realm_tf import config as config_lib  # noqa: E402
 from realm_tf.tasks import answer_calibration  # noqa: E402
 from realm_tf.tasks import selective_qa  # noqa: E402
 
@@ -92,12 +93,21 @@ def _interval(figure: dict[str, float]) -> str:
     return f"{figure['value']:.3f} [{figure['low']:.3f}, {figure['high']:.3f}]"
 
 
-def _record(report: dict[str, Any], chosen: int) -> None:
+def _model_setting(run: str) -> str:
+    """How the run's model was trained (its fine-tuning run's saved config): the steps change what the figures
+    mean."""
+    cfg = config_lib.load_config(os.path.join(run, "finetune", "params.yaml"))
+    return (f"model: reader warm start {cfg.reader.steps:,} steps, Open-QA fine-tuning {cfg.finetune.steps:,} steps "
+            f"at batch {cfg.data.batch_size}")
+
+
+def _record(report: dict[str, Any], chosen: int, model: str) -> None:
     """The result records: the calibrated confidence against the span probability on dev, N = 1 and chosen."""
     for n, row in report.items():
         score, fit = row["score"], row["features"]
         delta = fit["minus_score"]
-        figure = (f"{row['num_dev']} dev questions (calibrator fitted on {row['num_tune']} tune), span aggregation "
+        figure = (f"{model}; {row['num_dev']} dev questions (calibrator fitted on {row['num_tune']} tune), span "
+                  f"aggregation "
                   f"N = {n}: ECE {_interval(fit['ece'])} against {_interval(score['ece'])}, Brier "
                   f"{_interval(fit['brier'])} against {_interval(score['brier'])}, AURC {_interval(fit['aurc'])} "
                   f"against {_interval(score['aurc'])}, precision at 20% coverage "
@@ -158,7 +168,7 @@ def main() -> int:
                   f"tune threshold for {TARGET_PRECISION}: {json.dumps(r[f'at_tune_threshold_{TARGET_PRECISION}'])}")
     print(f"report: {config_path}; reliability diagram: {out}/reliability-dev-calibrators.png")
     if args.record:
-        _record(report, chosen)
+        _record(report, chosen, _model_setting(run))
     return 0
 
 
