@@ -185,7 +185,8 @@ class BeamJob(abc.ABC):
         Raises:
           TypeError: an argument the job does not take, or a required one missing.
         """
-        actions = {a.dest: a for a in self.parser()._actions if a.dest != "help"}  # noqa: SLF001  (argparse's own)
+        actions = {a.dest: a for a in self.parser()._actions  # noqa: SLF001  (argparse's own)
+                   if not isinstance(a, (argparse._HelpAction, argparse._VersionAction))}  # noqa: SLF001
         unknown = sorted(set(flags) - set(actions))
         missing = sorted(dest for dest, a in actions.items() if a.required and dest not in flags)
         if unknown or missing:
