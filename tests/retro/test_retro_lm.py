@@ -394,6 +394,7 @@ def test_a_resumed_run_sees_the_batches_an_uninterrupted_run_would(retro_sets):
     assert not np.array_equal(next(other_seed)[0]["input_ids"].numpy(), straight[0])
 
 
+@pytest.mark.slow  # the step compiled with XLA and trained: tens of CPU-seconds
 @pytest.mark.parametrize("retrieval, precision", [(False, "float32"), (True, "mixed_bfloat16")])
 def test_the_step_is_one_xla_program_traced_once(trained, tmp_path, retrieval, precision):
     """The decoder alone in float32, and RETRO-fitted from it with its neighbours in mixed_bfloat16 (static

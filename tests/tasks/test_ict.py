@@ -138,6 +138,7 @@ def test_ict_starts_from_the_retriever_checkpoint_when_given(tiny, tmp_path):
     assert any(not np.array_equal(a.numpy(), b.numpy()) for a, b in zip(fresh.weights, expected.weights))
 
 
+@pytest.mark.slow  # the step compiled with XLA and trained: tens of CPU-seconds
 @pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])
 def test_the_step_is_one_xla_program_traced_once(tiny, precision):
     cfg = functools.reduce(config.apply_override, ["data.static_padding=true", "ict.jit_compile=true", "ict.steps=3",

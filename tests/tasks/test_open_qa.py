@@ -602,6 +602,7 @@ def test_block_windows_read_that_part_of_each_body_and_the_title_whole(qa):
         assert read == expected
 
 
+@pytest.mark.slow  # the step compiled with XLA and trained: tens of CPU-seconds
 def test_the_step_is_one_xla_program_traced_once(qa, tmp_path):
     cfg, root, _, _, blocks, examples = qa
     path = tmp_path / "questions.jsonl"

@@ -334,6 +334,7 @@ def test_reading_windows_hold_the_answer_and_the_reader_trains_on_them(squad, tm
     assert reader_warm_start.train_reader(task.cfg, [str(path)])["step"] == 3
 
 
+@pytest.mark.slow  # the step compiled with XLA and trained: tens of CPU-seconds
 def test_the_step_is_one_xla_program_traced_once(squad, tmp_path):
     root, path, blocks, sets = squad
     cfg = config.load_config(TINY, [s for s in sets if s != "--set"] + [

@@ -516,6 +516,7 @@ def test_the_step_compiles_with_xla_on_a_static_batch_and_updates_as_without(set
         np.testing.assert_allclose(xla, eager, rtol=0, atol=1e-4 * scale)
 
 
+@pytest.mark.slow  # the step compiled with XLA and trained: tens of CPU-seconds
 @pytest.mark.parametrize("frozen, precision", [(True, "mixed_bfloat16"), (False, "float32")])
 def test_the_step_is_one_xla_program_traced_once(tmp_path, pretraining_workspace, workspace_overrides, frozen,
                                                  precision):
