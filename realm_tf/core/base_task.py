@@ -142,8 +142,7 @@ class Task(abc.ABC):
                    optimizer: tf_keras.optimizers.Optimizer, global_step: tf.Variable | None = None,
                    **options: Any) -> Logs:
         """One update inside a replica: forward, loss averaged over the global batch, gradients, update."""
-        features, labels = inputs
-        trainer = self.trainer_config
+        labels = inputs[1]
 
         def loss_fn(part: tuple[Features, Labels]) -> tuple[tf.Tensor, Logs]:
             part_features, part_labels = part
@@ -151,7 +150,7 @@ class Task(abc.ABC):
 
         per_example, terms = training_loop.minimize(loss_fn, inputs, self.trainable_variables(model, **options),
                                                     optimizer, self.global_batch_size,
-                                                    trainer.gradient_accumulation_steps)
+                                                    self.trainer_config.gradient_accumulation_steps)
         return {"loss": tf.reduce_mean(per_example), **self.build_metrics(labels, terms),
                 "learning_rate": training_loop.learning_rate(optimizer)}
 

@@ -139,7 +139,7 @@ class RealmPretrainingTask(base_task.Task):
                    optimizer: tf_keras.optimizers.Optimizer, global_step: tf.Variable | None = None,
                    train_retriever: bool = True) -> dict[str, tf.Tensor]:
         """One update of the whole model, or of the reader alone (``train_retriever=False``)."""
-        features, labels = inputs
+        labels = inputs[1]
         per_example, terms = training_loop.minimize(
             lambda part: self.build_losses(part[1], model(part[0], training=True)), inputs,
             self.trainable_variables(model, train_retriever), optimizer, self.global_batch_size,
